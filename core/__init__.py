@@ -1,0 +1,1 @@
+"""Interfaces and building blocks: attention, positions, norms, FFNs, stacks, heads, the model."""

@@ -1,0 +1,123 @@
+"""The config of the base encoder-decoder, shared by every family built on it.
+
+A family subclasses :class:`EncoderDecoderConfig`, sets ``family`` and its paper's defaults;
+``build()`` composes the registered components into an
+:class:`~transformer_zoo.core.model.EncoderDecoder`. Leave out ``decoder`` for an
+encoder-only model and ``encoder`` for a decoder-only one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, model_validator
+from torch import nn
+
+from .attention import AttentionPositional
+from .embedding import Embeddings
+from .layers import TransformerLayer
+from .model import EncoderDecoder
+from .options import FFN, Head, Norm, Positional, Stack, StackOptions, VariantConfig
+
+
+class EncoderDecoderConfig(VariantConfig):
+    """Every option of the base encoder-decoder."""
+
+    vocab_size: int = Field(32000, ge=1, description="token vocabulary of the source (and target, unless tgt_vocab_size)")
+    tgt_vocab_size: int | None = Field(None, ge=1, description="target vocabulary when it differs; None: vocab_size")
+    d_model: int = Field(512, ge=1, description="model width")
+    n_heads: int = Field(8, ge=1, description="attention heads; must divide d_model")
+    d_ff: int = Field(2048, ge=1, description="inner width of the feed-forward network")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
+    max_len: int = Field(1024, ge=1, description="longest sequence the positional encoding supports")
+    pad_id: int = Field(0, ge=0, description="padding token id, ignored by token losses")
+    share_embeddings: bool = Field(True, description="one embedding table for source and target (needs equal vocabularies)")
+    scale_embeddings: bool = Field(True, description="multiply embeddings by sqrt(d_model)")
+    positional: Positional = Field("sinusoidal", validate_default=True, description="positional encoding")
+    norm: Norm = Field("layernorm", validate_default=True, description="normalisation layer")
+    norm_placement: Literal["pre", "post"] = Field("post", description="norm before each sub-layer (pre) or after the residual (post)")
+    final_norm: bool | None = Field(None, description="norm after the last layer of each stack; None: only with pre placement")
+    ffn: FFN = Field("mlp", validate_default=True, description="position-wise feed-forward network")
+    encoder: Stack | None = Field(
+        {"layers": 6}, validate_default=True, description="encoder stack; null for a decoder-only model"
+    )
+    decoder: Stack | None = Field(
+        {"layers": 6}, validate_default=True, description="decoder stack; null for an encoder-only model"
+    )
+    head: Head = Field("lm", validate_default=True, description="task head on the last stack")
+
+    @model_validator(mode="after")
+    def _check(self) -> EncoderDecoderConfig:
+        if self.d_model % self.n_heads:
+            divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
+            raise ValueError(
+                f"n_heads={self.n_heads} does not divide d_model={self.d_model}; "
+                f"choose n_heads among {divisors} or change d_model"
+            )
+        if self.encoder is None and self.decoder is None:
+            raise ValueError("encoder and decoder are both null; keep at least one stack")
+        if self.share_embeddings and self.encoder is not None and self.decoder is not None:
+            if self.tgt_vocab_size not in (None, self.vocab_size):
+                raise ValueError(
+                    f"share_embeddings needs one vocabulary, but vocab_size={self.vocab_size} and "
+                    f"tgt_vocab_size={self.tgt_vocab_size}; set share_embeddings: false or make them equal"
+                )
+        if self.pad_id >= min(self.vocab_size, self.tgt_vocab_size or self.vocab_size):
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary (vocab_size={self.vocab_size})")
+        return self
+
+    @property
+    def output_vocab_size(self) -> int:
+        return (self.tgt_vocab_size or self.vocab_size) if self.decoder is not None else self.vocab_size
+
+    def build(self) -> EncoderDecoder:
+        pre_norm = self.norm_placement == "pre"
+        with_final_norm = pre_norm if self.final_norm is None else self.final_norm
+
+        def side(stack: StackOptions, vocab: int, token: nn.Embedding | None, cross: bool):
+            positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
+            in_attention = positional if isinstance(positional, AttentionPositional) else None
+            token = token or nn.Embedding(vocab, self.d_model)
+            embed = Embeddings(
+                token,
+                positional=None if in_attention is not None else positional,
+                scale=math.sqrt(self.d_model) if self.scale_embeddings else 1.0,
+                dropout=self.dropout,
+            )
+
+            def make_layer() -> TransformerLayer:
+                def attention(options, positional):
+                    return options.build(
+                        d_model=self.d_model, n_heads=self.n_heads, dropout=self.dropout, positional=positional
+                    )
+
+                return TransformerLayer(
+                    attention(stack.attention, in_attention),
+                    self.ffn.build(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout),
+                    [self.norm.build(d_model=self.d_model) for _ in range(3 if cross else 2)],
+                    cross_attn=attention(stack.cross_attention, None) if cross else None,
+                    dropout=self.dropout,
+                    pre_norm=pre_norm,
+                )
+
+            final_norm = self.norm.build(d_model=self.d_model) if with_final_norm else None
+            return embed, stack.build(make_layer=make_layer, final_norm=final_norm)
+
+        src_embed = encoder = tgt_embed = decoder = None
+        if self.encoder is not None:
+            src_embed, encoder = side(self.encoder, self.vocab_size, None, cross=False)
+        if self.decoder is not None:
+            shared = src_embed.token if src_embed is not None and self.share_embeddings else None
+            tgt_embed, decoder = side(
+                self.decoder, self.tgt_vocab_size or self.vocab_size, shared, cross=self.encoder is not None
+            )
+        last_embed = tgt_embed if tgt_embed is not None else src_embed
+        head = self.head.build(
+            d_model=self.d_model,
+            vocab_size=self.output_vocab_size,
+            embedding=last_embed.token,
+            pad_id=self.pad_id,
+            dropout=self.dropout,
+        )
+        return EncoderDecoder(head=head, encoder=encoder, src_embed=src_embed, decoder=decoder, tgt_embed=tgt_embed)

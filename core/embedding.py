@@ -1,0 +1,65 @@
+"""Token embeddings: lookup, scaling, additive positions and dropout, with input checks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def check_token_ids(ids: Tensor, vocab_size: int, name: str = "token ids") -> None:
+    """Raise a ValueError unless ``ids`` is an integer ``(batch, seq)`` tensor in ``[0, vocab_size)``."""
+    if not isinstance(ids, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (batch, seq), got {type(ids).__name__}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, seq), got shape {tuple(ids.shape)}")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must be integers (torch.long), got dtype {ids.dtype}")
+    if ids.numel():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{name} contain {bad}, outside the vocabulary; ids must lie in [0, {vocab_size - 1}] "
+                f"(vocab_size={vocab_size})"
+            )
+
+
+class Embeddings(nn.Module):
+    """``dropout(positional(scale * E[ids]))``: ``(B, T)`` ids to ``(B, T, D)`` vectors.
+
+    Args:
+        token: the lookup table; share one instance between modules to tie weights.
+        positional: an additive positional module taking ``(x, offset)``, or None.
+        scale: the factor on the looked-up vectors (``sqrt(d_model)`` in Vaswani et al. 2017).
+        dropout: dropout on the sum.
+    """
+
+    def __init__(
+        self,
+        token: nn.Embedding,
+        *,
+        positional: nn.Module | None = None,
+        scale: float = 1.0,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.token = token
+        self.positional = positional
+        self.scale = scale
+        self.dropout = nn.Dropout(dropout)
+
+    @classmethod
+    def scaled(cls, token: nn.Embedding, **kwargs) -> Embeddings:
+        """Embeddings scaled by ``sqrt(d_model)``, as in the original Transformer."""
+        return cls(token, scale=math.sqrt(token.embedding_dim), **kwargs)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        check_token_ids(ids, self.token.num_embeddings)
+        x = self.token(ids)
+        if self.scale != 1.0:
+            x = x * self.scale
+        if self.positional is not None:
+            x = self.positional(x, offset)
+        return self.dropout(x)

@@ -1,0 +1,40 @@
+"""Errors a user can cause, each carrying a message that says what was wrong and what is allowed."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ZooError(Exception):
+    """Base class of every error transformer-zoo raises on purpose."""
+
+
+class ConfigError(ZooError, ValueError):
+    """A configuration that does not validate; the message names each bad field."""
+
+
+class UnknownNameError(ZooError, LookupError):
+    """A name (variant, component kind, task) that nothing registered."""
+
+    def __init__(self, what: str, name: str, known: Iterable[str]):
+        known = sorted(known)
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        listing = ", ".join(known) if len(known) <= 20 else ", ".join(known[:20]) + ", ..."
+        super().__init__(
+            f"unknown {what} {name!r}; {hint + ' ' if hint else ''}registered: {listing or '(none)'}"
+        )
+        self.name = name
+        self.close_matches = close
+
+    def __str__(self) -> str:  # LookupError would quote the message
+        return self.args[0]
+
+
+class DuplicateNameError(ZooError, ValueError):
+    """Two plugins provide the same name."""
+
+
+class PluginLoadError(ZooError, RuntimeError):
+    """A plugin that could not be imported or registered."""

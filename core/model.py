@@ -1,0 +1,218 @@
+"""The base encoder-decoder, from which encoder-only and decoder-only models are configured.
+
+``EncoderDecoder`` composes embeddings, an encoder stack, a decoder stack and a head; it owns
+no attention, norm or positional logic of its own. Leave out the decoder for an encoder-only
+model (BERT), the encoder for a decoder-only one (a language model).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+from torch import Tensor, nn
+
+from .masks import AttentionMask, as_padding_mask
+from .stack import DecoderCache, StackOutput
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def atomic_write(path: Path, write: Any) -> None:
+    """Call ``write(tmp_path)`` then move the file into place, so ``path`` is never half-written."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ZooModel(nn.Module):
+    """Base of every model the zoo builds: it knows its config and can save itself."""
+
+    config: Any = None  # the validated config, set by ``transformer_zoo.build_model``
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
+
+        Each file is written atomically; load with ``transformer_zoo.from_pretrained``.
+        """
+        if self.config is None:
+            raise ValueError(
+                f"this {type(self).__name__} has no config: it was built by hand; build it with "
+                "transformer_zoo.build_model(...) to be able to save and reload it"
+            )
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_model(self, str(p)))
+        text = json.dumps(self.config.model_dump(mode="json"), indent=2) + "\n"
+        atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
+        return directory
+
+
+@dataclass
+class ModelOutput:
+    """What :class:`EncoderDecoder` returns.
+
+    Attributes:
+        logits: the head's output: ``(B, T, V)`` for token heads, ``(B, C)`` for sequence heads.
+        hidden: the last stack's hidden states ``(B, T, D)``.
+        attentions: weights by stack (``encoder``, ``decoder``), per layer application, by block.
+        aux_loss: terms to add to the task loss (ponder cost), or None.
+        extras: other per-forward outputs of the stacks, prefixed by stack name.
+    """
+
+    logits: Tensor
+    hidden: Tensor
+    attentions: dict[str, list[dict[str, Tensor]]] = field(default_factory=dict)
+    aux_loss: Tensor | None = None
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _sum_aux(*outputs: StackOutput | None) -> Tensor | None:
+    terms = [o.aux_loss for o in outputs if o is not None and o.aux_loss is not None]
+    return sum(terms[1:], terms[0]) if terms else None
+
+
+class EncoderDecoder(ZooModel):
+    """Embeddings, an encoder and/or a decoder stack, and a head.
+
+    Args:
+        head: maps the last hidden states to logits; has ``loss(logits, targets)``.
+        encoder, src_embed: the encoder stack and its embeddings, or None (decoder-only).
+        decoder, tgt_embed: the decoder stack and its embeddings, or None (encoder-only).
+    """
+
+    def __init__(
+        self,
+        *,
+        head: nn.Module,
+        encoder: nn.Module | None = None,
+        src_embed: nn.Module | None = None,
+        decoder: nn.Module | None = None,
+        tgt_embed: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if encoder is None and decoder is None:
+            raise ValueError("a model needs an encoder, a decoder, or both")
+        if (encoder is None) != (src_embed is None) or (decoder is None) != (tgt_embed is None):
+            raise ValueError("each stack needs its embeddings: pass encoder with src_embed, decoder with tgt_embed")
+        self.src_embed, self.encoder = src_embed, encoder
+        self.tgt_embed, self.decoder = tgt_embed, decoder
+        self.head = head
+
+    @property
+    def architecture(self) -> str:
+        """``encoder-decoder``, ``encoder-only`` or ``decoder-only``."""
+        if self.encoder is None:
+            return "decoder-only"
+        return "encoder-only" if self.decoder is None else "encoder-decoder"
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
+        """Encode ``src`` ids ``(B, S)``; ``src_mask`` ``(B, S)`` is 1 for real tokens, 0 for padding."""
+        if self.encoder is None:
+            raise ValueError("this model is decoder-only: it has no encoder to encode with")
+        padding = as_padding_mask(src_mask, src, "src_mask")
+        x = self.src_embed(src)
+        return self.encoder(x, self_mask=AttentionMask(padding=padding), need_weights=need_weights)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None = None,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> StackOutput:
+        """Run the causal decoder on ``tgt`` ids ``(B, T)``, attending to ``memory`` ``(B, S, D)``.
+
+        With a ``cache``, ``tgt`` holds only the new tokens; earlier ones are read from the cache.
+        """
+        if self.decoder is None:
+            raise ValueError("this model is encoder-only: it has no decoder to decode with")
+        if self.encoder is not None and memory is None:
+            raise ValueError("this encoder-decoder needs the encoder memory to decode; call encode() first")
+        offset = 0 if cache is None else cache.offset
+        padding = None
+        if tgt_mask is not None:
+            if tgt_mask.shape != (tgt.size(0), offset + tgt.size(1)):
+                raise ValueError(
+                    f"tgt_mask has shape {tuple(tgt_mask.shape)}; expected {(tgt.size(0), offset + tgt.size(1))} "
+                    "(batch, all target positions so far), 1 for real tokens and 0 for padding"
+                )
+            padding = tgt_mask.bool()
+        memory_padding = None if src_mask is None or memory is None else src_mask.bool()
+        out = self.decoder(
+            self.tgt_embed(tgt, offset),
+            memory,
+            self_mask=AttentionMask(padding=padding, causal=True),
+            memory_mask=AttentionMask(padding=memory_padding),
+            cache=cache,
+            need_weights=need_weights,
+        )
+        if cache is not None:
+            cache.offset += tgt.size(1)
+        return out
+
+    def forward(
+        self,
+        src: Tensor | None = None,
+        tgt: Tensor | None = None,
+        *,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> ModelOutput:
+        """Logits for a batch.
+
+        Encoder-decoder: ``model(src, tgt)``; encoder-only: ``model(src)``; decoder-only:
+        ``model(tgt=ids)`` or simply ``model(ids)``. Ids are ``(B, T)`` integers; masks are
+        ``(B, T)``, 1 for real tokens and 0 for padding.
+        """
+        if self.encoder is None and tgt is None:
+            src, tgt, src_mask, tgt_mask = None, src, None, src_mask
+        if self.encoder is not None and src is None:
+            raise ValueError(f"this {self.architecture} model needs src token ids (batch, seq)")
+        if self.decoder is not None and tgt is None:
+            raise ValueError("this encoder-decoder model needs tgt token ids (batch, seq) as well as src")
+        if self.decoder is None and tgt is not None:
+            raise ValueError("this model is encoder-only: pass only src (and src_mask)")
+        if self.encoder is None and src is not None:
+            raise ValueError("this model is decoder-only: pass one sequence, as tgt")
+
+        enc = self.encode(src, src_mask, need_weights=need_weights) if self.encoder is not None else None
+        dec = None
+        if self.decoder is not None:
+            memory = None if enc is None else enc.hidden
+            dec = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=need_weights)
+        last, mask = (dec, tgt_mask) if dec is not None else (enc, src_mask)
+        attentions = {name: out.attentions for name, out in (("encoder", enc), ("decoder", dec)) if out is not None}
+        extras = {
+            f"{name}_{key}": value
+            for name, out in (("encoder", enc), ("decoder", dec))
+            if out is not None
+            for key, value in out.extras.items()
+        }
+        return ModelOutput(
+            logits=self.head(last.hidden, None if mask is None else mask.bool()),
+            hidden=last.hidden,
+            attentions=attentions if need_weights else {},
+            aux_loss=_sum_aux(enc, dec),
+            extras=extras,
+        )
+
+    def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
+        """The head's loss on ``output.logits`` plus any auxiliary term of the stacks."""
+        loss = self.head.loss(output.logits, targets)
+        return loss if output.aux_loss is None else loss + output.aux_loss

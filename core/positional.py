@@ -1,0 +1,100 @@
+"""Positional encodings: additive ones added to the embeddings, and ones that act in attention.
+
+Additive modules take ``(B, T, D)`` and a start ``offset`` (the number of tokens already
+decoded) and return ``(B, T, D)``; in-attention modules subclass
+:class:`~transformer_zoo.core.attention.AttentionPositional`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .attention import AttentionPositional
+
+
+def _check_length(end: int, max_len: int) -> None:
+    if end > max_len:
+        raise ValueError(
+            f"sequence reaches position {end} but the model supports at most max_len={max_len} "
+            f"positions; use shorter inputs or build the model with a larger max_len"
+        )
+
+
+def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
+    """``PE[pos, 2i] = sin(pos / base^(2i/d))``, ``PE[pos, 2i+1] = cos(...)``: ``(length, dim)``."""
+    position = torch.arange(length, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(base) / dim))
+    table = torch.zeros(length, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
+    return table.float()
+
+
+class SinusoidalPositional(nn.Module):
+    """Fixed sinusoids (Vaswani et al. 2017, section 3.5), added to the input."""
+
+    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("table", sinusoid_table(max_len, d_model, base), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _check_length(offset + x.size(1), self.max_len)
+        return x + self.table[offset : offset + x.size(1)].to(x.dtype)
+
+
+class LearnedPositional(nn.Module):
+    """A learned vector per absolute position (Gehring et al. 2017; BERT), added to the input."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        _check_length(offset + x.size(1), self.max_len)
+        positions = torch.arange(offset, offset + x.size(1), device=x.device)
+        return x + self.embedding(positions)
+
+
+class RotaryPositional(AttentionPositional):
+    """Rotary position embedding (Su et al. 2021): rotates query/key channel pairs by position."""
+
+    def __init__(self, d_head: int, max_len: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"rotary positions need an even head width, got d_model / n_heads = {d_head}")
+        self.max_len = max_len
+        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (T, Dh/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def _rotate(self, x: Tensor, offset: int) -> Tensor:
+        _check_length(offset + x.size(-2), self.max_len)
+        cos = self.cos[offset : offset + x.size(-2)].to(x.dtype)
+        sin = self.sin[offset : offset + x.size(-2)].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+
+    def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
+        return self._rotate(q, q_offset), self._rotate(k, 0)
+
+
+class ALiBiPositional(AttentionPositional):
+    """Attention with linear biases (Press et al. 2022): ``-slope_h * distance`` on the scores."""
+
+    def __init__(self, n_heads: int, *, symmetric: bool = False) -> None:
+        super().__init__()
+        self.symmetric = symmetric
+        slopes = torch.tensor([2 ** (-8 * (h + 1) / n_heads) for h in range(n_heads)])
+        self.register_buffer("slopes", slopes, persistent=False)
+
+    def bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor:
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        distance = torch.arange(k_len, device=device)[None, :] - q_pos  # (Tq, Tk)
+        distance = distance.abs() if self.symmetric else distance.clamp(max=0).neg()
+        return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)

@@ -1,0 +1,197 @@
+"""The generic components every family composes: attention, positions, norms, FFNs, stacks, heads.
+
+Papers: Vaswani et al. 2017 (scaled dot-product attention, sinusoids, post-norm), Ba et al.
+2016 (layer norm), Zhang & Sennrich 2019 (RMS norm), Ioffe & Szegedy 2015 (batch norm),
+Shazeer 2020 (gated FFNs), Su et al. 2021 (rotary), Press et al. 2022 (ALiBi).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from torch import nn
+
+from transformer_zoo.core.attention import MultiHeadAttention
+from transformer_zoo.core.heads import LMHead, SequenceClassificationHead
+from transformer_zoo.core.layers import FeedForward, GatedFeedForward, TokenBatchNorm
+from transformer_zoo.core.options import (
+    AttentionOptions,
+    FFNOptions,
+    HeadOptions,
+    NormOptions,
+    PositionalOptions,
+    StackOptions,
+)
+from transformer_zoo.core.positional import (
+    ALiBiPositional,
+    LearnedPositional,
+    RotaryPositional,
+    SinusoidalPositional,
+)
+from transformer_zoo.core.stack import StandardStack
+from transformer_zoo.registry import hookimpl
+
+
+# ---- attention ----------------------------------------------------------------------------
+class SDPAAttention(AttentionOptions):
+    """Full multi-head attention on PyTorch's scaled_dot_product_attention."""
+
+    kind: Literal["sdpa"] = "sdpa"
+    bias: bool = Field(True, description="bias on the query, key, value and output projections")
+
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
+        return MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional)
+
+
+# ---- positional ---------------------------------------------------------------------------
+class Sinusoidal(PositionalOptions):
+    """Fixed sinusoids added to the embeddings (Vaswani et al. 2017)."""
+
+    kind: Literal["sinusoidal"] = "sinusoidal"
+    base: float = Field(10000.0, gt=1.0, description="wavelength base of the sinusoids")
+
+    def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
+        return SinusoidalPositional(d_model, max_len, base=self.base)
+
+
+class Learned(PositionalOptions):
+    """A learned vector per absolute position, added to the embeddings."""
+
+    kind: Literal["learned"] = "learned"
+
+    def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
+        return LearnedPositional(d_model, max_len)
+
+
+class Rotary(PositionalOptions):
+    """Rotary embeddings applied to queries and keys inside self-attention (Su et al. 2021)."""
+
+    kind: Literal["rotary"] = "rotary"
+    base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotations")
+
+    def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
+        return RotaryPositional(d_model // n_heads, max_len, base=self.base)
+
+
+class ALiBi(PositionalOptions):
+    """Linear distance penalties on the attention scores, one slope per head (Press et al. 2022)."""
+
+    kind: Literal["alibi"] = "alibi"
+    symmetric: bool = Field(False, description="penalise distance in both directions (encoders)")
+
+    def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
+        return ALiBiPositional(n_heads, symmetric=self.symmetric)
+
+
+# ---- norms --------------------------------------------------------------------------------
+class LayerNorm(NormOptions):
+    """Layer normalisation over the feature axis (Ba et al. 2016)."""
+
+    kind: Literal["layernorm"] = "layernorm"
+    eps: float = Field(1e-5, gt=0.0, description="added to the variance for stability")
+
+    def build(self, *, d_model: int) -> nn.Module:
+        return nn.LayerNorm(d_model, eps=self.eps)
+
+
+class RMSNorm(NormOptions):
+    """Root-mean-square normalisation, no centring (Zhang & Sennrich 2019)."""
+
+    kind: Literal["rmsnorm"] = "rmsnorm"
+    eps: float = Field(1e-6, gt=0.0, description="added to the mean square for stability")
+
+    def build(self, *, d_model: int) -> nn.Module:
+        return nn.RMSNorm(d_model, eps=self.eps)
+
+
+class BatchNorm(NormOptions):
+    """Batch normalisation over batch and time (Ioffe & Szegedy 2015), for comparison."""
+
+    kind: Literal["batchnorm"] = "batchnorm"
+    eps: float = Field(1e-5, gt=0.0, description="added to the variance for stability")
+    momentum: float = Field(0.1, gt=0.0, le=1.0, description="running statistics update rate")
+
+    def build(self, *, d_model: int) -> nn.Module:
+        return TokenBatchNorm(d_model, eps=self.eps, momentum=self.momentum)
+
+
+# ---- feed-forward -------------------------------------------------------------------------
+class MLP(FFNOptions):
+    """Two linear maps with an activation between (Vaswani et al. 2017, eq. 2)."""
+
+    kind: Literal["mlp"] = "mlp"
+    activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity")
+
+    def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
+        return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
+
+
+class Gated(FFNOptions):
+    """Gated linear unit FFN: GEGLU with gelu, SwiGLU with silu (Shazeer 2020)."""
+
+    kind: Literal["gated"] = "gated"
+    activation: Literal["relu", "gelu", "silu"] = Field("silu", description="non-linearity on the gate")
+
+    def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
+        return GatedFeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
+
+
+# ---- stacks -------------------------------------------------------------------------------
+class Standard(StackOptions):
+    """N distinct layers applied in turn."""
+
+    kind: Literal["standard"] = "standard"
+
+    def build(self, *, make_layer, final_norm) -> nn.Module:
+        return StandardStack([make_layer() for _ in range(self.layers)], final_norm=final_norm)
+
+
+# ---- heads --------------------------------------------------------------------------------
+class LM(HeadOptions):
+    """Next-token logits over the vocabulary: the seq2seq generator and the LM head."""
+
+    kind: Literal["lm"] = "lm"
+    tie_weights: bool = Field(True, description="share the output projection with the token embedding")
+    bias: bool = Field(False, description="bias on the output projection")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the cross-entropy")
+
+    def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
+        return LMHead(
+            d_model,
+            vocab_size,
+            tied_embedding=embedding if self.tie_weights else None,
+            bias=self.bias,
+            label_smoothing=self.label_smoothing,
+            ignore_index=pad_id,
+        )
+
+
+class SequenceClassification(HeadOptions):
+    """One label per sequence, from the first token or the mean of the real tokens."""
+
+    kind: Literal["sequence-classification"] = "sequence-classification"
+    num_classes: int = Field(2, ge=2, description="number of labels")
+    pooling: Literal["cls", "mean"] = Field("cls", description="first token (cls) or mean over real tokens")
+
+    def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
+        return SequenceClassificationHead(d_model, self.num_classes, pooling=self.pooling, dropout=dropout)
+
+
+@hookimpl
+def tzoo_components():
+    return [
+        SDPAAttention,
+        Sinusoidal,
+        Learned,
+        Rotary,
+        ALiBi,
+        LayerNorm,
+        RMSNorm,
+        BatchNorm,
+        MLP,
+        Gated,
+        Standard,
+        LM,
+        SequenceClassification,
+    ]

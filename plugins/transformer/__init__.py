@@ -1,0 +1,56 @@
+"""The Transformer: Vaswani et al. 2017, "Attention Is All You Need" (arXiv 1706.03762).
+
+An encoder-decoder of post-norm layers: sinusoidal positions added to embeddings scaled by
+sqrt(d_model), one embedding table shared by source, target and output projection,
+label-smoothed cross-entropy (epsilon 0.1) and the warm-up then inverse-square-root
+learning-rate schedule (eq. 3). Everything is composed from the core; this file holds only
+the paper's defaults and presets.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+from transformer_zoo.core.config import EncoderDecoderConfig
+from transformer_zoo.core.options import Head, Variant
+from transformer_zoo.core.schedules import inverse_sqrt_warmup
+from transformer_zoo.registry import hookimpl
+
+
+class TransformerConfig(EncoderDecoderConfig):
+    """The original Transformer; defaults are the paper's base model (Table 3)."""
+
+    family: ClassVar[str] = "transformer"
+
+    variant: str = Field("transformer", description="the registered variant this config started from")
+    vocab_size: int = Field(37000, ge=1, description="shared source/target vocabulary (about 37000 BPE tokens in the paper)")
+    head: Head = Field(
+        {"kind": "lm", "label_smoothing": 0.1},
+        validate_default=True,
+        description="generator tied to the shared embeddings, label smoothing 0.1",
+    )
+    warmup_steps: int = Field(4000, ge=1, description="warm-up steps of the learning-rate schedule (eq. 3)")
+
+    def lr_schedule(self, optimizer: Optimizer) -> LambdaLR:
+        """The paper's schedule on ``optimizer`` (set its lr to 1.0 for the paper's rates)."""
+        return inverse_sqrt_warmup(optimizer, self.d_model, self.warmup_steps)
+
+
+BIG = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
+TINY = dict(
+    vocab_size=1000, d_model=64, n_heads=4, d_ff=256, max_len=512, encoder={"layers": 2}, decoder={"layers": 2}
+)
+
+
+@hookimpl
+def tzoo_variants():
+    return [
+        Variant(name="transformer", config=TransformerConfig, description="Vaswani et al. 2017, base defaults"),
+        Variant(name="transformer-base", config=TransformerConfig, description="base: d 512, 8 heads, 6+6 layers, d_ff 2048"),
+        Variant(name="transformer-big", config=TransformerConfig, defaults=BIG, description="big: d 1024, 16 heads, 6+6 layers, d_ff 4096"),
+        Variant(name="transformer-tiny", config=TransformerConfig, defaults=TINY, description="tiny: d 64, 4 heads, 2+2 layers, for CPUs and tests"),
+    ]

@@ -1,0 +1,32 @@
+"""Every hook a transformer-zoo plugin can implement.
+
+A plugin is any importable module (or object) with functions marked ``@hookimpl``. Hooks
+declare what a plugin offers; the registry validates it and the core builds it. Built-in
+plugins use these same hooks.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from ..core.options import ComponentOptions, Variant
+
+PROJECT = "transformer_zoo"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def tzoo_components() -> list[type[ComponentOptions]]:
+    """Component kinds this plugin offers.
+
+    Return options classes, each subclassing one category base of
+    :mod:`transformer_zoo.core.options` (``AttentionOptions``, ``NormOptions``, ...) with a
+    ``kind`` literal and a ``build`` method.
+    """
+
+
+@hookspec
+def tzoo_variants() -> list[Variant]:
+    """Variants this plugin offers: a family config class and, for presets, its values."""

@@ -1,0 +1,190 @@
+"""The plugin manager: finds plugins, checks what they offer, and answers lookups by name."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import importlib.metadata
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pluggy
+
+from ..core.errors import DuplicateNameError, PluginLoadError, UnknownNameError
+from ..core.options import CATEGORIES, ComponentOptions, Variant, VariantConfig
+from . import hookspecs
+
+ENTRY_POINT_GROUP = "transformer_zoo"
+BUILTIN_PLUGINS: dict[str, str] = {
+    "tzoo.components": "transformer_zoo.plugins.components",
+    "tzoo.transformer": "transformer_zoo.plugins.transformer",
+}  # plugin name -> module
+
+
+def kind_name(options: type[ComponentOptions]) -> str:
+    """The ``kind`` literal of an options class, checked."""
+    field = options.model_fields.get("kind")
+    args = typing.get_args(field.annotation) if field is not None else ()
+    if field is None or len(args) != 1 or field.default != args[0] or not isinstance(args[0], str):
+        raise PluginLoadError(
+            f"{options.__name__} must declare kind: Literal['<name>'] = '<name>' to be registered"
+        )
+    return args[0]
+
+
+class Registry:
+    """Every component kind and variant offered by the loaded plugins.
+
+    Args:
+        builtins: the built-in plugins, plugin name to module name.
+        entry_points: whether to load third-party plugins of the ``transformer_zoo`` group.
+    """
+
+    def __init__(self, *, builtins: Mapping[str, str] = BUILTIN_PLUGINS, entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self.pm.add_hookspecs(hookspecs)
+        self._builtins = dict(builtins)
+        self._entry_points = entry_points
+        self._components: dict[str, dict[str, type[ComponentOptions]]] = {c: {} for c in CATEGORIES}
+        self._variants: dict[str, Variant] = {}
+        self._providers: dict[tuple[str, str], str] = {}
+        self.load_errors: dict[str, str] = {}
+        self._loaded = False
+
+    # ---- loading ---------------------------------------------------------------------------
+    def load(self) -> Registry:
+        """Load the built-in plugins, then the entry-point plugins; once."""
+        if self._loaded:
+            return self
+        self._loaded = True
+        for name, module in self._builtins.items():
+            self._load_plugin(name, lambda module=module: importlib.import_module(module))
+        if self._entry_points:
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if self.pm.has_plugin(ep.name):
+                    continue
+                self._load_plugin(ep.name, ep.load)
+        return self
+
+    def _load_plugin(self, name: str, load: Callable[[], Any]) -> None:
+        """Import and register one plugin; a failure is recorded by name and the rest go on."""
+        try:
+            self._register(load(), name)
+        except Exception as exc:  # a broken plugin must not stop the others
+            self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+
+    def register(self, plugin: Any, name: str | None = None) -> str:
+        """Register a plugin in-process (a notebook, a test): a module or object with hook functions.
+
+        Raises:
+            DuplicateNameError: it offers a name another plugin already provides.
+            PluginLoadError: what it offers is malformed.
+        """
+        self.load()
+        return self._register(plugin, name)
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin registered under ``name`` and everything it offered."""
+        plugin = self.pm.get_plugin(name)
+        if plugin is None:
+            raise UnknownNameError("plugin", name, [n for n, _ in self.pm.list_name_plugin()])
+        self.pm.unregister(plugin)
+        for key, provider in list(self._providers.items()):
+            if provider == name:
+                del self._providers[key]
+                category, item = key
+                if category == "variant":
+                    del self._variants[item]
+                else:
+                    del self._components[category][item]
+
+    def _register(self, plugin: Any, name: str | None) -> str:
+        name = self.pm.register(plugin, name)
+        try:
+            self._collect(plugin, name)
+        except Exception:
+            self.pm.unregister(plugin)
+            raise
+        return name
+
+    def _collect(self, plugin: Any, name: str) -> None:
+        """Ask one plugin what it offers, check it all, then add it all (or nothing)."""
+        others = [p for p in self.pm.get_plugins() if p is not plugin]
+        components = self.pm.subset_hook_caller("tzoo_components", others)()
+        variants = self.pm.subset_hook_caller("tzoo_variants", others)()
+        offered: dict[tuple[str, str], Any] = {}
+        for options in (item for batch in components for item in batch or ()):
+            category = getattr(options, "category", None)
+            if not (isinstance(options, type) and issubclass(options, ComponentOptions) and category in CATEGORIES):
+                raise PluginLoadError(
+                    f"plugin {name!r} offers {options!r} as a component; expected a subclass of one of "
+                    + ", ".join(base.__name__ for base in CATEGORIES.values())
+                )
+            self._add_offer(offered, (category, kind_name(options)), options, name)
+        for variant in (item for batch in variants for item in batch or ()):
+            if not (isinstance(variant, Variant) and issubclass(variant.config, VariantConfig)):
+                raise PluginLoadError(
+                    f"plugin {name!r} offers {variant!r} as a variant; expected a Variant whose config "
+                    "subclasses VariantConfig"
+                )
+            self._add_offer(offered, ("variant", variant.name), variant, name)
+        for (category, item), value in offered.items():
+            self._providers[(category, item)] = name
+            if category == "variant":
+                self._variants[item] = value
+            else:
+                self._components[category][item] = value
+
+    def _add_offer(self, offered: dict, key: tuple[str, str], value: Any, name: str) -> None:
+        category, item = key
+        provider = self._providers.get(key) or (name if key in offered else None)
+        if provider is not None:
+            what = "variant" if category == "variant" else f"{category} kind"
+            raise DuplicateNameError(
+                f"{what} {item!r} is provided by plugin {provider!r} and again by plugin {name!r}; "
+                "names must be unique: rename one of them"
+            )
+        offered[key] = value
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def components(self, category: str) -> dict[str, type[ComponentOptions]]:
+        """Registered kinds of ``category``, by name."""
+        if category not in CATEGORIES:
+            raise UnknownNameError("component category", category, CATEGORIES)
+        return dict(sorted(self.load()._components[category].items()))
+
+    def component(self, category: str, kind: str) -> type[ComponentOptions]:
+        """The options class of one kind."""
+        kinds = self.components(category)
+        if kind not in kinds:
+            raise UnknownNameError(f"{category} kind", str(kind), kinds)
+        return kinds[kind]
+
+    def default_kind(self, category: str) -> str:
+        return CATEGORIES[category].default_kind
+
+    def variants(self, pattern: str = "*") -> list[str]:
+        """Registered variant names matching a shell-style ``pattern``, sorted."""
+        return sorted(n for n in self.load()._variants if fnmatch.fnmatchcase(n, pattern))
+
+    def variant(self, name: str) -> Variant:
+        self.load()
+        if name not in self._variants:
+            raise UnknownNameError("variant", name, self._variants)
+        return self._variants[name]
+
+    def provider(self, category: str, name: str) -> str:
+        """The name of the plugin that offers a component kind or (``category="variant"``) a variant."""
+        return self.load()._providers[(category, name)]
+
+
+_registry: Registry | None = None
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, loaded on first use."""
+    global _registry
+    if _registry is None:
+        _registry = Registry()
+    return _registry.load()

@@ -1,0 +1,30 @@
+"""transformer-zoo: a plugin-based zoo of Transformer variants on PyTorch.
+
+Build any registered variant by name or from a config, register your own through the
+``transformer_zoo`` entry points, and compare them on tasks.
+"""
+
+from .api import build_model, from_pretrained, list_variants, load_config
+from .core.errors import ConfigError, UnknownNameError, ZooError
+from .registry import get_registry, hookimpl
+
+__version__ = "0.1.0"
+
+
+def register_plugin(plugin: object, name: str | None = None) -> str:
+    """Register a plugin in-process (a notebook): a module or object with ``@hookimpl`` functions."""
+    return get_registry().register(plugin, name)
+
+
+__all__ = [
+    "ConfigError",
+    "UnknownNameError",
+    "ZooError",
+    "build_model",
+    "from_pretrained",
+    "get_registry",
+    "hookimpl",
+    "list_variants",
+    "load_config",
+    "register_plugin",
+]

@@ -1,0 +1,167 @@
+"""The public functions: list, configure, build, save and reload variants by name."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import yaml
+from pydantic import ValidationError
+from torch import nn
+
+from .core.errors import ConfigError
+from .core.model import CONFIG_NAME, WEIGHTS_NAME, ZooModel
+from .core.options import VariantConfig
+from .registry import get_registry
+
+ConfigSource = str | os.PathLike | Mapping[str, Any] | VariantConfig
+
+
+def list_variants(pattern: str = "*") -> list[str]:
+    """Registered variant names matching a shell-style pattern (``"transformer-*"``), sorted."""
+    return get_registry().variants(pattern)
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``update`` into ``base``; a mapping whose ``kind`` changes replaces the old one."""
+    out = copy.deepcopy(dict(base))
+    for key, value in update.items():
+        old = out.get(key)
+        if isinstance(old, Mapping) and isinstance(value, Mapping) and value.get("kind", old.get("kind")) == old.get("kind"):
+            out[key] = merge(old, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_overrides(items: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """``["encoder.layers=2", "dropout=0"]`` (or ``{"encoder.layers": 2}``) to a nested mapping.
+
+    Values given as text are read as YAML scalars: ``2`` is an int, ``null`` is None.
+    """
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        for item in items:
+            key, sep, text = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"override {item!r} is not of the form key=value (for example encoder.layers=2)")
+            pairs.append((key.strip(), yaml.safe_load(text) if text.strip() else ""))
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r} sets a field inside {part!r}, which another override set to a value")
+        node[leaf] = merge(node[leaf], value) if isinstance(node.get(leaf), dict) and isinstance(value, Mapping) else value
+    return out
+
+
+def _read(source: ConfigSource) -> dict[str, Any]:
+    if isinstance(source, VariantConfig):
+        return source.model_dump(mode="json")
+    if isinstance(source, Mapping):
+        return copy.deepcopy(dict(source))
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist; give a YAML or JSON file, or a variant name")
+    try:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of fields, got {type(data).__name__}")
+    return data
+
+
+def describe_validation_error(error: ValidationError, title: str) -> str:
+    """One line per problem: the field's dotted path, what was wrong, and the value given."""
+    lines = []
+    for item in error.errors(include_url=False):
+        where = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] not in ("missing", "value_error") and "input" in item:
+            given = repr(item["input"])
+            message += f" (got {given if len(given) < 60 else given[:57] + '...'})"
+        lines.append(f"  {where}: {message}" if where else f"  {message}")
+    return f"invalid {title}:\n" + "\n".join(lines)
+
+
+def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, Any] | None = None) -> VariantConfig:
+    """A validated config from a YAML or JSON file, a mapping, or a config.
+
+    The mapping names a registered ``variant``; its preset values are the defaults that the
+    other keys, then ``overrides`` (``["encoder.layers=2"]`` or a nested mapping), replace.
+
+    Raises:
+        ConfigError: a field is unknown, of the wrong type or out of range (each one named).
+        UnknownNameError: the variant or a component kind is not registered.
+    """
+    data = _read(source)
+    if overrides:
+        data = merge(data, parse_overrides(overrides))
+    name = data.get("variant")
+    if not isinstance(name, str):
+        raise ConfigError(
+            "a config needs a 'variant' key naming a registered variant (see `tzoo list`), "
+            f"for example variant: transformer-tiny; got {name!r}"
+        )
+    variant = get_registry().variant(name)
+    try:
+        base = variant.config.model_validate({**copy.deepcopy(variant.defaults), "variant": name})
+        return variant.config.model_validate(merge(base.model_dump(mode="json"), data))
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, f"config for variant {name!r}")) from None
+
+
+def build_model(name_or_config: ConfigSource, **overrides: Any) -> nn.Module:
+    """A ready model from a variant name, a config file, a mapping or a config.
+
+    Keyword overrides replace config fields; nested fields by mapping
+    (``encoder={"layers": 1}``) or by dotted key (``**{"encoder.layers": 1}``).
+
+    >>> model = build_model("transformer-tiny", dropout=0.0)
+    """
+    source = name_or_config
+    if isinstance(source, str) and Path(source).suffix not in (".yaml", ".yml", ".json"):
+        source = {"variant": source}
+    config = load_config(source, overrides)
+    model = config.build()
+    if not isinstance(model, ZooModel):
+        raise TypeError(
+            f"{type(config).__name__}.build() returned a {type(model).__name__}; a variant's builder must "
+            "return a transformer_zoo.core.model.ZooModel (EncoderDecoder is one)"
+        )
+    model.config = config
+    return model
+
+
+def from_pretrained(directory: str | os.PathLike) -> nn.Module:
+    """Rebuild a model saved by ``save_pretrained``: ``config.json`` + ``model.safetensors``.
+
+    The model is returned in eval mode.
+    """
+    directory = Path(directory)
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(
+                f"{str(directory / name)!r} not found; from_pretrained expects a folder written by "
+                f"save_pretrained, holding {CONFIG_NAME} and {WEIGHTS_NAME}"
+            )
+    data = json.loads((directory / CONFIG_NAME).read_text())
+    model = build_model(data)
+    missing, unexpected = safetensors.torch.load_model(model, str(directory / WEIGHTS_NAME), strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"the weights in {str(directory / WEIGHTS_NAME)!r} do not fit the model its config describes: "
+            f"missing {sorted(missing) or 'none'}, unexpected {sorted(unexpected) or 'none'}"
+        )
+    return model.eval()

@@ -1,0 +1,139 @@
+"""The ``tzoo`` command line. Every command that prints data also takes ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from . import api
+from .core.errors import ZooError
+from .core.options import CATEGORIES
+from .registry import get_registry
+
+KINDS = ("variant", *CATEGORIES)
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+def _list(args: argparse.Namespace) -> Any:
+    import fnmatch
+
+    registry = get_registry()
+    rows = []
+    if args.kind == "variant":
+        for name in registry.variants(args.pattern):
+            variant = registry.variant(name)
+            rows.append(
+                {
+                    "name": name,
+                    "family": variant.config.family,
+                    "plugin": registry.provider("variant", name),
+                    "description": variant.description,
+                }
+            )
+    else:
+        for name, options in registry.components(args.kind).items():
+            if fnmatch.fnmatchcase(name, args.pattern):
+                rows.append(
+                    {
+                        "name": name,
+                        "kind": args.kind,
+                        "plugin": registry.provider(args.kind, name),
+                        "description": _first_line(options.__doc__),
+                    }
+                )
+    return rows
+
+
+def _show(args: argparse.Namespace) -> Any:
+    source = args.name
+    config = api.load_config({"variant": source} if not source.endswith((".yaml", ".yml", ".json")) else source, args.set)
+    with torch.device("meta"):  # count parameters without allocating them
+        model = config.build()
+    return {
+        "config": config.model_dump(mode="json"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def _schema(args: argparse.Namespace) -> Any:
+    registry = get_registry()
+    families: dict[type, list[str]] = {}
+    for name in registry.variants():
+        families.setdefault(registry.variant(name).config, []).append(name)
+    branches = []
+    for config, names in families.items():
+        schema = config.model_json_schema()
+        schema["properties"]["variant"] = {**schema["properties"]["variant"], "enum": names}
+        branches.append(schema)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "transformer-zoo model config",
+        "description": "A model config: 'variant' names a registered variant; other keys override its values.",
+        "oneOf": branches,
+    }
+
+
+def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    if not rows:
+        console.print(f"no {title} match")
+        return
+    table = Table(title=title, title_justify="left")
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    console.print(table)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tzoo", description="A zoo of Transformer variants.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("list", help="registered variants or components")
+    p.add_argument("pattern", nargs="?", default="*", help="shell-style pattern, e.g. 'transformer-*'")
+    p.add_argument("--kind", choices=KINDS, default="variant", help="what to list (default: variant)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_list)
+
+    p = sub.add_parser("show", help="a variant's resolved config and parameter count")
+    p.add_argument("name", help="a variant name or a config file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_show)
+
+    p = sub.add_parser("schema", help="the JSON Schema of model configs, plugins' kinds included")
+    p.add_argument("--json", action="store_true", help="print JSON (the default; kept for uniformity)")
+    p.set_defaults(run=_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    err = Console(stderr=True)
+    try:
+        result = args.run(args)
+    except (ZooError, ValueError, FileNotFoundError) as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        return 2
+    for name, message in get_registry().load_errors.items():
+        err.print(f"[yellow]warning:[/] plugin {name!r} failed to load: {message}", highlight=False, soft_wrap=True)
+    if args.command == "schema" or args.json:
+        print(json.dumps(result, indent=2))
+    elif args.command == "list":
+        _print_rows(console, result, f"{args.kind}s" if args.kind != "variant" else "variants")
+    elif args.command == "show":
+        print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
+        print(f"# parameters: {result['parameters']:,}")
+    return 0
