@@ -180,7 +180,7 @@ class VariantConfig(Options):
 
     family: ClassVar[str] = ""
 
-    variant: str
+    variant: str = Field(description="the registered variant this config started from")
 
     def build(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} does not define build()")

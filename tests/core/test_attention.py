@@ -1,0 +1,81 @@
+"""Multi-head attention: the formula, the masks, the cache and the weights."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from transformer_zoo.core.attention import KVCache, MultiHeadAttention, attention_math
+from transformer_zoo.core.masks import AttentionMask
+
+
+def test_attention_math_is_the_papers_formula():
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 4)
+    out, weights = attention_math(q, k, v)
+    expected_weights = torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(4), dim=-1)
+    torch.testing.assert_close(weights, expected_weights)
+    torch.testing.assert_close(out, torch.einsum("bhqk,bhkd->bhqd", expected_weights, v))
+    torch.testing.assert_close(
+        out, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6, rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padding", [False, True])
+def test_fused_path_equals_math_path(causal, padding):
+    attn = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 6, 16)
+    pad = torch.tensor([[1] * 6, [1] * 4 + [0] * 2]).bool() if padding else None
+    mask = AttentionMask(padding=pad, causal=causal)
+    fast, no_weights = attn(x, mask=mask)
+    slow, weights = attn(x, mask=mask, need_weights=True)
+    assert no_weights is None
+    assert weights.shape == (2, 4, 6, 6)
+    torch.testing.assert_close(fast, slow, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 6))
+    if padding:
+        assert weights[1, :, :, 4:].abs().max() == 0, "padding keys get no weight"
+    if causal:
+        assert weights.triu(1).abs().max() == 0, "no query attends to a later key"
+
+
+def test_dense_mask_is_end_aligned_for_a_cache():
+    dense = AttentionMask(causal=True).dense(2, 5)
+    expected = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool()
+    assert torch.equal(dense, expected)
+
+
+def test_incremental_self_attention_equals_full_causal():
+    attn = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 7, 16)
+    full, _ = attn(x, mask=AttentionMask(causal=True))
+    cache = KVCache()
+    first, _ = attn(x[:, :3], mask=AttentionMask(causal=True), cache=cache)  # a prefix of 3
+    steps = [first] + [attn(x[:, t : t + 1], mask=AttentionMask(causal=True), cache=cache)[0] for t in range(3, 7)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-6, rtol=1e-5)
+    assert len(cache) == 7
+
+
+def test_cross_attention_cache_projects_memory_once():
+    attn = MultiHeadAttention(16, 4).eval()
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    cache = KVCache()
+    first, _ = attn(x, memory, cache=cache)
+    stored = cache.key
+    again, _ = attn(x, memory * 0, cache=cache)  # memory is read from the cache, not recomputed
+    assert cache.key is stored
+    torch.testing.assert_close(first, again)
+
+
+def test_cache_reorder_selects_rows():
+    cache = KVCache()
+    cache.append(torch.arange(3.0).view(3, 1, 1, 1), torch.arange(3.0).view(3, 1, 1, 1))
+    cache.reorder(torch.tensor([2, 2, 0]))
+    assert cache.key.flatten().tolist() == [2.0, 2.0, 0.0]
+
+
+def test_heads_must_divide_width():
+    with pytest.raises(ValueError, match="not divisible"):
+        MultiHeadAttention(10, 3)

@@ -1,0 +1,71 @@
+"""The base encoder-decoder and its configurations, and the errors bad inputs get."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_zoo as tz
+
+SMALL = dict(vocab_size=40, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+
+
+def test_encoder_only_classifier():
+    model = tz.build_model(
+        "transformer-tiny", decoder=None, head={"kind": "sequence-classification", "num_classes": 5, "pooling": "mean"}, **SMALL
+    ).eval()
+    assert model.architecture == "encoder-only"
+    ids = torch.randint(1, 40, (3, 8))
+    mask = torch.ones_like(ids)
+    mask[0, 5:] = 0
+    out = model(ids, src_mask=mask)
+    assert out.logits.shape == (3, 5)
+    changed = ids.clone()
+    changed[0, 5:] = 7  # padding content must not matter with mean pooling and a padding mask
+    torch.testing.assert_close(model(changed, src_mask=mask).logits[0], out.logits[0], atol=1e-6, rtol=1e-5)
+
+
+def test_decoder_only_language_model():
+    model = tz.build_model("transformer-tiny", encoder=None, norm_placement="pre", norm="rmsnorm", ffn="gated", **SMALL)
+    assert model.architecture == "decoder-only"
+    assert model.decoder.layers[0].cross_attn is None
+    ids = torch.randint(1, 40, (2, 6))
+    out = model(ids)
+    assert out.logits.shape == (2, 6, 40)
+    loss = model.loss(out, ids)
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_batchnorm_variant_runs():
+    model = tz.build_model("transformer-tiny", norm="batchnorm", **SMALL)
+    out = model(torch.randint(1, 40, (2, 5)), torch.randint(1, 40, (2, 4)))
+    assert torch.isfinite(out.logits).all()
+
+
+def test_attention_weights_are_returned_only_when_asked():
+    model = tz.build_model("transformer-tiny", **SMALL).eval()
+    src, tgt = torch.randint(1, 40, (2, 5)), torch.randint(1, 40, (2, 4))
+    assert model(src, tgt).attentions == {}
+    out = model(src, tgt, need_weights=True)
+    assert [w["self"].shape for w in out.attentions["encoder"]] == [(2, 4, 5, 5)] * 2
+    assert out.attentions["decoder"][1]["cross"].shape == (2, 4, 4, 5)
+    torch.testing.assert_close(out.logits, model(src, tgt).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m: m(torch.tensor([[1, 40]]), torch.tensor([[1]])), r"contain 40, outside the vocabulary; ids must lie in \[0, 39\]"),
+        (lambda m: m(torch.tensor([[1, -1]]), torch.tensor([[1]])), r"contain -1"),
+        (lambda m: m(torch.ones(2, 3, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)), r"shape \(batch, seq\)"),
+        (lambda m: m(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.long)), r"integers"),
+        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), src_mask=torch.ones(2, 4)), r"src_mask has shape \(2, 4\)"),
+        (lambda m: m(torch.ones(1, 600, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)), r"max_len=512"),
+        (lambda m: m(torch.ones(1, 3, dtype=torch.long)), r"needs tgt"),
+    ],
+)
+def test_bad_inputs_say_what_was_expected(call, message):
+    model = tz.build_model("transformer-tiny", **SMALL)
+    with pytest.raises(ValueError, match=message):
+        call(model)

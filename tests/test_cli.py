@@ -1,0 +1,85 @@
+"""The tzoo command line: data commands, --json, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from transformer_zoo.cli import main
+
+
+def run_json(capsys, *argv: str):
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_list_variants_and_kinds(capsys):
+    rows = run_json(capsys, "list")
+    assert {"transformer", "transformer-tiny", "transformer-base", "transformer-big"} <= {r["name"] for r in rows}
+    assert run_json(capsys, "list", "transformer-b*") == [r for r in rows if r["name"].startswith("transformer-b")]
+    norms = {r["name"] for r in run_json(capsys, "list", "--kind", "norm")}
+    assert norms >= {"layernorm", "rmsnorm", "batchnorm"}
+    assert main(["list", "--kind", "positional"]) == 0
+    assert "rotary" in capsys.readouterr().out
+
+
+def test_show_resolves_config_and_counts_parameters(capsys):
+    shown = run_json(capsys, "show", "transformer-tiny", "--set", "encoder.layers=3")
+    assert shown["config"]["encoder"]["layers"] == 3
+    import transformer_zoo as tz
+
+    model = tz.build_model("transformer-tiny", encoder={"layers": 3})
+    assert shown["parameters"] == sum(p.numel() for p in model.parameters())
+    assert main(["show", "transformer-base"]) == 0
+    text = capsys.readouterr().out
+    assert "d_model: 512" in text and "# parameters: 6" in text  # 63M: embeddings shared, generator tied
+
+
+def test_show_reads_config_files(capsys, tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("variant: transformer-tiny\nd_model: 32\n")
+    assert run_json(capsys, "show", str(path))["config"]["d_model"] == 32
+
+
+def test_schema_lists_variants_and_component_kinds(capsys):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    (branch,) = [b for b in schema["oneOf"] if "transformer-tiny" in b["properties"]["variant"]["enum"]]
+    norm_kinds = {option["properties"]["kind"]["const"] for option in branch["properties"]["norm"]["oneOf"]}
+    assert norm_kinds >= {"layernorm", "rmsnorm", "batchnorm"}
+    assert "description" in branch["properties"]["d_model"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["show", "transfomer-tiny"], "did you mean 'transformer-tiny'"),
+        (["show", "transformer-tiny", "--set", "encoder.lyers=2"], "unknown key 'lyers'"),
+        (["show", "transformer-tiny", "--set", "n_heads=3"], "does not divide d_model=64"),
+        (["show", "transformer-tiny", "--set", "d_model=wide"], "d_model: Input should be a valid integer"),
+        (["show", "missing.yaml"], "does not exist"),
+        (["list", "--kind", "norm", "*"], None),
+    ],
+)
+def test_errors_are_one_clear_message(capsys, argv, message):
+    code = main(argv)
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0
+        return
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_console_script_reports_errors_without_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_zoo", "show", "transformer-tiny", "--set", "norm=groupnorm"],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 2
+    assert "unknown norm kind 'groupnorm'" in result.stderr
+    assert "Traceback" not in result.stderr
