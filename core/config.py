@@ -102,7 +102,7 @@ class EncoderDecoderConfig(VariantConfig):
                 )
 
             final_norm = self.norm.build(d_model=self.d_model) if with_final_norm else None
-            return embed, stack.build(make_layer=make_layer, final_norm=final_norm)
+            return embed, stack.build(make_layer=make_layer, final_norm=final_norm, d_model=self.d_model)
 
         src_embed = encoder = tgt_embed = decoder = None
         if self.encoder is not None:

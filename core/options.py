@@ -146,7 +146,7 @@ Head = Annotated[HeadOptions, ComponentField("head")]
 
 
 class StackOptions(ComponentOptions):
-    """Stack kinds: how ``layers`` are applied. ``build(make_layer=, final_norm=)`` returns a module
+    """Stack kinds: how ``layers`` are applied. ``build(make_layer=, final_norm=, d_model=)`` returns a module
     called as ``stack(x, memory=None, *, self_mask, memory_mask, cache, need_weights) -> StackOutput``;
     ``make_layer()`` returns a fresh layer with the attention kinds chosen here."""
 
@@ -159,7 +159,7 @@ class StackOptions(ComponentOptions):
         "sdpa", validate_default=True, description="attention to the encoder memory (decoders of encoder-decoders)"
     )
 
-    def build(self, *, make_layer: Callable[[], nn.Module], final_norm: nn.Module | None) -> nn.Module:
+    def build(self, *, make_layer: Callable[[], nn.Module], final_norm: nn.Module | None, d_model: int) -> nn.Module:
         raise NotImplementedError
 
 

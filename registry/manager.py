@@ -102,11 +102,19 @@ class Registry:
     def _register(self, plugin: Any, name: str | None) -> str:
         name = self.pm.register(plugin, name)
         try:
+            self._check_hook_names(name)
             self._collect(plugin, name)
         except Exception:
             self.pm.unregister(plugin)
             raise
         return name
+
+    def _check_hook_names(self, name: str) -> None:
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("tzoo_")))
+            raise PluginLoadError(f"plugin {name!r} implements a hook that does not exist ({exc}); hooks are: {known}") from None
 
     def _collect(self, plugin: Any, name: str) -> None:
         """Ask one plugin what it offers, check it all, then add it all (or nothing)."""

@@ -143,7 +143,7 @@ class Standard(StackOptions):
 
     kind: Literal["standard"] = "standard"
 
-    def build(self, *, make_layer, final_norm) -> nn.Module:
+    def build(self, *, make_layer, final_norm, d_model: int) -> nn.Module:
         return StandardStack([make_layer() for _ in range(self.layers)], final_norm=final_norm)
 
 
