@@ -102,18 +102,23 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        # Query, key and value projections stacked in one matrix: self-attention runs one matmul.
+        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.positional = positional
 
-    def _heads(self, x: Tensor) -> Tensor:
+    def _heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
+        """``(B, T, parts * D)`` to ``parts`` tensors of ``(B, H, T, Dh)``."""
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+        return x.view(b, t, parts, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def _project(self, x: Tensor, rows: slice) -> Tensor:
+        bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
+        return F.linear(x, self.in_proj.weight[rows], bias)
 
     def forward(
         self,
@@ -129,16 +134,21 @@ class MultiHeadAttention(nn.Module):
         Returns the output ``(B, Tq, D)`` and, if ``need_weights``, the weights ``(B, H, Tq, Tk)``.
         """
         mask = mask or AttentionMask()
-        q = self._heads(self.q_proj(x))
+        d = self.d_model
         q_offset = 0
-        if memory is not None and cache is not None and cache.key is not None:
-            k, v = cache.key, cache.value  # the encoder memory does not change while decoding
-        else:
-            source = x if memory is None else memory
-            k, v = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+        if memory is None:
+            q, k, v = self._heads(self.in_proj(x), 3)
             if cache is not None:
-                q_offset = len(cache) if memory is None else 0
+                q_offset = len(cache)
                 k, v = cache.append(k, v)
+        else:
+            (q,) = self._heads(self._project(x, slice(0, d)), 1)
+            if cache is not None and cache.key is not None:
+                k, v = cache.key, cache.value  # the encoder memory does not change while decoding
+            else:
+                k, v = self._heads(self._project(memory, slice(d, 3 * d)), 2)
+                if cache is not None:
+                    cache.append(k, v)
         bias = None
         if self.positional is not None:
             q, k = self.positional.rotate(q, k, q_offset)

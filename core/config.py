@@ -71,52 +71,50 @@ class EncoderDecoderConfig(VariantConfig):
     def output_vocab_size(self) -> int:
         return (self.tgt_vocab_size or self.vocab_size) if self.decoder is not None else self.vocab_size
 
+    def _layer(self, stack: StackOptions, in_attention: AttentionPositional | None, cross: bool) -> TransformerLayer:
+        def attention(options, positional):
+            return options.build(d_model=self.d_model, n_heads=self.n_heads, dropout=self.dropout, positional=positional)
+
+        return TransformerLayer(
+            attention(stack.attention, in_attention),
+            self.ffn.build(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout),
+            [self.norm.build(d_model=self.d_model) for _ in range(3 if cross else 2)],
+            cross_attn=attention(stack.cross_attention, None) if cross else None,
+            dropout=self.dropout,
+            pre_norm=self.norm_placement == "pre",
+        )
+
+    def _side(self, stack: StackOptions, token: nn.Embedding, cross: bool) -> tuple[Embeddings, nn.Module]:
+        """The embeddings and the stack of the encoder or the decoder."""
+        positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
+        in_attention = positional if isinstance(positional, AttentionPositional) else None
+        embed = Embeddings(
+            token,
+            positional=None if in_attention is not None else positional,
+            scale=math.sqrt(self.d_model) if self.scale_embeddings else 1.0,
+            dropout=self.dropout,
+        )
+        with_final_norm = self.norm_placement == "pre" if self.final_norm is None else self.final_norm
+        return embed, stack.build(
+            make_layer=lambda: self._layer(stack, in_attention, cross),
+            final_norm=self.norm.build(d_model=self.d_model) if with_final_norm else None,
+            d_model=self.d_model,
+        )
+
     def build(self) -> EncoderDecoder:
-        pre_norm = self.norm_placement == "pre"
-        with_final_norm = pre_norm if self.final_norm is None else self.final_norm
-
-        def side(stack: StackOptions, vocab: int, token: nn.Embedding | None, cross: bool):
-            positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
-            in_attention = positional if isinstance(positional, AttentionPositional) else None
-            token = token or nn.Embedding(vocab, self.d_model)
-            embed = Embeddings(
-                token,
-                positional=None if in_attention is not None else positional,
-                scale=math.sqrt(self.d_model) if self.scale_embeddings else 1.0,
-                dropout=self.dropout,
-            )
-
-            def make_layer() -> TransformerLayer:
-                def attention(options, positional):
-                    return options.build(
-                        d_model=self.d_model, n_heads=self.n_heads, dropout=self.dropout, positional=positional
-                    )
-
-                return TransformerLayer(
-                    attention(stack.attention, in_attention),
-                    self.ffn.build(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout),
-                    [self.norm.build(d_model=self.d_model) for _ in range(3 if cross else 2)],
-                    cross_attn=attention(stack.cross_attention, None) if cross else None,
-                    dropout=self.dropout,
-                    pre_norm=pre_norm,
-                )
-
-            final_norm = self.norm.build(d_model=self.d_model) if with_final_norm else None
-            return embed, stack.build(make_layer=make_layer, final_norm=final_norm, d_model=self.d_model)
-
         src_embed = encoder = tgt_embed = decoder = None
         if self.encoder is not None:
-            src_embed, encoder = side(self.encoder, self.vocab_size, None, cross=False)
+            src_embed, encoder = self._side(self.encoder, nn.Embedding(self.vocab_size, self.d_model), cross=False)
         if self.decoder is not None:
-            shared = src_embed.token if src_embed is not None and self.share_embeddings else None
-            tgt_embed, decoder = side(
-                self.decoder, self.tgt_vocab_size or self.vocab_size, shared, cross=self.encoder is not None
-            )
-        last_embed = tgt_embed if tgt_embed is not None else src_embed
+            if src_embed is not None and self.share_embeddings:
+                token = src_embed.token
+            else:
+                token = nn.Embedding(self.tgt_vocab_size or self.vocab_size, self.d_model)
+            tgt_embed, decoder = self._side(self.decoder, token, cross=self.encoder is not None)
         head = self.head.build(
             d_model=self.d_model,
             vocab_size=self.output_vocab_size,
-            embedding=last_embed.token,
+            embedding=(tgt_embed or src_embed).token,
             pad_id=self.pad_id,
             dropout=self.dropout,
         )

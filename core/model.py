@@ -152,7 +152,14 @@ class EncoderDecoder(ZooModel):
                     "(batch, all target positions so far), 1 for real tokens and 0 for padding"
                 )
             padding = tgt_mask.bool()
-        memory_padding = None if src_mask is None or memory is None else src_mask.bool()
+        memory_padding = None
+        if src_mask is not None and memory is not None:
+            if src_mask.shape != memory.shape[:2]:
+                raise ValueError(
+                    f"src_mask has shape {tuple(src_mask.shape)} but the memory covers {tuple(memory.shape[:2])} "
+                    "(batch, source positions); give the mask the source ids were encoded with"
+                )
+            memory_padding = src_mask.bool()
         out = self.decoder(
             self.tgt_embed(tgt, offset),
             memory,
