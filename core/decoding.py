@@ -72,3 +72,84 @@ def greedy_decode(
         if eos_id is not None and bool(finished.all()):
             break
     return tokens
+
+
+def sequence_log_prob(model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | None, tokens: Tensor,
+                      *, eos_id: int | None = None) -> Tensor:
+    """Sum of log-probabilities ``(B,)`` the model gives ``tokens[:, 1:]`` after ``tokens[:, :1]``,
+    up to and including the first ``eos_id`` (later tokens are filler and do not count)."""
+    memory = model.encode(src, src_mask).hidden if model.encoder is not None else None
+    hidden = model.decode(tokens[:, :-1], memory, src_mask=src_mask).hidden
+    log_probs = model.head(hidden).log_softmax(-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)  # (B, T-1)
+    if eos_id is not None:
+        ended = (tokens[:, 1:] == eos_id).long().cumsum(1)
+        counts = (ended == 0) | ((ended == 1) & (tokens[:, 1:] == eos_id))  # up to the first eos
+        log_probs = log_probs * counts
+    return log_probs.sum(-1)
+
+
+@torch.no_grad()
+def beam_search(
+    model: EncoderDecoder,
+    src: Tensor,
+    src_mask: Tensor | None = None,
+    *,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 4,
+    max_new_tokens: int = 64,
+    pad_id: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The most likely sequences found keeping ``beam_size`` hypotheses per input, on the cache.
+
+    Hypotheses are ranked by the sum of token log-probabilities; a hypothesis ends at
+    ``eos_id``. The greedy sequence is always among the candidates, so the result never scores
+    lower than greedy decoding; with ``beam_size=1`` it is greedy decoding.
+
+    Returns:
+        ``(B, T)`` ids starting with ``bos_id`` (padded with ``pad_id`` after ``eos_id``) and
+        their scores ``(B,)``.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if model.encoder is None or model.decoder is None:
+        raise ValueError("beam search here decodes encoder-decoder models; use greedy_decode with a prompt otherwise")
+    pad_id = eos_id if pad_id is None else pad_id
+    batch, k = src.size(0), beam_size
+    memory = model.encode(src, src_mask).hidden.repeat_interleave(k, dim=0)  # (B*K, S, D)
+    memory_mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
+    tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=src.device)
+    scores = torch.full((batch, k), float("-inf"), device=src.device)
+    scores[:, 0] = 0.0  # all beams start as one hypothesis
+    finished = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
+    cache = DecoderCache()
+    step_input = tokens
+    for _ in range(max_new_tokens):
+        hidden = model.decode(step_input, memory, src_mask=memory_mask, cache=cache).hidden[:, -1]
+        log_probs = model.head(hidden).float().log_softmax(-1)  # (B*K, V)
+        vocab = log_probs.size(-1)
+        frozen = torch.full_like(log_probs, float("-inf"))
+        frozen[:, pad_id] = 0.0  # an ended hypothesis continues with filler at no cost
+        log_probs = torch.where(finished[:, None], frozen, log_probs)
+        candidates = (scores.view(-1, 1) + log_probs).view(batch, k * vocab)
+        scores, flat = candidates.topk(k, dim=-1)  # (B, K)
+        origin = (flat // vocab + torch.arange(batch, device=src.device)[:, None] * k).view(-1)
+        next_token = (flat % vocab).view(-1, 1)
+        cache.reorder(origin)
+        finished = finished[origin] | (next_token.squeeze(1) == eos_id)
+        tokens = torch.cat([tokens[origin], next_token], dim=1)
+        step_input = next_token
+        if bool(finished.all()):
+            break
+    best = scores.argmax(-1)
+    rows = best + torch.arange(batch, device=src.device) * k
+    beam_tokens, beam_scores = tokens[rows], scores.gather(1, best[:, None]).squeeze(1)
+
+    greedy = greedy_decode(model, src, src_mask, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                           max_new_tokens=max_new_tokens)
+    greedy_scores = sequence_log_prob(model, src, src_mask, greedy, eos_id=eos_id)
+    length = max(beam_tokens.size(1), greedy.size(1))
+    beam_tokens = torch.nn.functional.pad(beam_tokens, (0, length - beam_tokens.size(1)), value=pad_id)
+    greedy = torch.nn.functional.pad(greedy, (0, length - greedy.size(1)), value=pad_id)
+    use_greedy = greedy_scores > beam_scores + 1e-6
+    return torch.where(use_greedy[:, None], greedy, beam_tokens), torch.where(use_greedy, greedy_scores, beam_scores)

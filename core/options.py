@@ -165,9 +165,24 @@ class StackOptions(ComponentOptions):
 
 Stack = Annotated[StackOptions, ComponentField("stack")]
 
+class TaskOptions(ComponentOptions):
+    """Task kinds. ``build()`` returns a :class:`~transformer_zoo.core.tasks.Task`: its data,
+    what it needs from a model, and how it is scored."""
+
+    category: ClassVar[str] = "task"
+    default_kind: ClassVar[str] = "reverse"
+
+    seed: int = Field(0, description="seed of the generated data and of its split")
+
+    def build(self, **context: Any) -> Any:
+        raise NotImplementedError
+
+
+Task = Annotated[TaskOptions, ComponentField("task")]
+
 CATEGORIES: dict[str, type[ComponentOptions]] = {
     base.category: base
-    for base in (AttentionOptions, PositionalOptions, NormOptions, FFNOptions, StackOptions, HeadOptions)
+    for base in (AttentionOptions, PositionalOptions, NormOptions, FFNOptions, StackOptions, HeadOptions, TaskOptions)
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
-from ..core.options import ComponentOptions, Variant
+from ..core.options import ComponentOptions, TaskOptions, Variant
 
 PROJECT = "transformer_zoo"
 
@@ -30,3 +30,8 @@ def tzoo_components() -> list[type[ComponentOptions]]:
 @hookspec
 def tzoo_variants() -> list[Variant]:
     """Variants this plugin offers: a family config class and, for presets, its values."""
+
+
+@hookspec
+def tzoo_tasks() -> list[type[TaskOptions]]:
+    """Task kinds this plugin offers: options classes subclassing ``TaskOptions``."""

@@ -19,6 +19,7 @@ ENTRY_POINT_GROUP = "transformer_zoo"
 BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.components": "transformer_zoo.plugins.components",
     "tzoo.transformer": "transformer_zoo.plugins.transformer",
+    "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 
 
@@ -120,6 +121,7 @@ class Registry:
         """Ask one plugin what it offers, check it all, then add it all (or nothing)."""
         others = [p for p in self.pm.get_plugins() if p is not plugin]
         components = self.pm.subset_hook_caller("tzoo_components", others)()
+        components += self.pm.subset_hook_caller("tzoo_tasks", others)()
         variants = self.pm.subset_hook_caller("tzoo_variants", others)()
         offered: dict[tuple[str, str], Any] = {}
         for options in (item for batch in components for item in batch or ()):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -84,6 +84,21 @@ def _schema(args: argparse.Namespace) -> Any:
     }
 
 
+def _train(args: argparse.Namespace) -> Any:
+    from .train import load_train_config, train
+
+    config = load_train_config(args.config, args.set)
+    run_dir = args.out or Path("runs") / Path(args.config).stem
+    summary = train(config, run_dir, resume=not args.restart, progress=not args.json)
+    return {"run_dir": str(run_dir), **summary}
+
+
+def _evaluate(args: argparse.Namespace) -> Any:
+    from .train import evaluate_run
+
+    return evaluate_run(args.run_dir)
+
+
 def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
     if not rows:
         console.print(f"no {title} match")
@@ -112,6 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_show)
 
+    p = sub.add_parser("train", help="train a model on a task from a config file")
+    p.add_argument("config", help="a YAML or JSON training config (model, task, steps, ...)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (repeatable)")
+    p.add_argument("--out", type=Path, help="run folder (default: runs/<config name>)")
+    p.add_argument("--restart", action="store_true", help="ignore a checkpoint in the run folder")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(run=_train)
+
+    p = sub.add_parser("evaluate", help="score a trained run on its task's test splits")
+    p.add_argument("run_dir", type=Path, help="a run folder written by tzoo train")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_evaluate)
+
     p = sub.add_parser("schema", help="the JSON Schema of model configs, plugins' kinds included")
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for uniformity)")
     p.set_defaults(run=_schema)
@@ -133,6 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
     elif args.command == "list":
         _print_rows(console, result, f"{args.kind}s" if args.kind != "variant" else "variants")
+    elif args.command in ("train", "evaluate"):
+        metrics = result["metrics"] if args.command == "train" else result
+        rows = [{"split": split, **{k: f"{v:.4f}" for k, v in values.items()}} for split, values in metrics.items()]
+        _print_rows(console, rows, f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}")
     elif args.command == "show":
         print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
         print(f"# parameters: {result['parameters']:,}")

@@ -1,0 +1,12 @@
+"""Built-in tasks: generated, seeded and local; none downloads."""
+
+from __future__ import annotations
+
+from transformer_zoo.registry import hookimpl
+
+from .algorithmic import Addition, Copy, Reverse, Sort
+
+
+@hookimpl
+def tzoo_tasks():
+    return [Copy, Reverse, Sort, Addition]

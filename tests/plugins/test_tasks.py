@@ -1,0 +1,62 @@
+"""The algorithmic tasks: seeded data, the rule each one follows, and the length splits."""
+
+from __future__ import annotations
+
+import pytest
+
+import transformer_zoo as tz
+from transformer_zoo.core.tasks import BOS, EOS, PAD
+from transformer_zoo.plugins.tasks.algorithmic import FIRST_SYMBOL
+from transformer_zoo.registry import get_registry
+
+
+def make(kind: str, **options):
+    return get_registry().component("task", kind).model_validate({"kind": kind, "train_size": 200, "test_size": 50, **options}).build()
+
+
+@pytest.mark.parametrize("kind", ["copy", "reverse", "sort", "addition"])
+def test_data_is_seeded_and_in_range(kind):
+    first, again, other = make(kind), make(kind), make(kind, seed=1)
+    assert first.dataset("train")[:] == again.dataset("train")[:]
+    assert first.dataset("train")[:] != other.dataset("train")[:]
+    for split in first.splits:
+        for row in first.dataset(split):
+            assert all(FIRST_SYMBOL <= t < first.vocab_size for t in row["src"] + row["tgt"])
+
+
+def test_each_rule():
+    for row in make("reverse").dataset("test"):
+        assert row["tgt"] == row["src"][::-1]
+    for row in make("copy").dataset("test"):
+        assert row["tgt"] == row["src"]
+    for row in make("sort").dataset("test"):
+        assert row["tgt"] == sorted(row["src"])
+    task = make("addition")
+    for row in task.dataset("test"):
+        plus = row["src"].index(FIRST_SYMBOL + 10)
+        number = lambda digits: int("".join(str(d - FIRST_SYMBOL) for d in digits))  # noqa: E731
+        assert number(row["tgt"]) == number(row["src"][:plus]) + number(row["src"][plus + 1 :])
+
+
+def test_long_split_is_longer_than_training():
+    task = make("reverse", train_lengths=(1, 8), test_lengths=(12, 14))
+    assert max(len(r) for r in task.dataset("train")["src"]) <= 8
+    assert {len(r) for r in task.dataset("test_long")["src"]} <= {12, 13, 14}
+
+
+def test_collate_pads_and_shifts():
+    task = make("reverse")
+    batch = task.collate([{"src": [3, 4, 5], "tgt": [5, 4, 3]}, {"src": [6], "tgt": [6]}])
+    assert batch["src"].tolist() == [[3, 4, 5], [6, PAD, PAD]]
+    assert batch["src_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["tgt"].tolist() == [[BOS, 5, 4, 3], [BOS, 6, PAD, PAD]]
+    assert batch["targets"].tolist() == [[5, 4, 3, EOS], [6, EOS, PAD, PAD]]
+
+
+def test_bad_task_options_are_named():
+    with pytest.raises(tz.ConfigError, match="train_lengths=\\(5, 2\\)"):
+        from transformer_zoo.train import load_train_config
+
+        load_train_config({"model": "transformer-tiny", "task": {"kind": "reverse", "train_lengths": [5, 2]}})
+    with pytest.raises(ValueError, match="no split 'valid'"):
+        make("copy").dataset("valid")

@@ -1,0 +1,216 @@
+"""Training: one model on one task for a budget of steps, with exact resume.
+
+A run folder holds ``train.json`` (the run's config), ``checkpoint/`` (``model.safetensors``,
+``config.json``, ``optimizer.pt``, ``state.json``; replaced atomically) and ``metrics.jsonl``
+(the learning curve). Batches are drawn by a generator seeded from (seed, step), so a run
+resumed from step k sees exactly the batches an uninterrupted run sees.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import safetensors.torch
+import torch
+from pydantic import Field, ValidationError
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from torch.optim.lr_scheduler import LambdaLR
+
+from .api import build_model, describe_validation_error, merge
+from .core.errors import ConfigError
+from .core.options import Options, Task
+
+CHECKPOINT = "checkpoint"
+
+
+class TrainConfig(Options):
+    """One training run: a model, a task and a budget."""
+
+    model: str | dict[str, Any] = Field(description="a variant name, or a model config mapping with 'variant'")
+    task: Task = Field(description="the task to train on (a kind name or a mapping with 'kind')")
+    steps: int = Field(1000, ge=1, description="optimizer steps")
+    batch_size: int = Field(64, ge=1, description="examples per step")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate of AdamW")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    warmup_steps: int = Field(100, ge=0, description="linear warm-up steps")
+    schedule: Literal["constant", "cosine", "inverse-sqrt"] = Field("cosine", description="learning-rate shape after warm-up")
+    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this value; null: no clipping")
+    seed: int = Field(0, description="seed of initialisation, batch order and dropout")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train; auto: cuda when available")
+    eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps; 0: only at the end")
+    checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0: only at the end")
+    log_every: int = Field(10, ge=1, description="record the training loss every N steps")
+
+
+def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
+    """A validated training config from a YAML/JSON file or a mapping, with ``key=value`` overrides."""
+    from .api import _read, parse_overrides
+
+    data = _read(source)
+    if overrides:
+        data = merge(data, parse_overrides(overrides))
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "training config")) from None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use device: cpu or auto")
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name))
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """Multiplier of ``lr`` at ``step`` (0-based): linear warm-up, then the chosen shape."""
+    warm = config.warmup_steps
+    if step < warm:
+        return (step + 1) / warm
+    if config.schedule == "constant":
+        return 1.0
+    if config.schedule == "inverse-sqrt":
+        return math.sqrt(max(warm, 1) / (step + 1))
+    progress = (step - warm) / max(1, config.steps - warm)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def model_config_for(config: TrainConfig, task) -> dict[str, Any]:
+    """The model config mapping with the task's fixed values applied."""
+    model = {"variant": config.model} if isinstance(config.model, str) else dict(config.model)
+    return merge(model, task.model_overrides())
+
+
+def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    index = torch.randint(len(dataset), (config.batch_size,), generator=generator).tolist()
+    rows = dataset[index]
+    batch = task.collate([dict(zip(rows, values)) for values in zip(*rows.values())])
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _save_checkpoint(run_dir: Path, model, optimizer, scheduler, step: int, history: list) -> None:
+    """Write the checkpoint into a fresh folder, then swap it in; the old one survives a crash."""
+    final, tmp, old = run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.tmp", run_dir / f".{CHECKPOINT}.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+    state = {"step": step, "rng": torch.get_rng_state().tolist(), "history": history}
+    (tmp / "state.json").write_text(json.dumps(state))
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    for candidate in (run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.old"):
+        if (candidate / "state.json").is_file():
+            return candidate
+    return None
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = True, progress: bool = True,
+          stop_after: int | None = None) -> dict[str, Any]:
+    """Train ``config.model`` on ``config.task``; returns the run summary (also in ``summary.json``).
+
+    Args:
+        run_dir: the run folder; an existing checkpoint there is resumed when ``resume``.
+        progress: show a progress bar with loss and throughput.
+        stop_after: stop (after checkpointing) once this step is reached, as an interruption would.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+    device = resolve_device(config.device)
+    task = config.task.build()
+    torch.manual_seed(config.seed)
+    model = build_model(model_config_for(config, task))
+    reason = task.unfit_reason(model.config)
+    if reason:
+        raise ValueError(f"variant {model.config.variant!r} cannot do task {config.task.kind!r}: {reason}")
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, config))
+
+    start, history = 0, []
+    checkpoint = _latest_checkpoint(run_dir) if resume else None
+    if checkpoint is not None:
+        safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(device))
+        states = torch.load(checkpoint / "optimizer.pt", map_location=device, weights_only=True)
+        optimizer.load_state_dict(states["optimizer"])
+        scheduler.load_state_dict(states["scheduler"])
+        state = json.loads((checkpoint / "state.json").read_text())
+        start, history = state["step"], state["history"]
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+
+    train_data = task.dataset("train")
+    end = config.steps if stop_after is None else min(config.steps, stop_after)
+    tokens, started = 0, time.perf_counter()
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                   TextColumn("{task.fields[status]}"), TimeRemainingColumn(), disable=not progress, transient=True)
+    with bar:
+        bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
+        for step in range(start, end):
+            batch = _batch(task, train_data, step, config, device)
+            loss = task.loss(model, batch)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(
+                    f"loss became {loss.item()} at step {step + 1}; the last good checkpoint is kept in "
+                    f"{run_dir / CHECKPOINT}; lower lr (now {config.lr}) or set grad_clip"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            tokens += task.tokens_in(batch)
+            done = step + 1
+            if done % config.log_every == 0 or done == config.steps:
+                history.append({"step": done, "loss": loss.item(), "lr": scheduler.get_last_lr()[0]})
+            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
+                history.append({"step": done, **{f"test_{k}": v for k, v in task.evaluate(model, "test").items()}})
+            if config.checkpoint_every and done % config.checkpoint_every == 0:
+                _save_checkpoint(run_dir, model, optimizer, scheduler, done, history)
+            rate = tokens / (time.perf_counter() - started)
+            bar.update(bar_task, completed=done, status=f"loss {loss.item():.3f}  {rate:,.0f} tok/s")
+    _save_checkpoint(run_dir, model, optimizer, scheduler, end, history)
+    if end < config.steps:
+        return {"step": end, "stopped": True}
+    metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
+    summary = {
+        "step": end,
+        "metrics": metrics,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "train_tokens_per_second": tokens / max(time.perf_counter() - started, 1e-9),
+        "history": history,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    model.save_pretrained(run_dir / "model")
+    return summary
+
+
+def evaluate_run(run_dir: str | os.PathLike) -> dict[str, dict[str, float]]:
+    """Score the model of a finished run (``run_dir/model``) on its task's test splits."""
+    from .api import from_pretrained
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "train.json").is_file() or not (run_dir / "model").is_dir():
+        raise FileNotFoundError(
+            f"{str(run_dir)!r} is not a finished run folder: expected train.json and model/ written by tzoo train"
+        )
+    config = load_train_config(run_dir / "train.json")
+    task = config.task.build()
+    model = from_pretrained(run_dir / "model").to(resolve_device(config.device))
+    return {split: task.evaluate(model, split) for split in task.splits if split != "train"}
