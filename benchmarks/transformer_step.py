@@ -1,6 +1,6 @@
 """Training step and inference time of the ``transformer`` family against torch.nn.Transformer.
 
-Both run the same shapes in the same process, alternating, and the ratio of medians is
+Both run the same shapes in the same process, timed alternately, and the ratio of medians is
 reported (ours / reference; below 1.0 means faster). Only the encoder-decoder stacks are
 compared: the reference has no embeddings or head, so ours are fed the same embedded inputs.
 
@@ -21,15 +21,17 @@ import transformer_zoo as tz
 from transformer_zoo.core.masks import AttentionMask
 
 
-def median_seconds(fn, repeats: int, warmup: int = 3) -> float:
+def paired_medians(ours, reference, repeats: int, warmup: int = 3) -> tuple[float, float]:
+    """Median seconds of each function, timed alternately so both see the same machine load."""
     for _ in range(warmup):
-        fn()
-    times = []
+        ours(), reference()
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, bucket in ((ours, times[0]), (reference, times[1])):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main() -> None:
@@ -72,13 +74,14 @@ def main() -> None:
 
     results = {}
     ours.train(), ref.train()
-    results["train_step"] = (
-        median_seconds(step(ours, ours_forward, torch.optim.AdamW(ours.parameters())), args.repeats),
-        median_seconds(step(ref, ref_forward, torch.optim.AdamW(ref.parameters())), args.repeats),
+    results["train_step"] = paired_medians(
+        step(ours, ours_forward, torch.optim.AdamW(ours.parameters())),
+        step(ref, ref_forward, torch.optim.AdamW(ref.parameters())),
+        args.repeats,
     )
     ours.eval(), ref.eval()
     with torch.inference_mode():
-        results["inference"] = (median_seconds(ours_forward, args.repeats), median_seconds(ref_forward, args.repeats))
+        results["inference"] = paired_medians(ours_forward, ref_forward, args.repeats)
 
     rows = {k: {"ours_ms": a * 1e3, "torch_ms": b * 1e3, "ratio": a / b} for k, (a, b) in results.items()}
     if args.json:

@@ -26,7 +26,8 @@ def greedy_decode(
 
     Args:
         model: an encoder-decoder or decoder-only model with a token head.
-        src, src_mask: source ids ``(B, S)`` and mask, for an encoder-decoder.
+        src: source ids ``(B, S)``, for an encoder-decoder.
+        src_mask: ``(B, S)``, 1 for real source tokens, 0 for padding.
         bos_id: the first decoder token, when no ``prompt`` is given.
         eos_id: a token that ends a sequence; finished rows are then filled with ``pad_id``.
         prompt: ``(B, P)`` ids to continue instead of a lone ``bos_id``.

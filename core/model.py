@@ -88,8 +88,10 @@ class EncoderDecoder(ZooModel):
 
     Args:
         head: maps the last hidden states to logits; has ``loss(logits, targets)``.
-        encoder, src_embed: the encoder stack and its embeddings, or None (decoder-only).
-        decoder, tgt_embed: the decoder stack and its embeddings, or None (encoder-only).
+        encoder: the encoder stack, or None (decoder-only).
+        src_embed: the encoder's embeddings, given with ``encoder``.
+        decoder: the decoder stack, or None (encoder-only).
+        tgt_embed: the decoder's embeddings, given with ``decoder``.
     """
 
     def __init__(

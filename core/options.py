@@ -131,9 +131,16 @@ class ComponentField:
     def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
         from ..registry import get_registry
 
-        kinds = get_registry().components(self.category)
+        registry = get_registry()
+        kinds = registry.components(self.category)
+        branches = []
+        for kind, options in kinds.items():
+            branch = dict(handler(options.__pydantic_core_schema__))
+            if kind != registry.default_kind(self.category):  # a mapping without kind means the default
+                branch["required"] = sorted({*branch.get("required", ()), "kind"})
+            branches.append(branch)
         return {
-            "oneOf": [handler(options.__pydantic_core_schema__) for options in kinds.values()],
+            "anyOf": [{"type": "string", "enum": sorted(kinds), "description": "a kind name, with its defaults"}, *branches],
             "description": f"a {self.category} kind: one of {', '.join(sorted(kinds))}",
         }
 

@@ -64,6 +64,11 @@ class Registry:
         if self._entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if self.pm.has_plugin(ep.name):
+                    where = ep.dist.name if ep.dist is not None else "an installed package"
+                    self.load_errors[f"{ep.name} ({where})"] = (
+                        f"a plugin named {ep.name!r} is already registered; entry-point names must be "
+                        "unique: rename this one"
+                    )
                     continue
                 self._load_plugin(ep.name, ep.load)
         return self
@@ -83,7 +88,7 @@ class Registry:
             PluginLoadError: what it offers is malformed.
         """
         self.load()
-        return self._register(plugin, name)
+        return self._register(plugin, name or getattr(plugin, "__name__", None) or type(plugin).__name__)
 
     def unregister(self, name: str) -> None:
         """Remove a plugin registered under ``name`` and everything it offered."""

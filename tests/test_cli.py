@@ -48,9 +48,26 @@ def test_schema_lists_variants_and_component_kinds(capsys):
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     (branch,) = [b for b in schema["oneOf"] if "transformer-tiny" in b["properties"]["variant"]["enum"]]
-    norm_kinds = {option["properties"]["kind"]["const"] for option in branch["properties"]["norm"]["oneOf"]}
+    norm_kinds = {o["properties"]["kind"]["const"] for o in branch["properties"]["norm"]["anyOf"] if "properties" in o}
     assert norm_kinds >= {"layernorm", "rmsnorm", "batchnorm"}
     assert "description" in branch["properties"]["d_model"]
+
+
+def test_schema_accepts_what_load_config_accepts_and_only_that(capsys):
+    import jsonschema
+    assert main(["schema"]) == 0
+    validator = jsonschema.Draft202012Validator(json.loads(capsys.readouterr().out))
+    resolved = run_json(capsys, "show", "transformer-tiny")["config"]
+    validator.validate(resolved)
+    validator.validate({"variant": "transformer-tiny", "norm": "rmsnorm", "encoder": {"layers": 1}})
+    validator.validate({"variant": "transformer-tiny", "norm": {"kind": "rmsnorm", "eps": 1e-5}})
+    for bad in (
+        {"variant": "transformer-tiny", "norm": {"kind": "rmsnorm", "momentum": 0.1}},
+        {"variant": "transformer-tiny", "encoder": {"lyers": 1}},
+        {"variant": "transformer-tiny", "norm": "groupnorm"},
+        {"variant": "no-such-variant"},
+    ):
+        assert not validator.is_valid(bad), bad
 
 
 @pytest.mark.parametrize(

@@ -28,10 +28,15 @@ def list_variants(pattern: str = "*") -> list[str]:
 
 
 def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``update`` into ``base``; a mapping whose ``kind`` changes replaces the old one."""
+    """Deep-merge ``update`` into ``base``; a mapping whose ``kind`` changes replaces the old one.
+
+    A bare kind name stands for ``{"kind": name}``: with the same kind it keeps the options.
+    """
     out = copy.deepcopy(dict(base))
     for key, value in update.items():
         old = out.get(key)
+        if isinstance(old, Mapping) and isinstance(value, str) and "kind" in old:
+            value = {"kind": value}  # a bare kind name: keep the options given so far if the kind is unchanged
         if isinstance(old, Mapping) and isinstance(value, Mapping) and value.get("kind", old.get("kind")) == old.get("kind"):
             out[key] = merge(old, value)
         else:
@@ -116,8 +121,9 @@ def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, An
         )
     variant = get_registry().variant(name)
     try:
-        base = variant.config.model_validate({**copy.deepcopy(variant.defaults), "variant": name})
-        return variant.config.model_validate(merge(base.model_dump(mode="json"), data))
+        base = variant.config.model_validate({"variant": name}).model_dump(mode="json")
+        base = variant.config.model_validate(merge(base, variant.defaults)).model_dump(mode="json")
+        return variant.config.model_validate(merge(base, data))
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, f"config for variant {name!r}")) from None
 

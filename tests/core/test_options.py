@@ -43,6 +43,29 @@ def test_a_changed_kind_replaces_the_old_options():
 def test_a_kind_name_alone_is_enough():
     config = tz.load_config({"variant": "transformer-tiny", "positional": "rotary"})
     assert config.positional.kind == "rotary"
+    kept = tz.load_config({"variant": "transformer-tiny", "head": "lm"})
+    assert kept.head.label_smoothing == 0.1, "the same kind by name keeps the preset's options"
+
+
+def test_preset_values_merge_over_the_class_defaults():
+    from transformer_zoo.core.options import Variant
+    from transformer_zoo.plugins.transformer import TransformerConfig
+    from transformer_zoo.registry import hookimpl
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def tzoo_variants():
+            return [Variant(name="preset-merge", config=TransformerConfig, defaults={"head": {"bias": True}, "decoder": {"layers": 1}})]
+
+    name = tz.register_plugin(Plugin)
+    try:
+        assert name == "Plugin"
+        config = tz.load_config({"variant": "preset-merge"})
+        assert config.head.bias and config.head.label_smoothing == 0.1, "class default kept beside the preset's value"
+        assert config.decoder.layers == 1 and config.decoder.attention.kind == "sdpa"
+    finally:
+        get_registry().unregister(name)
 
 
 def test_config_round_trips_through_json():
