@@ -104,8 +104,8 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
         console.print(f"no {title} match")
         return
     table = Table(title=title, title_justify="left")
-    for column in rows[0]:
-        table.add_column(column)
+    for i, column in enumerate(rows[0]):
+        table.add_column(column, no_wrap=i == 0)  # names are never folded
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
     console.print(table)

@@ -1,0 +1,1 @@
+"""A plugin package whose plugin module fails to import."""
