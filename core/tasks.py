@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from .decoding import greedy_decode
 
 PAD, BOS, EOS = 0, 1, 2
+CLS = BOS  # classification tasks start each sequence with this id; the head pools it
 
 
 def pad_batch(rows: list[list[int]], pad: int = PAD) -> tuple[Tensor, Tensor]:
@@ -48,7 +49,10 @@ class Task:
         raise NotImplementedError
 
     def model_overrides(self) -> dict[str, Any]:
-        """Config values the task fixes in any model trained on it (vocabulary, head)."""
+        """Config values the task fixes in any model trained on it (vocabulary, head).
+
+        Applied after :meth:`unfit_reason` accepted the config.
+        """
         return {}
 
     def unfit_reason(self, config: Any) -> str | None:
@@ -124,3 +128,55 @@ class Seq2SeqTask(Task):
             "token_accuracy": right_tokens / max(total_tokens, 1),
             "sequence_accuracy": right_sequences / max(len(data), 1),
         }
+
+
+class ClassificationTask(Task):
+    """Token sequence in, one of ``num_classes`` labels out; scored by accuracy.
+
+    Examples are ``{"src": [...], "label": int}``; each source is prefixed with :data:`CLS`.
+    An encoder-decoder model keeps its encoder only.
+    """
+
+    objective: ClassVar[str] = "sequence-classification"
+    metric: ClassVar[str] = "accuracy"
+    vocab_size: int = 0
+    num_classes: int = 0
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {
+            "vocab_size": self.vocab_size,
+            "tgt_vocab_size": None,
+            "pad_id": PAD,
+            "decoder": None,
+            "head": {"kind": "sequence-classification", "num_classes": self.num_classes, "pooling": "cls"},
+        }
+
+    def unfit_reason(self, config: Any) -> str | None:
+        if getattr(config, "encoder", None) is None:
+            return "a classification task needs a model with an encoder"
+        return None
+
+    def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
+        src, src_mask = pad_batch([[CLS, *r["src"]] for r in rows])
+        return {"src": src, "src_mask": src_mask, "targets": torch.tensor([r["label"] for r in rows])}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:
+        data = self.dataset(split)
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        right = 0
+        for start in range(0, len(data), batch_size):
+            batch = self.collate([data[i] for i in range(start, min(start + batch_size, len(data)))])
+            logits = model(batch["src"].to(device), src_mask=batch["src_mask"].to(device)).logits
+            right += int((logits.argmax(-1).cpu() == batch["targets"]).sum())
+        model.train(was_training)
+        return {"accuracy": right / max(len(data), 1)}
+
+    def majority_accuracy(self, split: str) -> float:
+        """Accuracy of always answering the most common training label (the baseline to beat)."""
+        labels = self.dataset("train")["label"]
+        majority = max(set(labels), key=labels.count)
+        test = self.dataset(split)["label"]
+        return sum(label == majority for label in test) / max(len(test), 1)

@@ -22,9 +22,9 @@ from pydantic import Field, ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.optim.lr_scheduler import LambdaLR
 
-from .api import build_model, describe_validation_error, merge
+from .api import build_model, describe_validation_error, load_config, merge
 from .core.errors import ConfigError
-from .core.options import Options, Task
+from .core.options import Options, Task, VariantConfig
 
 CHECKPOINT = "checkpoint"
 
@@ -80,10 +80,17 @@ def lr_factor(step: int, config: TrainConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def model_config_for(config: TrainConfig, task) -> dict[str, Any]:
-    """The model config mapping with the task's fixed values applied."""
-    model = {"variant": config.model} if isinstance(config.model, str) else dict(config.model)
-    return merge(model, task.model_overrides())
+def model_config_for(config: TrainConfig, task) -> VariantConfig:
+    """The model config with the task's fixed values applied.
+
+    Raises:
+        ValueError: the variant cannot do the task (before anything is built).
+    """
+    model = load_config({"variant": config.model} if isinstance(config.model, str) else config.model)
+    reason = task.unfit_reason(model)
+    if reason:
+        raise ValueError(f"variant {model.variant!r} cannot do task {config.task.kind!r}: {reason}")
+    return load_config(model, task.model_overrides())
 
 
 def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) -> dict[str, torch.Tensor]:
@@ -136,9 +143,6 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     task = config.task.build()
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
-    reason = task.unfit_reason(model.config)
-    if reason:
-        raise ValueError(f"variant {model.config.variant!r} cannot do task {config.task.kind!r}: {reason}")
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, config))

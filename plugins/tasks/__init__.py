@@ -5,8 +5,9 @@ from __future__ import annotations
 from transformer_zoo.registry import hookimpl
 
 from .algorithmic import Addition, Copy, Reverse, Sort
+from .listops import ListOps
 
 
 @hookimpl
 def tzoo_tasks():
-    return [Copy, Reverse, Sort, Addition]
+    return [Copy, Reverse, Sort, Addition, ListOps]

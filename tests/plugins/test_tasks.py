@@ -60,3 +60,59 @@ def test_bad_task_options_are_named():
         load_train_config({"model": "transformer-tiny", "task": {"kind": "reverse", "train_lengths": [5, 2]}})
     with pytest.raises(ValueError, match="no split 'valid'"):
         make("copy").dataset("valid")
+
+
+def test_listops_labels_are_the_values_of_the_expressions():
+    from transformer_zoo.plugins.tasks.listops import FIRST_TOKEN, TOKENS
+
+    task = make("listops", max_depth=3, max_length=40)
+    assert task.vocab_size == FIRST_TOKEN + len(TOKENS)
+
+    def evaluate(tokens: list[str]) -> int:
+        stack: list[list] = []
+        for token in tokens:
+            if token.startswith("["):
+                stack.append([token[1:]])
+            elif token == "]":
+                op, *args = stack.pop()
+                value = {"MAX": max, "MIN": min, "MED": lambda a: sorted(a)[(len(a) - 1) // 2] if len(a) % 2 else int((sorted(a)[len(a) // 2 - 1] + sorted(a)[len(a) // 2]) / 2), "SM": lambda a: sum(a) % 10}[op](args)
+                if not stack:
+                    return value
+                stack[-1].append(value)
+            else:
+                stack[-1].append(int(token))
+        raise AssertionError("unbalanced expression")
+
+    rows = task.dataset("test")
+    assert len(rows) == 50
+    for row in rows:
+        tokens = [TOKENS[t - FIRST_TOKEN] for t in row["src"]]
+        assert 16 <= len(tokens) <= 40
+        assert tokens[0].startswith("[") and tokens[-1] == "]"
+        assert evaluate(tokens) == row["label"]
+    assert len(set(task.dataset("train")["label"])) == 10
+
+
+def test_listops_refuses_impossible_lengths():
+    with pytest.raises(tz.ConfigError, match="min_length=50 is larger than max_length=20"):
+        from transformer_zoo.train import load_train_config
+
+        load_train_config({"model": "transformer-tiny", "task": {"kind": "listops", "min_length": 50, "max_length": 20}})
+    with pytest.raises(ValueError, match="could not generate expressions"):
+        make("listops", max_depth=1, max_args=2, min_length=30, max_length=40).dataset("test")
+
+
+def test_classification_collate_and_model_fit():
+    from transformer_zoo.core.tasks import CLS
+    from transformer_zoo.train import load_train_config, model_config_for
+
+    task = make("listops")
+    batch = task.collate([{"src": [5, 6, 7], "label": 3}, {"src": [8], "label": 9}])
+    assert batch["src"].tolist() == [[CLS, 5, 6, 7], [CLS, 8, 0, 0]]
+    assert batch["targets"].tolist() == [3, 9]
+    config = load_train_config({"model": "transformer-tiny", "task": "listops"})
+    model_config = model_config_for(config, task)
+    assert model_config.decoder is None and model_config.head.num_classes == 10
+    decoder_only = load_train_config({"model": {"variant": "transformer-tiny", "encoder": None}, "task": "listops"})
+    with pytest.raises(ValueError, match="needs a model with an encoder"):
+        model_config_for(decoder_only, task)
