@@ -91,3 +91,10 @@ def test_transformer_tiny_learns_to_reverse(tmp_path):
     print("reverse:", summary["metrics"])
     assert summary["metrics"]["test"]["token_accuracy"] >= 0.95
     assert 0.0 <= summary["metrics"]["test_long"]["token_accuracy"] <= 1.0
+
+
+def test_a_time_budget_ends_training_early_and_still_evaluates(tmp_path):
+    summary = train(small_config(steps=100000, max_seconds=0.5), tmp_path, progress=False)
+    assert 1 <= summary["step"] < 100000
+    assert summary["train_seconds"] >= 0.5
+    assert set(summary["metrics"]) == {"test", "test_long"}

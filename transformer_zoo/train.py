@@ -34,7 +34,8 @@ class TrainConfig(Options):
 
     model: str | dict[str, Any] = Field(description="a variant name, or a model config mapping with 'variant'")
     task: Task = Field(description="the task to train on (a kind name or a mapping with 'kind')")
-    steps: int = Field(1000, ge=1, description="optimizer steps")
+    steps: int = Field(1000, ge=1, description="optimizer steps (the schedule's length)")
+    max_seconds: float | None = Field(None, gt=0, description="also stop after this much training time; null: no limit")
     batch_size: int = Field(64, ge=1, description="examples per step")
     lr: float = Field(1e-3, gt=0, description="peak learning rate of AdamW")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
@@ -43,6 +44,7 @@ class TrainConfig(Options):
     grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this value; null: no clipping")
     seed: int = Field(0, description="seed of initialisation, batch order and dropout")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train; auto: cuda when available")
+    bf16: bool = Field(True, description="bfloat16 autocast on CUDA (ignored on CPU)")
     eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps; 0: only at the end")
     checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0: only at the end")
     log_every: int = Field(10, ge=1, description="record the training loss every N steps")
@@ -167,7 +169,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
         for step in range(start, end):
             batch = _batch(task, train_data, step, config, device)
-            loss = task.loss(model, batch)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16 and device.type == "cuda"):
+                loss = task.loss(model, batch)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss became {loss.item()} at step {step + 1}; the last good checkpoint is kept in "
@@ -189,15 +192,20 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
                 _save_checkpoint(run_dir, model, optimizer, scheduler, done, history)
             rate = tokens / (time.perf_counter() - started)
             bar.update(bar_task, completed=done, status=f"loss {loss.item():.3f}  {rate:,.0f} tok/s")
+            if config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds:
+                end = done  # the time budget is spent: finish as if this were the last step
+                break
+    elapsed = time.perf_counter() - started
     _save_checkpoint(run_dir, model, optimizer, scheduler, end, history)
-    if end < config.steps:
+    if stop_after is not None and end < config.steps:
         return {"step": end, "stopped": True}
     metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
     summary = {
         "step": end,
+        "train_seconds": elapsed,
         "metrics": metrics,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "train_tokens_per_second": tokens / max(time.perf_counter() - started, 1e-9),
+        "train_tokens_per_second": tokens / max(elapsed, 1e-9),
         "history": history,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
