@@ -32,6 +32,8 @@ def attention_math(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = scores.softmax(dim=-1)
+    if mask is not None:  # a query with no key to attend to (all padding) gets zeros, not NaN
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     return weights @ v, weights
 
 

@@ -14,6 +14,8 @@ def check_token_ids(ids: Tensor, vocab_size: int, name: str = "token ids") -> No
         raise ValueError(f"{name} must be a torch.Tensor of shape (batch, seq), got {type(ids).__name__}")
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (batch, seq), got shape {tuple(ids.shape)}")
+    if ids.size(1) == 0:
+        raise ValueError(f"{name} are empty (shape {tuple(ids.shape)}); give at least one token per sequence")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"{name} must be integers (torch.long), got dtype {ids.dtype}")
     if ids.numel():

@@ -45,6 +45,8 @@ def as_padding_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | Non
     """Check a user-given ``(batch, seq)`` mask (1/True = real token) against its ids."""
     if mask is None:
         return None
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape (batch, seq), got {type(mask).__name__}")
     if mask.shape != ids.shape:
         raise ValueError(
             f"{name} has shape {tuple(mask.shape)} but its token ids have shape "

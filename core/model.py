@@ -148,6 +148,8 @@ class EncoderDecoder(ZooModel):
         offset = 0 if cache is None else cache.offset
         padding = None
         if tgt_mask is not None:
+            if not isinstance(tgt_mask, Tensor):
+                raise ValueError(f"tgt_mask must be a torch.Tensor of shape (batch, seq), got {type(tgt_mask).__name__}")
             if tgt_mask.shape != (tgt.size(0), offset + tgt.size(1)):
                 raise ValueError(
                     f"tgt_mask has shape {tuple(tgt_mask.shape)}; expected {(tgt.size(0), offset + tgt.size(1))} "
@@ -189,16 +191,20 @@ class EncoderDecoder(ZooModel):
         ``model(tgt=ids)`` or simply ``model(ids)``. Ids are ``(B, T)`` integers; masks are
         ``(B, T)``, 1 for real tokens and 0 for padding.
         """
-        if self.encoder is None and tgt is None:
-            src, tgt, src_mask, tgt_mask = None, src, None, src_mask
+        if self.encoder is None and tgt is None:  # decoder-only: the one sequence may come as src
+            if src_mask is not None and tgt_mask is not None:
+                raise ValueError("this model is decoder-only: give one mask (tgt_mask), not src_mask and tgt_mask")
+            src, tgt, src_mask, tgt_mask = None, src, None, tgt_mask if tgt_mask is not None else src_mask
         if self.encoder is not None and src is None:
             raise ValueError(f"this {self.architecture} model needs src token ids (batch, seq)")
         if self.decoder is not None and tgt is None:
             raise ValueError("this encoder-decoder model needs tgt token ids (batch, seq) as well as src")
         if self.decoder is None and tgt is not None:
             raise ValueError("this model is encoder-only: pass only src (and src_mask)")
-        if self.encoder is None and src is not None:
-            raise ValueError("this model is decoder-only: pass one sequence, as tgt")
+        if self.encoder is None and (src is not None or src_mask is not None):
+            raise ValueError("this model is decoder-only: pass one sequence, as tgt (and tgt_mask)")
+        if src is not None and tgt is not None and src.dim() == tgt.dim() == 2 and src.size(0) != tgt.size(0):
+            raise ValueError(f"src has batch size {src.size(0)} but tgt has {tgt.size(0)}; they must be equal")
 
         enc = self.encode(src, src_mask, need_weights=need_weights) if self.encoder is not None else None
         dec = None

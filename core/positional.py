@@ -87,7 +87,7 @@ class RotaryPositional(AttentionPositional):
 class ALiBiPositional(AttentionPositional):
     """Attention with linear biases (Press et al. 2022): ``-slope_h * distance`` on the scores."""
 
-    def __init__(self, n_heads: int, *, symmetric: bool = False) -> None:
+    def __init__(self, n_heads: int, *, symmetric: bool = True) -> None:
         super().__init__()
         self.symmetric = symmetric
         slopes = torch.tensor([2 ** (-8 * (h + 1) / n_heads) for h in range(n_heads)])

@@ -106,7 +106,10 @@ class Registry:
                     del self._components[category][item]
 
     def _register(self, plugin: Any, name: str | None) -> str:
-        name = self.pm.register(plugin, name)
+        try:
+            name = self.pm.register(plugin, name)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            raise PluginLoadError(f"plugin {name!r} could not be registered: {exc}") from None
         try:
             self._check_hook_names(name)
             self._collect(plugin, name)

@@ -62,11 +62,15 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
     for key, value in pairs:
         *parents, leaf = key.split(".")
         node = out
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {key!r} sets a field inside {part!r}, which another override set to a value")
-        node[leaf] = merge(node[leaf], value) if isinstance(node.get(leaf), dict) and isinstance(value, Mapping) else value
+                where = ".".join(parents[: i + 1])
+                raise ConfigError(
+                    f"override {key!r} sets a field inside {where!r}, which an earlier override set to {node!r}; "
+                    f"write {where}.kind={node} instead (if it names a kind)"
+                )
+        node.update(merge(node, {leaf: value}))  # later overrides win; a bare kind name keeps same-kind options
     return out
 
 

@@ -99,6 +99,15 @@ def _evaluate(args: argparse.Namespace) -> Any:
     return evaluate_run(args.run_dir)
 
 
+def _compare(args: argparse.Namespace) -> Any:
+    from .compare import compare, load_spec
+
+    spec = load_spec(args.spec)
+    out = args.out or Path("reports") / spec.name
+    results = compare(spec, out)
+    return {"report": str(out / "report.md"), **results.model_dump(mode="json")}
+
+
 def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
     if not rows:
         console.print(f"no {title} match")
@@ -140,10 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_evaluate)
 
+    p = sub.add_parser("compare", help="train variants x tasks x seeds on one budget and write a report")
+    p.add_argument("spec", nargs="?", help="a YAML or JSON spec (default: the built-in comparison)")
+    p.add_argument("--out", type=Path, help="report folder (default: reports/<spec name>)")
+    p.add_argument("--json", action="store_true", help="print results.json's contents")
+    p.set_defaults(run=_compare)
+
     p = sub.add_parser("schema", help="the JSON Schema of model configs, plugins' kinds included")
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for uniformity)")
     p.set_defaults(run=_schema)
     return parser
+
+
+def _warn_load_errors(err: Console) -> None:
+    for name, message in get_registry().load_errors.items():
+        err.print(f"[yellow]warning:[/] plugin {name!r} failed to load: {message}", highlight=False, soft_wrap=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -160,10 +180,10 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         result = args.run(args)
     except (ZooError, ValueError, FileNotFoundError) as exc:
+        _warn_load_errors(err)  # a plugin that failed to load may be why a name is unknown
         err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
         return 2
-    for name, message in get_registry().load_errors.items():
-        err.print(f"[yellow]warning:[/] plugin {name!r} failed to load: {message}", highlight=False, soft_wrap=True)
+    _warn_load_errors(err)
     if args.command == "schema" or args.json:
         print(json.dumps(result, indent=2))
     elif args.command == "list":
@@ -172,6 +192,8 @@ def _main(argv: Sequence[str] | None) -> int:
         metrics = result["metrics"] if args.command == "train" else result
         rows = [{"split": split, **{k: f"{v:.4f}" for k, v in values.items()}} for split, values in metrics.items()]
         _print_rows(console, rows, f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}")
+    elif args.command == "compare":
+        console.print(f"report: {result['report']}")
     elif args.command == "show":
         print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
         print(f"# parameters: {result['parameters']:,}")

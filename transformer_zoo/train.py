@@ -54,6 +54,8 @@ def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | N
     """A validated training config from a YAML/JSON file or a mapping, with ``key=value`` overrides."""
     from .api import _read, parse_overrides
 
+    if not isinstance(source, dict) and not Path(source).is_file():
+        raise ConfigError(f"training config {str(source)!r} does not exist; give a YAML or JSON file")
     data = _read(source)
     if overrides:
         data = merge(data, parse_overrides(overrides))

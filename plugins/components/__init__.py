@@ -78,7 +78,9 @@ class ALiBi(PositionalOptions):
     """Linear distance penalties on the attention scores, one slope per head (Press et al. 2022)."""
 
     kind: Literal["alibi"] = "alibi"
-    symmetric: bool = Field(False, description="penalise distance in both directions (encoders)")
+    symmetric: bool = Field(
+        True, description="penalise distance to later keys too (encoders); causal decoders never see them anyway"
+    )
 
     def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
         return ALiBiPositional(n_heads, symmetric=self.symmetric)

@@ -12,47 +12,68 @@ from transformer_zoo.core.stack import DecoderCache
 SMALL = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned", "rotary", "alibi"])
+POSITIONAL = ["sinusoidal", "learned", "rotary", "alibi"]
+UNTIED = {"head": {"tie_weights": False}}  # a random tied model only repeats its input token
+
+
+@pytest.mark.parametrize("positional", POSITIONAL)
 def test_cached_greedy_equals_uncached(positional):
-    model = tz.build_model("transformer-tiny", positional=positional, **SMALL).eval()
+    model = tz.build_model("transformer-tiny", positional=positional, **SMALL, **UNTIED).eval()
     src = torch.randint(3, 60, (4, 9))
     src_mask = torch.ones_like(src)
     src_mask[1, 5:] = 0
-    cached = greedy_decode(model, src, src_mask, bos_id=1, eos_id=2, max_new_tokens=20)
-    uncached = greedy_decode(model, src, src_mask, bos_id=1, eos_id=2, max_new_tokens=20, use_cache=False)
-    assert cached.shape[1] > 1
+    cached = greedy_decode(model, src, src_mask, bos_id=1, max_new_tokens=20)
+    uncached = greedy_decode(model, src, src_mask, bos_id=1, max_new_tokens=20, use_cache=False)
+    assert cached.shape == (4, 21)
+    assert len(set(cached[:, 1:].flatten().tolist())) > 3, "the decoded tokens vary, so a broken cache would show"
     assert torch.equal(cached, uncached)
 
 
-def test_cached_hidden_states_equal_full_decode():
-    model = tz.build_model("transformer-tiny", **SMALL).eval()
+@pytest.mark.parametrize("positional", POSITIONAL)
+@pytest.mark.parametrize("architecture", ["encoder-decoder", "decoder-only"])
+def test_cached_hidden_states_equal_full_decode(positional, architecture):
+    extra = {"encoder": None} if architecture == "decoder-only" else {}
+    model = tz.build_model("transformer-tiny", positional=positional, **SMALL, **extra).eval()
     src, tgt = torch.randint(3, 60, (2, 8)), torch.randint(3, 60, (2, 6))
-    memory = model.encode(src).hidden
+    memory = model.encode(src).hidden if model.encoder is not None else None
     full = model.decode(tgt, memory).hidden
     cache = DecoderCache()
-    steps = [model.decode(tgt[:, t : t + 1], memory, cache=cache).hidden for t in range(6)]
+    steps = [model.decode(tgt[:, :2], memory, cache=cache).hidden]  # a prefix of two, then one at a time
+    steps += [model.decode(tgt[:, t : t + 1], memory, cache=cache).hidden for t in range(2, 6)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.offset == 6
 
 
 def test_decoder_only_continues_a_prompt():
-    model = tz.build_model("transformer-tiny", encoder=None, positional="rotary", **SMALL).eval()
+    model = tz.build_model("transformer-tiny", encoder=None, positional="rotary", **SMALL, **UNTIED).eval()
     prompt = torch.randint(3, 60, (2, 5))
     cached = greedy_decode(model, prompt=prompt, max_new_tokens=12)
     uncached = greedy_decode(model, prompt=prompt, max_new_tokens=12, use_cache=False)
     assert cached.shape == (2, 17)
     assert torch.equal(cached[:, :5], prompt)
+    assert len(set(cached[:, 5:].flatten().tolist())) > 3
     assert torch.equal(cached, uncached)
 
 
 def test_rows_after_eos_are_padded():
-    model = tz.build_model("transformer-tiny", **SMALL).eval()
+    model = tz.build_model("transformer-tiny", **SMALL, head={"tie_weights": False, "bias": True}).eval()
     with torch.no_grad():
-        model.head.proj.weight.zero_()  # tied to the embeddings: every logit is 0 but ...
-    model.head.proj.bias = torch.nn.Parameter(torch.zeros(60))
-    model.head.proj.bias.data[2] = 1.0  # ... eos always wins
-    out = greedy_decode(model, torch.randint(3, 60, (2, 4)), bos_id=1, eos_id=2, pad_id=0, max_new_tokens=5)
-    assert out.tolist() == [[1, 2], [1, 2]], "decoding stops once every row has ended"
+        model.head.proj.weight.zero_()
+        model.head.proj.bias.zero_()
+    src = torch.randint(3, 60, (2, 4))
+    calls = {"n": 0}
+    real_head = model.head.forward
+
+    def head(hidden, mask=None):  # row 0 says eos at once; row 1 says 7, 7, then eos
+        logits = real_head(hidden, mask)
+        calls["n"] += 1
+        logits[0, :, 2] = 1.0
+        logits[1, :, 2 if calls["n"] >= 3 else 7] = 1.0
+        return logits
+
+    model.head.forward = head
+    out = greedy_decode(model, src, bos_id=1, eos_id=2, pad_id=0, max_new_tokens=6)
+    assert out.tolist() == [[1, 2, 0, 0], [1, 7, 7, 2]], "finished rows are padded; decoding stops when all ended"
 
 
 def test_decoding_needs_what_it_decodes_from():

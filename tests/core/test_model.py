@@ -37,6 +37,32 @@ def test_decoder_only_language_model():
     assert torch.isfinite(loss)
 
 
+def test_decoder_only_takes_its_mask_by_either_name():
+    model = tz.build_model(
+        "transformer-tiny", encoder=None, head={"kind": "sequence-classification", "pooling": "mean"}, **SMALL
+    ).eval()
+    ids = torch.randint(1, 40, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[0, 3:] = 0
+    by_tgt = model(tgt=ids, tgt_mask=mask).logits
+    torch.testing.assert_close(model(ids, tgt_mask=mask).logits, by_tgt)
+    torch.testing.assert_close(model(ids, src_mask=mask).logits, by_tgt)
+    assert not torch.allclose(model(ids).logits, by_tgt)
+    with pytest.raises(ValueError, match="give one mask"):
+        model(ids, src_mask=mask, tgt_mask=mask)
+
+
+def test_attention_weights_on_padded_batches_stay_finite():
+    model = tz.build_model("transformer-tiny", **SMALL).eval()
+    src, tgt = torch.randint(1, 40, (2, 5)), torch.randint(1, 40, (2, 4))
+    src_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])  # an all-padding source row
+    tgt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])  # left padding: query 0 has no key
+    fast = model(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+    slow = model(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=True)
+    assert torch.isfinite(slow.logits).all()
+    torch.testing.assert_close(slow.logits, fast.logits, atol=1e-5, rtol=1e-5)
+
+
 def test_batchnorm_variant_runs():
     model = tz.build_model("transformer-tiny", norm="batchnorm", **SMALL)
     out = model(torch.randint(1, 40, (2, 5)), torch.randint(1, 40, (2, 4)))
@@ -63,6 +89,9 @@ def test_attention_weights_are_returned_only_when_asked():
         (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), src_mask=torch.ones(2, 4)), r"src_mask has shape \(2, 4\)"),
         (lambda m: m(torch.ones(1, 600, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)), r"max_len=512"),
         (lambda m: m(torch.ones(1, 3, dtype=torch.long)), r"needs tgt"),
+        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(3, 3, dtype=torch.long)), r"src has batch size 2 but tgt has 3"),
+        (lambda m: m(torch.ones(2, 0, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)), r"empty"),
+        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), src_mask=[[1, 1, 1]] * 2), r"src_mask must be a torch.Tensor"),
     ],
 )
 def test_bad_inputs_say_what_was_expected(call, message):

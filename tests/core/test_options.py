@@ -31,6 +31,9 @@ def test_dotted_overrides_are_typed():
     }
     config = tz.load_config({"variant": "transformer-tiny"}, ["encoder.layers=3", "decoder=null"])
     assert config.encoder.layers == 3 and config.decoder is None
+    assert parse_overrides(["positional.kind=rotary", "positional.base=500"]) == {"positional": {"kind": "rotary", "base": 500}}
+    with pytest.raises(tz.ConfigError, match="write positional.kind=rotary instead"):
+        parse_overrides(["positional=rotary", "positional.base=500"])
 
 
 def test_a_changed_kind_replaces_the_old_options():

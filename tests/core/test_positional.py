@@ -53,7 +53,7 @@ def test_rotary_scores_depend_only_on_relative_position():
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-    alibi = ALiBiPositional(4)
+    alibi = ALiBiPositional(4, symmetric=False)
     bias = alibi.bias(3, 3, torch.device("cpu"))
     slopes = [2 ** (-8 * (h + 1) / 4) for h in range(4)]
     assert bias.shape == (4, 3, 3)

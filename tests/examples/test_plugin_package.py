@@ -71,6 +71,9 @@ def test_a_broken_plugin_is_reported_and_the_rest_load(site):
     assert "cosine-transformer-tiny" in result.stdout and "transformer-tiny" in result.stdout
     assert "plugin 'broken' failed to load" in result.stderr
     assert "a_dependency_that_is_not_installed" in result.stderr
+    failed = tzoo(site, "show", "broken-variant")
+    assert failed.returncode == 2
+    assert "plugin 'broken' failed to load" in failed.stderr, "a failed plugin may be why a name is unknown"
 
 
 def test_build_train_and_reload_without_importing_the_plugin(site, tmp_path):

@@ -103,6 +103,12 @@ def test_duplicate_names_are_errors_naming_both_plugins(notebook_plugin):
         tz.register_plugin(twice, "twice")
 
 
+def test_registering_twice_is_a_plugin_error(notebook_plugin):
+    plugin = get_registry().pm.get_plugin(notebook_plugin)
+    with pytest.raises(PluginLoadError, match="could not be registered"):
+        tz.register_plugin(plugin, "again")
+
+
 def test_malformed_offers_are_refused():
     with pytest.raises(PluginLoadError, match="expected a subclass"):
         tz.register_plugin(make_plugin(tzoo_components=lambda: [int]), "bad-component")

@@ -1,0 +1,103 @@
+"""tzoo compare: planning before training, the report folder, and resuming."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+import transformer_zoo as tz
+from transformer_zoo.cli import main
+from transformer_zoo.compare import CompareResults, compare, load_spec, plan
+from transformer_zoo.registry import get_registry
+
+TASKS = [
+    {"kind": "reverse", "train_size": 200, "test_size": 10, "train_lengths": [1, 5], "test_lengths": [6, 7]},
+    {"kind": "listops", "train_size": 200, "test_size": 10, "max_length": 32},
+]
+
+
+def small_spec(**overrides):
+    return load_spec(
+        {"name": "smoke", "variants": ["transformer-tiny", {"variant": "transformer-tiny", "decoder": None}],
+         "tasks": TASKS, "steps": 6, "seeds": [0, 1], "train": {"batch_size": 4}, **overrides}
+    )
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    return out, compare(small_spec(), out)
+
+
+def test_report_folder_has_the_three_kinds_of_output(report):
+    out, results = report
+    data = json.loads((out / "results.json").read_text())
+    jsonschema.validate(data, CompareResults.model_json_schema())
+    assert len(data["runs"]) == 6  # 2 variants x 2 tasks x 2 seeds, less the encoder-only model on reverse x 2
+    assert data["skipped"] == [
+        {"variant": 'transformer-tiny {"decoder"=null}', "task": "reverse",
+         "reason": "variant 'transformer-tiny' cannot do task 'reverse': a seq2seq task needs an encoder-decoder model"}
+    ]
+    for run in data["runs"]:
+        assert run["parameters"] > 0 and run["train_tokens_per_second"] > 0 and run["peak_memory_mb"] > 0
+        assert run["flops_per_token"] == 6 * run["parameters"]
+        assert run["steps"] == 6 and run["curve"][-1]["step"] == 6
+        assert 0 <= run["metrics"]["test"][run["metric"]] <= 1
+    text = (out / "report.md").read_text()
+    assert "## reverse" in text and "## listops" in text and "## Not run" in text
+    assert "| variant | seeds |" in text and "**" in text, "one table per task, best values in bold"
+    assert "Machine:" in text and "```yaml" in text
+    for png in ("curves-reverse.png", "curves-listops.png", "metric-vs-parameters.png", "throughput.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_seeds_give_different_runs_and_same_budget(report):
+    _, results = report
+    listops = [r for r in results.runs if r.task == "listops" and r.variant == "transformer-tiny"]
+    assert {r.seed for r in listops} == {0, 1}
+    assert listops[0].curve != listops[1].curve
+
+
+def test_a_rerun_reuses_finished_runs(report):
+    out, results = report
+    again = compare(small_spec(), out)  # retraining would change wall times and throughputs
+    assert [r.model_dump() for r in again.runs] == [r.model_dump() for r in results.runs]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"variants": ["transfomer-tiny"]}, tz.UnknownNameError, "did you mean 'transformer-tiny'"),
+        ({"tasks": ["revers"]}, tz.ConfigError, "unknown task kind 'revers'"),
+        ({"variants": [{"variant": "transformer-tiny", "decoder": None}], "tasks": ["reverse"]}, tz.ConfigError,
+         "no variant in the spec can do any of its tasks"),
+        ({"train": {"batch_sise": 4}}, tz.ConfigError, "unknown key 'batch_sise'"),
+    ],
+)
+def test_bad_specs_fail_before_any_training(change, error, message, tmp_path):
+    with pytest.raises(error, match=message):
+        compare(small_spec(**change), tmp_path / "out")
+    assert not (tmp_path / "out").exists(), "nothing was written, no run started"
+
+
+def test_cli_errors_for_a_bad_spec(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("variants: [transformer-tiny]\ntasks: [reverse]\nsteps: 0\n")
+    assert main(["compare", str(spec), "--out", str(tmp_path / "out")]) == 2
+    assert "steps: Input should be greater than or equal to 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_default_spec_covers_the_required_tasks_and_every_family():
+    spec = load_spec()
+    kinds = {task.kind for task in spec.tasks}
+    assert {"listops", "digits"} <= kinds
+    assert kinds & {"copy", "reverse", "sort", "addition"}, "at least one seq2seq task"
+    families = {tz.load_config({"variant": v} if isinstance(v, str) else v).family for v in spec.variants}
+    registry = get_registry()
+    builtin = [name for name in registry.variants() if registry.provider("variant", name).startswith("tzoo.")]
+    assert families == {registry.variant(name).config.family for name in builtin}
+    runs, skipped = plan(spec)
+    assert runs and not skipped

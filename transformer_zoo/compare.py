@@ -1,0 +1,194 @@
+"""``tzoo compare``: every variant on every task, with the same data, seeds and budget.
+
+A spec lists variants x tasks x seeds and one budget. Each run trains in a process of its own
+(so its peak memory is its own) and records parameters, FLOPs per token, training tokens per
+second, peak memory, the task metrics, the learning curve and wall time. The report folder
+holds ``results.json`` (validated by :class:`CompareResults`), ``report.md`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from .api import _read, describe_validation_error, load_config
+from .core.errors import ConfigError
+from .core.options import Options, Task
+from .train import TrainConfig, model_config_for, train
+
+
+class CompareSpec(Options):
+    """What to compare: variants x tasks x seeds, under one budget."""
+
+    name: str = Field("compare", description="a name for the report")
+    variants: list[str | dict[str, Any]] = Field(min_length=1, description="variant names or model configs")
+    tasks: list[Task] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
+    steps: int = Field(500, ge=1, description="training steps of every run")
+    seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
+    seeds: list[int] = Field([0], min_length=1, description="seeds; every variant and task runs once per seed")
+    train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
+
+
+class RunRecord(BaseModel):
+    """One run of one variant on one task with one seed."""
+
+    variant: str = Field(description="the variant's label in the spec")
+    family: str = Field(description="the variant's family")
+    task: str = Field(description="the task kind")
+    seed: int = Field(description="the run's seed")
+    parameters: int = Field(description="trainable parameters (tied weights counted once)")
+    flops_per_token: float = Field(description="training FLOPs per token, estimated as 6 x parameters (Kaplan et al. 2020)")
+    train_tokens_per_second: float = Field(description="tokens read by the model per second of training")
+    peak_memory_mb: float = Field(description="peak memory of the run: CUDA allocations on GPU, the process's resident set on CPU")
+    steps: int = Field(description="optimizer steps taken")
+    wall_seconds: float = Field(description="wall time of the run, evaluation included")
+    metric: str = Field(description="the task's headline metric")
+    metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
+    curve: list[dict[str, float]] = Field(description="the learning curve: step, loss, lr, and test metrics when evaluated")
+
+
+class Skipped(BaseModel):
+    """A variant and task that were not run, and why."""
+
+    variant: str = Field(description="the variant's label")
+    task: str = Field(description="the task kind")
+    reason: str = Field(description="why the variant cannot do the task")
+
+
+class CompareResults(BaseModel):
+    """The contents of results.json."""
+
+    spec: dict[str, Any] = Field(description="the spec as run")
+    machine: dict[str, Any] = Field(description="where it ran")
+    runs: list[RunRecord] = Field(description="one record per run")
+    skipped: list[Skipped] = Field(description="pairs not run, with the reason")
+
+
+def default_spec_path() -> Path:
+    return Path(str(resources.files("transformer_zoo") / "specs" / "default.yaml"))
+
+
+def load_spec(source: str | os.PathLike | dict | None = None) -> CompareSpec:
+    """A validated spec from a YAML/JSON file or mapping; the built-in default when None."""
+    data = _read(default_spec_path() if source is None else source)
+    try:
+        return CompareSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "compare spec")) from None
+
+
+def _label(variant: str | dict[str, Any]) -> str:
+    if isinstance(variant, str):
+        return variant
+    extra = {k: v for k, v in variant.items() if k != "variant"}
+    return variant["variant"] + ("" if not extra else " " + json.dumps(extra, sort_keys=True, separators=(",", "=")))
+
+
+def plan(spec: CompareSpec) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
+    """Every run's training config, and the pairs that cannot run; all checked before training."""
+    runs, skipped = [], []
+    for variant in spec.variants:
+        load_config({"variant": variant} if isinstance(variant, str) else variant)  # unknown names fail here
+        for task_options in spec.tasks:
+            task = task_options.build()
+            for seed in spec.seeds:
+                try:
+                    config = TrainConfig.model_validate(
+                        {**spec.train, "model": variant, "task": task_options, "steps": spec.steps,
+                         "max_seconds": spec.seconds, "seed": seed}
+                    )
+                except ValidationError as exc:
+                    raise ConfigError(describe_validation_error(exc, "compare spec 'train' options")) from None
+                try:
+                    model_config_for(config, task)
+                except ValueError as exc:
+                    skipped.append(Skipped(variant=_label(variant), task=task_options.kind, reason=str(exc)))
+                    break
+                runs.append((_label(variant), config))
+    if not runs:
+        raise ConfigError("no variant in the spec can do any of its tasks:\n" + "\n".join(f"  {s.reason}" for s in skipped))
+    return runs, skipped
+
+
+def run_name(label: str, config: TrainConfig) -> str:
+    """A folder name that is the same every time the same run is planned (so it resumes)."""
+    digest = hashlib.sha1(f"{label}|{config.model_dump_json()}".encode()).hexdigest()[:8]
+    return f"{config.task.kind}--{label.split(' ')[0]}--seed{config.seed}--{digest}"
+
+
+def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
+    """One run, in a process of its own."""
+    label, config_data, run_dir = args
+    record_path = Path(run_dir) / "record.json"
+    if record_path.is_file():  # finished by an earlier, interrupted compare: keep its measurements
+        return json.loads(record_path.read_text())
+    config = TrainConfig.model_validate(config_data)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    summary = train(config, run_dir, resume=True, progress=True)
+    model = load_config(Path(run_dir, "model", "config.json"))
+    if torch.cuda.is_available() and config.device != "cpu":
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    task = config.task.build()
+    record = RunRecord(
+        variant=label, family=type(model).family or model.variant, task=config.task.kind, seed=config.seed,
+        parameters=summary["parameters"], flops_per_token=6.0 * summary["parameters"],
+        train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak,
+        steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
+        metrics=summary["metrics"], curve=summary["history"],
+    ).model_dump()
+    record_path.write_text(json.dumps(record))
+    return record
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+
+
+def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults:
+    """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``."""
+    from .report import write_report
+
+    out_dir = Path(out_dir)
+    runs, skipped = plan(spec)
+    for item in skipped:
+        print(f"skipped {item.variant} on {item.task}: {item.reason}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config))) for label, config in runs]
+    context = multiprocessing.get_context("spawn")
+    records = []
+    with context.Pool(1, maxtasksperchild=1) as pool:
+        for i, record in enumerate(pool.imap(_run, jobs), start=1):
+            records.append(RunRecord.model_validate(record))
+            print(f"[{i}/{len(jobs)}] {record['variant']} on {record['task']} (seed {record['seed']}): "
+                  f"{record['metric']} {record['metrics']['test'][record['metric']]:.3f}")
+    results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), runs=records, skipped=skipped)
+    (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
+    write_report(results, out_dir)
+    return results
+
+
+def spec_yaml(spec: CompareSpec) -> str:
+    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)

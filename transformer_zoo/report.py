@@ -1,0 +1,134 @@
+"""The compare report: ``report.md`` (the tables a person reads first) and PNG plots."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import yaml  # noqa: E402
+
+from .compare import CompareResults, RunRecord  # noqa: E402
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _by(records: list[RunRecord], key) -> dict[str, list[RunRecord]]:
+    groups: dict[str, list[RunRecord]] = defaultdict(list)
+    for record in records:
+        groups[key(record)].append(record)
+    return dict(groups)
+
+
+def task_table(records: list[RunRecord]) -> str:
+    """One row per variant (mean ± std over seeds); the best value of each column in bold."""
+    splits = sorted({split for r in records for split in r.metrics})
+    metric_names = sorted({name for r in records for values in r.metrics.values() for name in values})
+    columns = [(f"{split} {name}", (lambda r, s=split, n=name: r.metrics.get(s, {}).get(n)), True)
+               for split in splits for name in metric_names]
+    columns += [
+        ("parameters", lambda r: r.parameters, None),
+        ("FLOPs/token", lambda r: r.flops_per_token, None),
+        ("train tokens/s", lambda r: r.train_tokens_per_second, True),
+        ("peak MB", lambda r: r.peak_memory_mb, False),
+        ("wall s", lambda r: r.wall_seconds, False),
+    ]
+    rows = []
+    for variant, runs in _by(records, lambda r: r.variant).items():
+        cells = []
+        for _, get, _ in columns:
+            values = [get(r) for r in runs if get(r) is not None]
+            cells.append(_mean_std(values) if values else None)
+        rows.append((variant, len(runs), cells))
+    best = []
+    for i, (_, _, higher) in enumerate(columns):
+        means = [cells[i][0] for _, _, cells in rows if cells[i] is not None]
+        best.append(None if higher is None or len(rows) < 2 or not means else (max(means) if higher else min(means)))
+
+    def fmt(i: int, cell) -> str:
+        if cell is None:
+            return "n/a"
+        mean, std = cell
+        text = f"{mean:.3f}" if abs(mean) < 10 else f"{mean:,.0f}"
+        if std:
+            text += f" ± {std:.3f}" if abs(mean) < 10 else f" ± {std:,.0f}"
+        return f"**{text}**" if best[i] is not None and mean == best[i] else text
+
+    header = "| variant | seeds | " + " | ".join(name for name, _, _ in columns) + " |"
+    lines = [header, "|" + " --- |" * (len(columns) + 2)]
+    for variant, seeds, cells in rows:
+        lines.append(f"| {variant} | {seeds} | " + " | ".join(fmt(i, c) for i, c in enumerate(cells)) + " |")
+    return "\n".join(lines)
+
+
+def plot_curves(records: list[RunRecord], task: str, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for record in records:
+        points = [(p["step"], p["loss"]) for p in record.curve if "loss" in p]
+        if points:
+            ax.plot(*zip(*points), label=f"{record.variant} (seed {record.seed})")
+    ax.set(title=f"{task}: training loss", xlabel="step", ylabel="loss", yscale="log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_metric_vs_parameters(records: list[RunRecord], path: Path) -> None:
+    tasks = sorted({r.task for r in records})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for record in (r for r in records if r.task == task):
+            value = record.metrics["test"][record.metric]
+            ax.scatter(record.parameters, value)
+            ax.annotate(record.variant.split(" ")[0], (record.parameters, value), fontsize=7)
+        ax.set(title=task, xlabel="parameters", ylabel=f"test {_metric(records, task)}", xscale="log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _metric(records: list[RunRecord], task: str) -> str:
+    return next(r.metric for r in records if r.task == task)
+
+
+def plot_throughput(records: list[RunRecord], path: Path) -> None:
+    labels = [f"{r.variant.split(' ')[0]}\n{r.task}" for r in records]
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(records)), 3.5))
+    ax.bar(range(len(records)), [r.train_tokens_per_second for r in records])
+    ax.set_xticks(range(len(records)), labels, fontsize=7)
+    ax.set(title="training throughput", ylabel="tokens / s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(results: CompareResults, out_dir: Path) -> Path:
+    """Write ``report.md`` and the plots; returns the report's path."""
+    records = results.runs
+    lines = [f"# Comparison: {results.spec.get('name', 'compare')}", ""]
+    machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())
+    lines += [f"Machine: {machine}.", "", "Spec:", "", "```yaml", yaml.safe_dump(results.spec, sort_keys=False).rstrip(), "```", ""]
+    lines += ["Every run had the same data, seed and budget. Values are means over seeds (± standard deviation); "
+              "the best of each metric, throughput, memory and time is in bold. FLOPs per token are estimated as "
+              "6 x parameters.", ""]
+    for task, runs in _by(records, lambda r: r.task).items():
+        lines += [f"## {task}", "", task_table(runs), ""]
+        curve = out_dir / f"curves-{task}.png"
+        plot_curves(runs, task, curve)
+        lines += [f"![{task} learning curves]({curve.name})", ""]
+    if results.skipped:
+        lines += ["## Not run", ""] + [f"- {s.variant} on {s.task}: {s.reason}" for s in results.skipped] + [""]
+    plot_metric_vs_parameters(records, out_dir / "metric-vs-parameters.png")
+    plot_throughput(records, out_dir / "throughput.png")
+    lines += ["## Plots", "", "![metric against parameters](metric-vs-parameters.png)", "",
+              "![throughput](throughput.png)", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
