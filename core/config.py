@@ -101,15 +101,23 @@ class EncoderDecoderConfig(VariantConfig):
             d_model=self.d_model,
         )
 
+    def _token_embedding(self, vocab_size: int) -> nn.Embedding:
+        token = nn.Embedding(vocab_size, self.d_model)
+        if self.scale_embeddings:
+            # N(0, 1/d_model), as in the reference implementation (tensor2tensor): scaled by sqrt(d_model)
+            # the inputs have unit variance, and a tied output layer starts with logits of unit scale.
+            nn.init.normal_(token.weight, std=self.d_model**-0.5)
+        return token
+
     def build(self) -> EncoderDecoder:
         src_embed = encoder = tgt_embed = decoder = None
         if self.encoder is not None:
-            src_embed, encoder = self._side(self.encoder, nn.Embedding(self.vocab_size, self.d_model), cross=False)
+            src_embed, encoder = self._side(self.encoder, self._token_embedding(self.vocab_size), cross=False)
         if self.decoder is not None:
             if src_embed is not None and self.share_embeddings:
                 token = src_embed.token
             else:
-                token = nn.Embedding(self.tgt_vocab_size or self.vocab_size, self.d_model)
+                token = self._token_embedding(self.tgt_vocab_size or self.vocab_size)
             tgt_embed, decoder = self._side(self.decoder, token, cross=self.encoder is not None)
         head = self.head.build(
             d_model=self.d_model,

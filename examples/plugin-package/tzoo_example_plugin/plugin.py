@@ -1,7 +1,15 @@
-"""Cosine attention (Henry et al. 2020, "Query-Key Normalization for Transformers").
+"""Cosine attention: Henry et al. 2020, "Query-Key Normalization for Transformers" (arXiv 2010.04245).
 
-Scores are cosine similarities of queries and keys times a learned temperature ``g``:
-``softmax(g * q_hat k_hat^T) V``, with ``q_hat``, ``k_hat`` unit vectors per head.
+Queries and keys are L2-normalised per head, so every score is a cosine similarity in
+[-1, 1], and a learned temperature ``g`` takes the place of ``1 / sqrt(d_k)``:
+
+    Attention(Q, K, V) = softmax(g * Q_hat K_hat^T) V
+
+Bounded scores cannot push the softmax into saturation however large the activations grow.
+
+The file reads top to bottom: the formula as a function, the module, the options model
+(attention kind ``cosine``), the variant ``cosine-transformer-tiny``, and the two hooks the
+``transformer_zoo`` entry point of this package points at.
 """
 
 from __future__ import annotations
@@ -15,18 +23,78 @@ from pydantic import Field
 from torch import Tensor, nn
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import KVCache, MultiHeadAttention
+from transformer_zoo.core.attention import AttentionPositional, KVCache
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions, Variant
 from transformer_zoo.plugins.transformer import TINY, TransformerConfig
 
 
-class CosineAttention(MultiHeadAttention):
-    """Multi-head attention on cosine similarities; reuses the projections and cache of the core."""
+# ---- the formula --------------------------------------------------------------------------
+def cosine_attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: Tensor, mask: Tensor | None = None, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``softmax(scale * q_hat k_hat^T + bias) v`` with unit-length ``q_hat``, ``k_hat``.
 
-    def __init__(self, d_model: int, n_heads: int, *, dropout: float, init_scale: float) -> None:
-        super().__init__(d_model, n_heads, dropout=dropout)
+    Args:
+        q: ``(B, H, Tq, Dh)``; k, v: ``(B, H, Tk, Dh)``.
+        scale: the temperature, a tensor broadcastable to ``(B, H, Tq, Tk)`` (a scalar here).
+        mask: bool, broadcastable to ``(B, H, Tq, Tk)``, True where a query may attend.
+        bias: float, broadcastable to ``(B, H, Tq, Tk)``, added to the scores (ALiBi).
+
+    Returns:
+        The output ``(B, H, Tq, Dh)`` and the weights ``(B, H, Tq, Tk)``.
+    """
+    scores = scale * (F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1))  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        # The lowest finite value rather than -inf: a query that sees no key stays finite.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:  # a query with no key to attend to (all padding) gets zeros
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return weights @ v, weights
+
+
+# ---- the module ---------------------------------------------------------------------------
+class CosineAttention(nn.Module):
+    """Multi-head cosine attention for self- or cross-attention, with a key/value cache.
+
+    Args:
+        d_model: model width; split into ``n_heads`` heads of ``d_model // n_heads``.
+        n_heads: number of heads.
+        init_scale: the temperature ``g`` at initialisation; it is learned (in log space, so it
+            stays positive).
+        dropout: dropout on the attention weights, in training only.
+        positional: an in-attention positional scheme (rotary, ALiBi), or None.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        init_scale: float = 10.0,
+        dropout: float = 0.0,
+        positional: AttentionPositional | None = None,
+    ) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
+        if init_scale <= 0:
+            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.query = nn.Linear(d_model, d_model)
+        self.key_value = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
         self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
+        self.positional = positional
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """``(B, T, D)`` to ``(B, H, T, Dh)``."""
+        b, t, d = x.shape
+        return x.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)
 
     def forward(
         self,
@@ -37,57 +105,71 @@ class CosineAttention(MultiHeadAttention):
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` ``(B, Tq, D)`` to itself, or to ``memory`` ``(B, Tk, D)``.
+
+        Returns the output ``(B, Tq, D)`` and, if ``need_weights``, the weights ``(B, H, Tq, Tk)``.
+        """
         mask = mask or AttentionMask()
-        d = self.d_model
-        if memory is None:
-            q, k, v = self._heads(self.in_proj(x), 3)
-            if cache is not None:
-                k, v = cache.append(k, v)
+        q = self._heads(self.query(x))
+        q_offset = 0
+        if memory is not None and cache is not None and cache.key is not None:
+            k, v = cache.key, cache.value  # the encoder memory, projected on the first step
         else:
-            (q,) = self._heads(self._project(x, slice(0, d)), 1)
-            if cache is not None and cache.key is not None:
-                k, v = cache.key, cache.value
-            else:
-                k, v = self._heads(self._project(memory, slice(d, 3 * d)), 2)
-                if cache is not None:
-                    cache.append(k, v)
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        scores = self.log_scale.exp() * (q @ k.transpose(-2, -1))  # (B, H, Tq, Tk)
-        dense = mask.dense(q.size(-2), k.size(-2), q.device)
-        if dense is not None:
-            scores = scores.masked_fill(~dense, float("-inf"))
-        weights = F.dropout(scores.softmax(-1), self.dropout, self.training)
-        out = (weights @ v).transpose(1, 2).reshape(x.size(0), q.size(-2), d)  # (B, Tq, D)
-        return self.out_proj(out), weights if need_weights else None
+            k, v = map(self._heads, self.key_value(x if memory is None else memory).chunk(2, dim=-1))
+            if cache is not None:
+                q_offset = len(cache) if memory is None else 0
+                k, v = cache.append(k, v)
+        bias = None
+        if self.positional is not None:
+            q, k = self.positional.rotate(q, k, q_offset)
+            bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
+
+        allowed = mask.dense(q.size(-2), k.size(-2), q.device)
+        out, weights = cosine_attention(q, k, v, self.log_scale.exp(), allowed, bias)
+        if self.training and self.dropout:
+            out = F.dropout(weights, self.dropout) @ v
+        out = out.transpose(1, 2).flatten(2)  # (B, Tq, D)
+        return self.out(out), weights if need_weights else None
 
 
-class Cosine(AttentionOptions):
-    """Cosine-similarity attention with a learned temperature (QKNorm)."""
+# ---- the options model: the attention kind "cosine" ---------------------------------------
+class CosineAttentionOptions(AttentionOptions):
+    """Multi-head attention on cosine similarities with a learned temperature (QKNorm)."""
 
     kind: Literal["cosine"] = "cosine"
-    init_scale: float = Field(10.0, gt=0.0, description="initial temperature multiplying the cosine scores")
+    init_scale: float = Field(
+        10.0, gt=0.0, description="temperature g multiplying the cosine scores at initialisation (then learned)"
+    )
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
-        if positional is not None:
-            raise ValueError("cosine attention does not take in-attention positions; use sinusoidal or learned")
-        return CosineAttention(d_model, n_heads, dropout=dropout, init_scale=self.init_scale)
+    def build(
+        self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None
+    ) -> nn.Module:
+        return CosineAttention(
+            d_model, n_heads, init_scale=self.init_scale, dropout=dropout, positional=positional
+        )
 
 
-COSINE_STACK = {"layers": 2, "attention": "cosine", "cross_attention": "cosine"}
+# ---- the variant: transformer-tiny with cosine attention everywhere -----------------------
+COSINE_TINY = {
+    **TINY,
+    "encoder": {**TINY["encoder"], "attention": "cosine"},
+    "decoder": {**TINY["decoder"], "attention": "cosine", "cross_attention": "cosine"},
+}
+
+
+# ---- the hooks ----------------------------------------------------------------------------
+@tz.hookimpl
+def tzoo_components() -> list[type[AttentionOptions]]:
+    return [CosineAttentionOptions]
 
 
 @tz.hookimpl
-def tzoo_components():
-    return [Cosine]
-
-
-@tz.hookimpl
-def tzoo_variants():
+def tzoo_variants() -> list[Variant]:
     return [
         Variant(
             name="cosine-transformer-tiny",
             config=TransformerConfig,
-            defaults={**TINY, "encoder": COSINE_STACK, "decoder": COSINE_STACK},
-            description="transformer-tiny with cosine attention everywhere (example plugin)",
+            defaults=COSINE_TINY,
+            description="transformer-tiny with cosine attention in every attention block",
         )
     ]
