@@ -122,20 +122,14 @@ class MultiHeadAttention(nn.Module):
         bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
         return F.linear(x, self.in_proj.weight[rows], bias)
 
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        *,
-        mask: AttentionMask | None = None,
-        cache: KVCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Attend from ``x`` ``(B, Tq, D)`` to itself, or to ``memory`` ``(B, Tk, D)``.
+    def project(
+        self, x: Tensor, memory: Tensor | None = None, cache: KVCache | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """Queries, keys and values ``(B, H, T, Dh)`` of every key so far, and the positional bias.
 
-        Returns the output ``(B, Tq, D)`` and, if ``need_weights``, the weights ``(B, H, Tq, Tk)``.
+        Reads and extends ``cache``, and applies the in-attention positional scheme; attention
+        kinds that change only the scoring reuse this and write their own formula after it.
         """
-        mask = mask or AttentionMask()
         d = self.d_model
         q_offset = 0
         if memory is None:
@@ -155,6 +149,23 @@ class MultiHeadAttention(nn.Module):
         if self.positional is not None:
             q, k = self.positional.rotate(q, k, q_offset)
             bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
+        return q, k, v, bias
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: AttentionMask | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` ``(B, Tq, D)`` to itself, or to ``memory`` ``(B, Tk, D)``.
+
+        Returns the output ``(B, Tq, D)`` and, if ``need_weights``, the weights ``(B, H, Tq, Tk)``.
+        """
+        mask = mask or AttentionMask()
+        q, k, v, bias = self.project(x, memory, cache)
 
         q_len, k_len = q.size(-2), k.size(-2)
         dropout = self.dropout if self.training else 0.0
