@@ -1,99 +1,312 @@
 """A third-party plugin package, installed for real, is found through its entry point alone.
 
-The packages are installed with pip into a folder of their own, put on PYTHONPATH of a
-subprocess: the environment running the tests is left as it was.
+pip installs the example plugin (``examples/plugin-package``) and a broken one
+(``data/broken-plugin``, whose module fails to import) into a folder of their own; each check
+runs in a subprocess with that folder on ``PYTHONPATH``. The environment running the tests is
+left as it was, and no check imports the plugin itself.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = [ROOT / "examples" / "plugin-package", Path(__file__).parent / "data" / "broken-plugin"]
+EXAMPLE = ROOT / "examples" / "plugin-package"
+BROKEN = Path(__file__).parent / "data" / "broken-plugin"
+TZOO_SCRIPT = Path(sys.executable).with_name("tzoo")
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """A folder where pip installed the example plugin and the broken one."""
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder where one pip run installed the example plugin and the broken one."""
+    assert importlib.util.find_spec("setuptools") is not None, "pip --no-build-isolation needs setuptools installed"
+    for module in ("tzoo_example_plugin", "tzoo_broken_plugin"):
+        assert importlib.util.find_spec(module) is None, f"{module} is installed in the test environment; uninstall it"
     work = tmp_path_factory.mktemp("plugins")
+    # Build from copies so that no build/ or *.egg-info folder lands in the checkout.
+    artefacts = shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    copies = [shutil.copytree(package, work / package.name, ignore=artefacts) for package in (EXAMPLE, BROKEN)]
     target = work / "site"
-    for package in PACKAGES:
-        copy = shutil.copytree(package, work / package.name)  # keep build files out of the checkout
-        subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-             "--no-index", "--target", str(target), str(copy)],
-            check=True, capture_output=True, text=True,
-        )
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir",
+         "--no-index", "--no-deps", "--no-build-isolation", "--target", str(target), *map(str, copies)],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
     return target
 
 
-def run(site: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, check=False)
+@pytest.fixture(scope="module")
+def listing(site: Path, tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """What a plain ``tzoo list`` printed, with both plugins installed."""
+    return tzoo(site, tmp_path_factory.mktemp("list"), "list")
 
 
-def tzoo(site: Path, *args: str) -> subprocess.CompletedProcess:
-    return run(site, "-m", "transformer_zoo", *args)
+def run(site: Path, cwd: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in ``cwd`` (an empty folder: nothing of the checkout importable by accident)
+    with the installed plugins on the path."""
+    pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=120)
 
 
-def test_cli_sees_the_new_variant_and_kind(site):
-    variants = tzoo(site, "list", "--json")
-    assert variants.returncode == 0, variants.stderr
-    rows = {row["name"]: row for row in json.loads(variants.stdout)}
-    assert rows["cosine-transformer-tiny"]["plugin"] == "example"
-    assert "transformer-tiny" in rows, "built-in variants still load beside the plugin"
-    kinds = json.loads(tzoo(site, "list", "--kind", "attention", "--json").stdout)
-    assert {"cosine", "sdpa"} <= {row["name"] for row in kinds}
+def tzoo(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``tzoo`` command (its console script, or ``python -m transformer_zoo`` where there is none)."""
+    command = [str(TZOO_SCRIPT)] if TZOO_SCRIPT.is_file() else [sys.executable, "-m", "transformer_zoo"]
+    return run(site, cwd, *command, *args)
 
 
-def test_schema_includes_the_new_kind(site):
-    result = tzoo(site, "schema")
+def python(site: Path, cwd: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """Run a Python ``script`` with the same interpreter as the tests."""
+    return run(site, cwd, sys.executable, "-c", script)
+
+
+def plugin_warnings(stderr: str) -> list[str]:
+    """The warning lines ``tzoo`` printed on standard error."""
+    return [line for line in stderr.splitlines() if "warning" in line.lower()]
+
+
+def find_kind_schemas(node: Any, kind: str) -> list[dict[str, Any]]:
+    """Every sub-schema of ``node`` describing options whose ``kind`` is the constant ``kind``."""
+    found = []
+    if isinstance(node, dict):
+        properties = node.get("properties")
+        if isinstance(properties, dict) and isinstance(properties.get("kind"), dict):
+            if properties["kind"].get("const") == kind:
+                found.append(node)
+        for value in node.values():
+            found += find_kind_schemas(value, kind)
+    elif isinstance(node, list):
+        for value in node:
+            found += find_kind_schemas(value, kind)
+    return found
+
+
+# ---- the command line ---------------------------------------------------------------------
+def test_tzoo_list_shows_the_new_variant(
+    site: Path, tmp_path: Path, listing: subprocess.CompletedProcess[str]
+) -> None:
+    assert listing.returncode == 0, listing.stderr
+    assert "cosine-transformer-tiny" in listing.stdout
+    result = tzoo(site, tmp_path, "list", "cosine-*", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [
+        {
+            "name": "cosine-transformer-tiny",
+            "family": "transformer",
+            "plugin": "example",
+            "description": "transformer-tiny with cosine attention in every attention block",
+        }
+    ]
+
+
+def test_tzoo_list_kind_attention_shows_the_new_kind(site: Path, tmp_path: Path) -> None:
+    table = tzoo(site, tmp_path, "list", "--kind", "attention")
+    assert table.returncode == 0, table.stderr
+    assert "cosine" in table.stdout
+    result = tzoo(site, tmp_path, "list", "--kind", "attention", "--json")
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["cosine"]["plugin"] == "example"
+    assert rows["cosine"]["description"].startswith("Multi-head attention on cosine similarities")
+    assert "sdpa" in rows, "the built-in kinds still load beside the plugin's"
+
+
+def test_tzoo_schema_holds_the_new_kind(site: Path, tmp_path: Path) -> None:
+    result = tzoo(site, tmp_path, "schema")
     assert result.returncode == 0, result.stderr
     schema = json.loads(result.stdout)
-    (branch,) = [b for b in schema["oneOf"] if "cosine-transformer-tiny" in b["properties"]["variant"]["enum"]]
-    (stack,) = [option for option in branch["properties"]["encoder"]["anyOf"] if "anyOf" in option]  # or null
-    encoder = next(option for option in stack["anyOf"] if "properties" in option)
-    kinds = {o["properties"]["kind"]["const"] for o in encoder["properties"]["attention"]["anyOf"] if "properties" in o}
-    assert "cosine" in kinds
-    assert "cosine" in encoder["properties"]["attention"]["anyOf"][0]["enum"]
+    variants = {name for branch in schema["oneOf"] for name in branch["properties"]["variant"].get("enum", [])}
+    assert "cosine-transformer-tiny" in variants
+    cosine = find_kind_schemas(schema, "cosine")
+    assert cosine, "no schema for the attention kind 'cosine'"
+    for options in cosine:
+        assert set(options["properties"]) == {"kind", "init_scale"}
+        assert options["properties"]["init_scale"]["description"]
+        assert options["properties"]["init_scale"]["exclusiveMinimum"] == 0
+
+    validator = jsonschema.Draft202012Validator(schema)
+    for variant in ("cosine-transformer-tiny", "transformer-tiny"):
+        config = {"variant": variant, "decoder": {"cross_attention": {"kind": "cosine", "init_scale": 4.0}}}
+        assert list(validator.iter_errors(config)) == []
+        config["decoder"]["cross_attention"]["init_scale"] = -1.0
+        assert list(validator.iter_errors(config)) != []
 
 
-def test_a_broken_plugin_is_reported_and_the_rest_load(site):
-    result = tzoo(site, "list")
-    assert result.returncode == 0
-    assert "cosine-transformer-tiny" in result.stdout and "transformer-tiny" in result.stdout
-    assert "plugin 'broken' failed to load" in result.stderr
-    assert "a_dependency_that_is_not_installed" in result.stderr
-    failed = tzoo(site, "show", "broken-variant")
-    assert failed.returncode == 2
-    assert "plugin 'broken' failed to load" in failed.stderr, "a failed plugin may be why a name is unknown"
+def test_a_broken_plugin_is_reported_by_name_and_the_rest_load(
+    site: Path, tmp_path: Path, listing: subprocess.CompletedProcess[str]
+) -> None:
+    assert listing.returncode == 0, listing.stderr
+    names = set(re.findall(r"^[│|] (\S+)", listing.stdout, flags=re.MULTILINE))  # the table's first column
+    assert {"cosine-transformer-tiny", "transformer", "transformer-base", "transformer-tiny"} <= names, names
+    warnings = plugin_warnings(listing.stderr)
+    assert len(warnings) == 1, listing.stderr
+    assert re.search(r"\bbroken\b", warnings[0]) and "a_dependency_that_is_not_installed" in warnings[0]
+    assert "Traceback" not in listing.stderr
+
+    unknown = tzoo(site, tmp_path, "show", "broken-variant")
+    assert unknown.returncode == 2
+    assert "Traceback" not in unknown.stderr
+    assert "broken-variant" in unknown.stderr
+    # A plugin that failed to load may be why a name is unknown: the warning comes with the error.
+    assert any(re.search(r"\bbroken\b", line) for line in plugin_warnings(unknown.stderr)), unknown.stderr
 
 
-def test_build_train_and_reload_without_importing_the_plugin(site, tmp_path):
-    script = f"""
+# ---- the Python API -----------------------------------------------------------------------
+TRAIN_AND_RELOAD = """
 import torch, transformer_zoo as tz
+
+torch.manual_seed(0)
 model = tz.build_model("cosine-transformer-tiny", dropout=0.0)
-assert type(model.encoder.layers[0].self_attn).__name__ == "CosineAttention"
+encoder, decoder = model.encoder.layers[0], model.decoder.layers[0]
+blocks = {type(m).__name__ for m in (encoder.self_attn, decoder.self_attn, decoder.cross_attn)}
+assert blocks == {"CosineAttention"}, blocks
 src, tgt = torch.randint(3, 1000, (2, 7)), torch.randint(3, 1000, (2, 5))
 out = model(src, tgt)
-assert out.logits.shape == (2, 5, 1000) and torch.isfinite(out.logits).all()
-model.loss(out, tgt).backward()
-assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+assert out.logits.shape == (2, 5, 1000), out.logits.shape
+assert torch.isfinite(out.logits).all()
+loss = model.loss(out, tgt)
+loss.backward()
+assert torch.isfinite(loss)
+for name, p in model.named_parameters():
+    assert p.grad is not None and torch.isfinite(p.grad).all(), name
+temperature = dict(model.named_parameters())["encoder.layers.0.self_attn.log_scale"]
+assert temperature.grad is not None and temperature.grad != 0, "the temperature is not learned"
+torch.optim.SGD(model.parameters(), lr=0.5).step()  # move every weight, the temperature too, off its initial value
 model.eval()
-model.save_pretrained(r"{tmp_path}")
-again = tz.from_pretrained(r"{tmp_path}")
+model.save_pretrained(OUT)
+again = tz.from_pretrained(OUT)
+assert torch.equal(again.encoder.layers[0].self_attn.log_scale, encoder.self_attn.log_scale)
 with torch.no_grad():
     assert torch.equal(again(src, tgt).logits, model(src, tgt).logits)
-other = tz.build_model("transformer-tiny", encoder={{"attention": {{"kind": "cosine", "init_scale": 5.0}}}})
-print("ok", type(other.encoder.layers[0].self_attn).__name__)
+print("ok")
 """
-    result = run(site, "-c", script)
+
+
+def test_build_train_save_and_reload_without_importing_the_plugin(site: Path, tmp_path: Path) -> None:
+    result = python(site, tmp_path, f"OUT = {str(tmp_path / 'saved')!r}\n" + TRAIN_AND_RELOAD)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok CosineAttention"
+    assert result.stdout.strip() == "ok"
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["encoder"]["attention"]["kind"] == "cosine"
+
+
+MASKS_AND_CACHE = """
+import torch, transformer_zoo as tz
+from transformer_zoo.core.decoding import greedy_decode
+from transformer_zoo.core.stack import DecoderCache
+
+torch.manual_seed(0)
+model = tz.build_model("cosine-transformer-tiny", dropout=0.0).eval()
+src, tgt = torch.randint(3, 1000, (2, 7)), torch.randint(3, 1000, (2, 5))
+src_mask = torch.ones(2, 7, dtype=torch.long)
+src_mask[0, 4:] = 0
+with torch.no_grad():
+    # Causal: a later target token never changes an earlier output.
+    later = tgt.clone()
+    later[:, -1] = 3 + (tgt[:, -1] - 2) % 997
+    a, b = model(src, tgt).logits, model(src, later).logits
+    assert torch.allclose(a[:, :-1], b[:, :-1], atol=1e-5) and not torch.allclose(a[:, -1], b[:, -1])
+
+    # Padding: what padded source positions hold never matters, to the encoder or to cross-attention.
+    other = src.clone()
+    other[0, 4:] = 5
+    a = model(src, tgt, src_mask=src_mask).logits
+    assert torch.allclose(a, model(other, tgt, src_mask=src_mask).logits, atol=1e-5)
+    assert not torch.allclose(model(src, tgt).logits, model(other, tgt).logits)
+
+    # Weights, when asked for: rows sum to one and padded keys get none.
+    out = model(src, tgt, src_mask=src_mask, need_weights=True)
+    assert torch.equal(out.logits, a)
+    for stack, block, length in (("encoder", "self", 7), ("decoder", "self", 5), ("decoder", "cross", 7)):
+        weights = out.attentions[stack][0][block]
+        assert weights.shape == (2, 4, weights.size(2), length), (stack, block, weights.shape)
+        assert torch.allclose(weights.sum(-1), torch.ones(()), atol=1e-5), (stack, block)
+    assert (out.attentions["encoder"][0]["self"][0, ..., 4:] == 0).all()
+    assert (out.attentions["decoder"][0]["cross"][0, ..., 4:] == 0).all()
+    assert (out.attentions["decoder"][0]["self"].triu(1) == 0).all()
+
+    # Cache: decoding one token at a time on the cache equals decoding the whole target at once.
+    memory = model.encode(src, src_mask).hidden
+    full = model.decode(tgt, memory, src_mask=src_mask).hidden
+    cache = DecoderCache()
+    steps = [model.decode(tgt[:, i : i + 1], memory, src_mask=src_mask, cache=cache).hidden for i in range(5)]
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+# A query with no key to attend to (left padding under the causal mask) gets zero weights, not NaN.
+lm = tz.build_model("cosine-transformer-tiny", encoder=None, dropout=0.0)
+ids, ids_mask = torch.randint(3, 1000, (2, 6)), torch.ones(2, 6, dtype=torch.long)
+ids_mask[0, :2] = 0
+out = lm(ids, tgt_mask=ids_mask, need_weights=True)
+assert (out.attentions["decoder"][0]["self"][0, :, :2] == 0).all()
+lm.loss(out, ids).backward()
+assert torch.isfinite(out.logits).all() and all(torch.isfinite(p.grad).all() for p in lm.parameters())
+
+for positional in ("rotary", "alibi"):
+    # In-attention positions are applied: without them an encoder would be permutation-equivariant.
+    encoder = tz.build_model("cosine-transformer-tiny", decoder=None, positional=positional, dropout=0.0).eval()
+    ids, order = torch.randint(3, 1000, (2, 9)), torch.randperm(9)
+    with torch.no_grad():
+        moved = encoder(ids[:, order]).logits
+        assert not torch.allclose(moved, encoder(ids).logits[:, order], atol=1e-3), f"{positional} had no effect"
+
+    # The same positions in a decoder-only model: a prompt, then single tokens, on the cache.
+    lm = tz.build_model("cosine-transformer-tiny", encoder=None, positional=positional, dropout=0.0).eval()
+    ids = torch.randint(3, 1000, (2, 9))
+    with torch.no_grad():
+        full = lm(ids).logits
+        cache = DecoderCache()
+        steps = [lm.decode(ids[:, :4], cache=cache).hidden]
+        steps += [lm.decode(ids[:, i : i + 1], cache=cache).hidden for i in range(4, 9)]
+        assert torch.allclose(lm.head(torch.cat(steps, dim=1)), full, atol=1e-4), positional
+    fast = greedy_decode(lm, prompt=ids, max_new_tokens=6)
+    slow = greedy_decode(lm, prompt=ids, max_new_tokens=6, use_cache=False)
+    assert fast.shape == (2, 15) and torch.equal(fast, slow), positional
+print("ok")
+"""
+
+
+def test_the_new_kind_honours_masks_cache_and_positions(site: Path, tmp_path: Path) -> None:
+    result = python(site, tmp_path, MASKS_AND_CACHE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+OPTIONS = """
+import math, torch, transformer_zoo as tz
+
+registry = tz.get_registry()
+assert registry.provider("attention", "cosine") == "example"
+assert registry.provider("variant", "cosine-transformer-tiny") == "example"
+assert set(registry.load_errors) == {"broken"}, registry.load_errors
+
+model = tz.build_model("transformer-tiny", encoder={"attention": {"kind": "cosine", "init_scale": 5.0}})
+attention = model.encoder.layers[0].self_attn
+assert type(attention).__name__ == "CosineAttention"
+assert math.isclose(attention.log_scale.exp().item(), 5.0, rel_tol=1e-6)
+assert type(model.decoder.layers[0].self_attn).__name__ == "MultiHeadAttention"
+
+for bad, field in (({"init_scale": -1.0}, "init_scale"), ({"init_scal": 2.0}, "init_scal")):
+    try:
+        tz.build_model("transformer-tiny", encoder={"attention": {"kind": "cosine", **bad}})
+    except tz.ConfigError as error:
+        assert field in str(error) and "encoder.attention" in str(error), error
+    else:
+        raise AssertionError(f"{bad} was accepted")
+print("ok")
+"""
+
+
+def test_the_new_kind_is_validated_like_a_built_in_one(site: Path, tmp_path: Path) -> None:
+    result = python(site, tmp_path, OPTIONS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -23,7 +23,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import AttentionPositional, KVCache
+from transformer_zoo.core.attention import AttentionPositional, KVCache, MultiHeadAttention
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions, Variant
 from transformer_zoo.plugins.transformer import TINY, TransformerConfig
@@ -57,8 +57,12 @@ def cosine_attention(
 
 
 # ---- the module ---------------------------------------------------------------------------
-class CosineAttention(nn.Module):
-    """Multi-head cosine attention for self- or cross-attention, with a key/value cache.
+class CosineAttention(MultiHeadAttention):
+    """Multi-head cosine attention for self- or cross-attention.
+
+    Only the scoring differs from the core's multi-head attention: the projections, the
+    key/value cache and the in-attention positions (rotary, ALiBi) come from
+    :meth:`MultiHeadAttention.project`.
 
     Args:
         d_model: model width; split into ``n_heads`` heads of ``d_model // n_heads``.
@@ -66,7 +70,7 @@ class CosineAttention(nn.Module):
         init_scale: the temperature ``g`` at initialisation; it is learned (in log space, so it
             stays positive).
         dropout: dropout on the attention weights, in training only.
-        positional: an in-attention positional scheme (rotary, ALiBi), or None.
+        positional: an in-attention positional scheme, or None.
     """
 
     def __init__(
@@ -78,23 +82,10 @@ class CosineAttention(nn.Module):
         dropout: float = 0.0,
         positional: AttentionPositional | None = None,
     ) -> None:
-        super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"n_heads={n_heads} does not divide d_model={d_model}")
+        super().__init__(d_model, n_heads, dropout=dropout, positional=positional)
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
-        self.n_heads = n_heads
-        self.dropout = dropout
-        self.query = nn.Linear(d_model, d_model)
-        self.key_value = nn.Linear(d_model, 2 * d_model)
-        self.out = nn.Linear(d_model, d_model)
         self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
-        self.positional = positional
-
-    def _heads(self, x: Tensor) -> Tensor:
-        """``(B, T, D)`` to ``(B, H, T, Dh)``."""
-        b, t, d = x.shape
-        return x.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)
 
     def forward(
         self,
@@ -110,26 +101,13 @@ class CosineAttention(nn.Module):
         Returns the output ``(B, Tq, D)`` and, if ``need_weights``, the weights ``(B, H, Tq, Tk)``.
         """
         mask = mask or AttentionMask()
-        q = self._heads(self.query(x))
-        q_offset = 0
-        if memory is not None and cache is not None and cache.key is not None:
-            k, v = cache.key, cache.value  # the encoder memory, projected on the first step
-        else:
-            k, v = map(self._heads, self.key_value(x if memory is None else memory).chunk(2, dim=-1))
-            if cache is not None:
-                q_offset = len(cache) if memory is None else 0
-                k, v = cache.append(k, v)
-        bias = None
-        if self.positional is not None:
-            q, k = self.positional.rotate(q, k, q_offset)
-            bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
-
+        q, k, v, bias = self.project(x, memory, cache)  # (B, H, T, Dh); reads and extends the cache
         allowed = mask.dense(q.size(-2), k.size(-2), q.device)
         out, weights = cosine_attention(q, k, v, self.log_scale.exp(), allowed, bias)
         if self.training and self.dropout:
             out = F.dropout(weights, self.dropout) @ v
         out = out.transpose(1, 2).flatten(2)  # (B, Tq, D)
-        return self.out(out), weights if need_weights else None
+        return self.out_proj(out), weights if need_weights else None
 
 
 # ---- the options model: the attention kind "cosine" ---------------------------------------
