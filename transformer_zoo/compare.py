@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from .api import _read, describe_validation_error, load_config
@@ -188,7 +187,3 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults:
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
     return results
-
-
-def spec_yaml(spec: CompareSpec) -> str:
-    return yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
