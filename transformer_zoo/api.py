@@ -7,11 +7,11 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import safetensors.torch
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from .core.errors import ConfigError
@@ -20,6 +20,7 @@ from .core.options import VariantConfig
 from .registry import get_registry
 
 ConfigSource = str | os.PathLike | Mapping[str, Any] | VariantConfig
+M = TypeVar("M", bound=BaseModel)
 
 
 def list_variants(pattern: str = "*") -> list[str]:
@@ -102,6 +103,14 @@ def describe_validation_error(error: ValidationError, title: str) -> str:
             message += f" (got {given if len(given) < 60 else given[:57] + '...'})"
         lines.append(f"  {where}: {message}" if where else f"  {message}")
     return f"invalid {title}:\n" + "\n".join(lines)
+
+
+def validate(model: type[M], data: Any, title: str) -> M:
+    """``model.model_validate(data)``, with a validation error turned into a one-message ConfigError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, title)) from None
 
 
 def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, Any] | None = None) -> VariantConfig:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from .api import _read, describe_validation_error, load_config
+from .api import _read, load_config, validate
 from .core.errors import ConfigError
 from .core.options import Options, Task
 from .train import TrainConfig, model_config_for, train
@@ -82,10 +82,7 @@ def default_spec_path() -> Path:
 def load_spec(source: str | os.PathLike | dict | None = None) -> CompareSpec:
     """A validated spec from a YAML/JSON file or mapping; the built-in default when None."""
     data = _read(default_spec_path() if source is None else source)
-    try:
-        return CompareSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, "compare spec")) from None
+    return validate(CompareSpec, data, "compare spec")
 
 
 def _label(variant: str | dict[str, Any]) -> str:
@@ -103,13 +100,12 @@ def plan(spec: CompareSpec) -> tuple[list[tuple[str, TrainConfig]], list[Skipped
         for task_options in spec.tasks:
             task = task_options.build()
             for seed in spec.seeds:
-                try:
-                    config = TrainConfig.model_validate(
-                        {**spec.train, "model": variant, "task": task_options, "steps": spec.steps,
-                         "max_seconds": spec.seconds, "seed": seed}
-                    )
-                except ValidationError as exc:
-                    raise ConfigError(describe_validation_error(exc, "compare spec 'train' options")) from None
+                config = validate(
+                    TrainConfig,
+                    {**spec.train, "model": variant, "task": task_options, "steps": spec.steps,
+                     "max_seconds": spec.seconds, "seed": seed},
+                    "compare spec 'train' options",
+                )
                 try:
                     model_config_for(config, task)
                 except ValueError as exc:

@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 import safetensors.torch
 import torch
-from pydantic import Field, ValidationError
+from pydantic import Field
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.optim.lr_scheduler import LambdaLR
 
-from .api import build_model, describe_validation_error, load_config, merge
+from .api import _read, build_model, load_config, merge, parse_overrides, validate
 from .core.errors import ConfigError
 from .core.options import Options, Task, VariantConfig
 
@@ -52,17 +52,12 @@ class TrainConfig(Options):
 
 def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
     """A validated training config from a YAML/JSON file or a mapping, with ``key=value`` overrides."""
-    from .api import _read, parse_overrides
-
     if not isinstance(source, dict) and not Path(source).is_file():
         raise ConfigError(f"training config {str(source)!r} does not exist; give a YAML or JSON file")
     data = _read(source)
     if overrides:
         data = merge(data, parse_overrides(overrides))
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, "training config")) from None
+    return validate(TrainConfig, data, "training config")
 
 
 def resolve_device(name: str) -> torch.device:
