@@ -7,16 +7,21 @@ refused with a reason before any training starts.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import datasets
 import torch
 from torch import Tensor, nn
 
-from .decoding import greedy_decode
+from .decoding import beam_search, greedy_decode
 
 PAD, BOS, EOS = 0, 1, 2
 CLS = BOS  # classification tasks start each sequence with this id; the head pools it
+
+LOWER_IS_BETTER = frozenset({"perplexity", "loss"})
+"""Metric names where a smaller value is better; every other metric is better when larger."""
 
 
 def pad_batch(rows: list[list[int]], pad: int = PAD) -> tuple[Tensor, Tensor]:
@@ -40,9 +45,19 @@ class Task:
 
     objective: ClassVar[str] = ""
     metric: ClassVar[str] = ""
+    options: Any = None
+
+    @property
+    def name(self) -> str:
+        """The task's kind, as named in configs."""
+        return getattr(self.options, "kind", type(self).__name__)
 
     def dataset(self, split: str) -> datasets.Dataset:
         raise NotImplementedError
+
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise ValueError(f"task {self.name!r} has no split {split!r}; splits: {', '.join(self.splits)}")
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -74,6 +89,23 @@ class Task:
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:
         raise NotImplementedError
 
+    def parse_input(self, text: str) -> dict[str, Any]:
+        """One example (a dataset row without its answer) from text a user typed."""
+        raise ValueError(f"task {self.name!r} does not read typed input; pick an example with --example SPLIT:INDEX")
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """A readable label for each token id (axis labels of attention maps)."""
+        return [str(i) for i in ids]
+
+    def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
+        """The model inputs for one example, as its forward pass takes them (batch of one).
+
+        A task whose model writes an output (seq2seq) decodes it first, so the decoder's
+        attention can be looked at too.
+        """
+        batch = self.collate([row])
+        return {k: v for k, v in batch.items() if k != "targets"}
+
 
 class Seq2SeqTask(Task):
     """Source sequence in, target sequence out; scored by greedy decoding.
@@ -85,9 +117,11 @@ class Seq2SeqTask(Task):
     objective: ClassVar[str] = "seq2seq"
     metric: ClassVar[str] = "token_accuracy"
     vocab_size: int = 0
+    pad_id, bos_id, eos_id = PAD, BOS, EOS
+    beam_size: int = 1  # 1: greedy decoding when scoring
 
     def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": PAD, "head": {"kind": "lm"}}
+        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "head": {"kind": "lm"}}
 
     def unfit_reason(self, config: Any) -> str | None:
         if getattr(config, "encoder", None) is None or getattr(config, "decoder", None) is None:
@@ -95,39 +129,57 @@ class Seq2SeqTask(Task):
         return None
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
-        src, src_mask = pad_batch([r["src"] for r in rows])
-        tgt, tgt_mask = pad_batch([[BOS, *r["tgt"]] for r in rows])
-        targets, _ = pad_batch([[*r["tgt"], EOS] for r in rows])
+        src, src_mask = pad_batch([r["src"] for r in rows], self.pad_id)
+        tgt, tgt_mask = pad_batch([[self.bos_id, *r["tgt"]] for r in rows], self.pad_id)
+        targets, _ = pad_batch([[*r["tgt"], self.eos_id] for r in rows], self.pad_id)
         return {"src": src, "src_mask": src_mask, "tgt": tgt, "tgt_mask": tgt_mask, "targets": targets}
+
+    def decode(self, model: nn.Module, src: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """The model's output for each source, up to (not including) EOS: greedy, or beam search
+        when ``beam_size`` > 1; both on the key/value cache."""
+        device = next(model.parameters()).device
+        ids, mask = (t.to(device) for t in pad_batch(src, self.pad_id))
+        special = {"bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id, "max_new_tokens": max_new_tokens}
+        if self.beam_size > 1:
+            out, _ = beam_search(model, ids, mask, beam_size=self.beam_size, **special)
+        else:
+            out = greedy_decode(model, ids, mask, **special)
+        outputs = []
+        for row in out[:, 1:].tolist():
+            outputs.append(row[: row.index(self.eos_id)] if self.eos_id in row else row)
+        return outputs
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:
-        """Greedy-decode every example: ``token_accuracy`` (target positions right) and
-        ``sequence_accuracy`` (whole target right, ended by EOS)."""
+        """Decode every example: ``token_accuracy`` (target positions right) and
+        ``sequence_accuracy`` (the whole output equals the target), with :meth:`extra_scores`."""
         data = self.dataset(split)
-        device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        right_tokens = total_tokens = right_sequences = 0
+        outputs: list[list[int]] = []
         for start in range(0, len(data), batch_size):
             rows = data[start : start + batch_size]
-            src, src_mask = pad_batch(rows["src"])
-            longest = max(len(t) for t in rows["tgt"])
-            out = greedy_decode(
-                model, src.to(device), src_mask.to(device), bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                max_new_tokens=longest + 1,
-            )[:, 1:].cpu()
-            for predicted, target in zip(out.tolist(), rows["tgt"], strict=True):
-                predicted = predicted + [PAD] * (len(target) + 1 - len(predicted))
-                hits = sum(p == t for p, t in zip(predicted, target))
-                right_tokens += hits
-                total_tokens += len(target)
-                right_sequences += hits == len(target) and predicted[len(target)] == EOS
+            outputs += self.decode(model, rows["src"], max_new_tokens=max(len(t) for t in rows["tgt"]) + 1)
         model.train(was_training)
+        targets = data["tgt"]
+        right_tokens = sum(p == t for predicted, target in zip(outputs, targets) for p, t in zip(predicted, target))
         return {
-            "token_accuracy": right_tokens / max(total_tokens, 1),
-            "sequence_accuracy": right_sequences / max(len(data), 1),
+            **self.extra_scores(data, outputs),
+            "token_accuracy": right_tokens / max(sum(len(t) for t in targets), 1),
+            "sequence_accuracy": sum(p == t for p, t in zip(outputs, targets)) / max(len(targets), 1),
         }
+
+    def extra_scores(self, data: datasets.Dataset, outputs: list[list[int]]) -> dict[str, float]:
+        """Further scores of the decoded ``outputs`` (one per example of ``data``), such as BLEU."""
+        return {}
+
+    @torch.no_grad()
+    def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
+        """The source and the model's own (greedy) output, so decoder attention shows what it wrote."""
+        output = self.decode(model, [row["src"]], max_new_tokens=4 * len(row["src"]) + 8)[0]
+        batch = self.collate([{"src": row["src"], "tgt": output}])
+        device = next(model.parameters()).device
+        return {k: v.to(device) for k, v in batch.items() if k != "targets"}
 
 
 class ClassificationTask(Task):
@@ -180,3 +232,139 @@ class ClassificationTask(Task):
         majority = max(set(labels), key=labels.count)
         test = self.dataset(split)["label"]
         return sum(label == majority for label in test) / max(len(test), 1)
+
+
+def mask_tokens(
+    ids: Tensor,
+    *,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: Sequence[int],
+    pad_id: int = PAD,
+    probability: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT's masked-language-model corruption (Devlin et al. 2018, section 3.1).
+
+    Each token that is not special is selected with ``probability``; a selected token becomes
+    ``mask_id`` 80% of the time, a random ordinary token 10% of the time, and stays as it is
+    10% of the time. The model must predict the original token at every selected position.
+
+    Args:
+        ids: ``(B, T)`` token ids on the CPU (or on ``generator``'s device).
+        special_ids: ids never selected and never drawn as replacements (padding, BOS, EOS,
+            unknown); ``mask_id`` is never drawn either.
+        vocab_size: replacements are drawn uniformly from ``[0, vocab_size)`` less those ids.
+
+    Returns:
+        ``(inputs, targets)``: the corrupted ids, and the original ids at selected positions
+        with ``pad_id`` (ignored by the loss) everywhere else.
+    """
+    excluded = torch.tensor(sorted({*special_ids, mask_id}), dtype=ids.dtype, device=ids.device)
+    selected = (torch.rand(ids.shape, generator=generator, device=ids.device) < probability)
+    selected &= ~torch.isin(ids, excluded)
+    roll = torch.rand(ids.shape, generator=generator, device=ids.device)
+    ordinary = torch.ones(vocab_size, dtype=torch.bool, device=ids.device)
+    ordinary[excluded[excluded < vocab_size]] = False
+    choices = ordinary.nonzero().squeeze(1)
+    random_ids = choices[torch.randint(len(choices), ids.shape, generator=generator, device=ids.device)]
+    inputs = ids.masked_fill(selected & (roll < 0.8), mask_id)
+    inputs = torch.where(selected & (roll >= 0.9), ids, inputs)
+    inputs = torch.where(selected & (roll >= 0.8) & (roll < 0.9), random_ids, inputs)
+    targets = ids.masked_fill(~selected, pad_id)
+    return inputs, targets
+
+
+class LanguageModelTask(Task):
+    """Predict each next token (a causal decoder); scored by perplexity.
+
+    Examples are ``{"ids": [...]}``: the model reads ``ids[:-1]`` and predicts ``ids[1:]``.
+    An encoder-decoder model keeps its decoder only.
+    """
+
+    objective: ClassVar[str] = "language-modeling"
+    metric: ClassVar[str] = "perplexity"
+    vocab_size: int = 0
+    pad_id: int = PAD
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "encoder": None,
+                "head": {"kind": "lm"}}
+
+    def unfit_reason(self, config: Any) -> str | None:
+        if getattr(config, "decoder", None) is None:
+            return "a language-modelling task needs a causal decoder (an encoder-only model does masked LM: text-mlm)"
+        return None
+
+    def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
+        tgt, tgt_mask = pad_batch([r["ids"][:-1] for r in rows], self.pad_id)
+        targets, _ = pad_batch([r["ids"][1:] for r in rows], self.pad_id)
+        return {"tgt": tgt, "tgt_mask": tgt_mask, "targets": targets}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, batch_size: int = 32) -> dict[str, float]:
+        """``perplexity``: exp of the mean next-token cross-entropy; ``token_accuracy``: share of
+        next tokens that are the model's top guess."""
+        return _token_scores(self, model, split, batch_size)
+
+
+class MaskedLMTask(Task):
+    """Recover tokens hidden by :func:`mask_tokens` (an encoder); scored by masked-token accuracy.
+
+    Examples are ``{"ids": [...]}``, starting with the BOS token and ending with EOS (both never
+    masked). Training batches are masked afresh each step; evaluation masks with a fixed seed,
+    so every model is scored on the same positions. An encoder-decoder model keeps its encoder only.
+    """
+
+    objective: ClassVar[str] = "masked-lm"
+    metric: ClassVar[str] = "masked_accuracy"
+    vocab_size: int = 0
+    pad_id, bos_id, eos_id, mask_id = PAD, BOS, EOS, 3
+    special_ids: tuple[int, ...] = (PAD, BOS, EOS)
+    mask_probability: float = 0.15
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "decoder": None,
+                "head": {"kind": "lm"}}
+
+    def unfit_reason(self, config: Any) -> str | None:
+        if getattr(config, "encoder", None) is None:
+            return "a masked-LM task needs a bidirectional encoder (a decoder-only model does text-lm)"
+        return None
+
+    def collate(self, rows: list[dict[str, Any]], generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        ids, mask = pad_batch([r["ids"] for r in rows], self.pad_id)
+        src, targets = mask_tokens(ids, mask_id=self.mask_id, vocab_size=self.vocab_size, special_ids=self.special_ids,
+                                   pad_id=self.pad_id, probability=self.mask_probability, generator=generator)
+        return {"src": src, "src_mask": mask, "targets": targets}
+
+    def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
+        batch = self.collate([row], generator=torch.Generator().manual_seed(0))
+        return {k: v for k, v in batch.items() if k != "targets"}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, batch_size: int = 32) -> dict[str, float]:
+        """``masked_accuracy``: share of selected tokens recovered; ``perplexity`` over them."""
+        scores = _token_scores(self, model, split, batch_size, generator=torch.Generator().manual_seed(0))
+        return {"masked_accuracy": scores.pop("token_accuracy"), **scores}
+
+
+def _token_scores(task: Task, model: nn.Module, split: str, batch_size: int, **collate: Any) -> dict[str, float]:
+    """Perplexity and top-1 accuracy over the targets that are not padding."""
+    data = task.dataset(split)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    nll = right = count = 0.0
+    for start in range(0, len(data), batch_size):
+        batch = task.collate([data[i] for i in range(start, min(start + batch_size, len(data)))], **collate)
+        batch = {k: v.to(device) for k, v in batch.items()}
+        targets = batch.pop("targets")
+        logits = model(**batch).logits.float()
+        keep = targets != task.pad_id
+        nll += float(nn.functional.cross_entropy(logits[keep], targets[keep], reduction="sum"))
+        right += float((logits[keep].argmax(-1) == targets[keep]).sum())
+        count += float(keep.sum())
+    model.train(was_training)
+    count = max(count, 1.0)
+    return {"perplexity": math.exp(min(nll / count, 50.0)), "token_accuracy": right / count}

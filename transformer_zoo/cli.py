@@ -99,6 +99,12 @@ def _evaluate(args: argparse.Namespace) -> Any:
     return evaluate_run(args.run_dir)
 
 
+def _attention(args: argparse.Namespace) -> Any:
+    from .attention_maps import attention_maps
+
+    return [str(p) for p in attention_maps(args.run_dir, text=args.input, example=args.example, out=args.out)]
+
+
 def _compare(args: argparse.Namespace) -> Any:
     from .compare import compare, load_spec
 
@@ -149,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_evaluate)
 
+    p = sub.add_parser("attention", help="attention maps of a trained run on one example, as PNG grids of heads")
+    p.add_argument("run_dir", type=Path, help="a run folder written by tzoo train")
+    p.add_argument("--input", help="the example as text, in the task's notation (e.g. '3 1 4' for reverse)")
+    p.add_argument("--example", metavar="SPLIT:INDEX", help="an example of the task's data instead, e.g. test:0")
+    p.add_argument("--out", type=Path, help="folder for the PNGs (default: RUN_DIR/attention)")
+    p.add_argument("--json", action="store_true", help="print the written paths as JSON")
+    p.set_defaults(run=_attention)
+
     p = sub.add_parser("compare", help="train variants x tasks x seeds on one budget and write a report")
     p.add_argument("spec", nargs="?", help="a YAML or JSON spec (default: the built-in comparison)")
     p.add_argument("--out", type=Path, help="report folder (default: reports/<spec name>)")
@@ -194,6 +208,8 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_rows(console, rows, f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}")
     elif args.command == "compare":
         console.print(f"report: {result['report']}")
+    elif args.command == "attention":
+        console.print("\n".join(result), highlight=False)
     elif args.command == "show":
         print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
         print(f"# parameters: {result['parameters']:,}")

@@ -210,8 +210,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     return summary
 
 
-def evaluate_run(run_dir: str | os.PathLike) -> dict[str, dict[str, float]]:
-    """Score the model of a finished run (``run_dir/model``) on its task's test splits."""
+def load_run(run_dir: str | os.PathLike) -> tuple[TrainConfig, Any, torch.nn.Module]:
+    """The config, task and trained model (in eval mode) of a finished run folder."""
     from .api import from_pretrained
 
     run_dir = Path(run_dir)
@@ -220,6 +220,11 @@ def evaluate_run(run_dir: str | os.PathLike) -> dict[str, dict[str, float]]:
             f"{str(run_dir)!r} is not a finished run folder: expected train.json and model/ written by tzoo train"
         )
     config = load_train_config(run_dir / "train.json")
-    task = config.task.build()
-    model = from_pretrained(run_dir / "model").to(resolve_device(config.device))
+    model = from_pretrained(run_dir / "model").to(resolve_device(config.device)).eval()
+    return config, config.task.build(), model
+
+
+def evaluate_run(run_dir: str | os.PathLike) -> dict[str, dict[str, float]]:
+    """Score the model of a finished run (``run_dir/model``) on its task's test splits."""
+    _, task, model = load_run(run_dir)
     return {split: task.evaluate(model, split) for split in task.splits if split != "train"}

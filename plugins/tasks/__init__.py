@@ -1,4 +1,4 @@
-"""Built-in tasks: generated, seeded and local; none downloads."""
+"""Built-in tasks: generated, seeded or read from local files; none downloads."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from transformer_zoo.registry import hookimpl
 from .algorithmic import Addition, Copy, Reverse, Sort
 from .digits import Digits
 from .listops import ListOps
+from .text import TextLM, TextMLM
+from .translation import Translation
 
 
 @hookimpl
 def tzoo_tasks():
-    return [Copy, Reverse, Sort, Addition, ListOps, Digits]
+    return [Copy, Reverse, Sort, Addition, ListOps, Digits, TextLM, TextMLM, Translation]

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import Seq2SeqTask
+from transformer_zoo.core.tasks import BOS, EOS, PAD, Seq2SeqTask
 
 FIRST_SYMBOL = 3  # after PAD, BOS, EOS
 
@@ -80,6 +80,30 @@ class AlgorithmicTask(Seq2SeqTask):
         lengths = rng.integers(low, high + 1, size)
         rows = [self._example(rng, int(n)) for n in lengths]
         return datasets.Dataset.from_dict({"src": [r["src"] for r in rows], "tgt": [r["tgt"] for r in rows]})
+
+
+    def parse_input(self, text: str) -> dict[str, list[int]]:
+        """Symbols ``0`` to ``symbols - 1`` separated by spaces (``'3 1 4'``), or written together
+        when each is one character (``'314'``); addition takes one ``+`` (``'12+34'``)."""
+        o = self.options
+        parts = text.replace("+", " + ").split() if " " in text.strip() or "+" in text else list(text.strip())
+        ids = []
+        for part in parts:
+            if part == "+" and o.kind == "addition":
+                ids.append(FIRST_SYMBOL + o.symbols)
+            elif part.isdigit() and int(part) < o.symbols:
+                ids.append(FIRST_SYMBOL + int(part))
+            else:
+                allowed = f"symbols 0-{o.symbols - 1}" + (" and one '+'" if o.kind == "addition" else "")
+                raise ValueError(f"{text!r}: {part!r} is not a symbol of task {o.kind!r}; use {allowed}")
+        if not ids:
+            raise ValueError(f"task {o.kind!r} needs at least one symbol, such as '3 1 4'")
+        return {"src": ids}
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        plus = FIRST_SYMBOL + self.options.symbols
+        names = {PAD: "<pad>", BOS: "<s>", EOS: "</s>", plus: "+"}
+        return [names.get(i, str(i - FIRST_SYMBOL)) for i in ids]
 
 
 def _from_digits(digits: list[int], base: int) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import ClassificationTask
+from transformer_zoo.core.tasks import CLS, PAD, ClassificationTask
 
 OPERATORS = ("MAX", "MIN", "MED", "SM")
 TOKENS = [*(str(d) for d in range(10)), *(f"[{op}" for op in OPERATORS), "]"]
@@ -64,6 +64,18 @@ class ListOpsTask(ClassificationTask):
 
     def __init__(self, options: ListOps) -> None:
         self.options = options
+
+    def parse_input(self, text: str) -> dict[str, list[int]]:
+        """An expression with space-separated tokens, such as ``'[MAX 2 9 [MIN 4 7 ] 0 ]'``."""
+        unknown = [t for t in text.split() if t not in TOKEN_ID]
+        if unknown or not text.split():
+            raise ValueError(f"{text!r}: {unknown[0] if unknown else 'nothing'} is not a ListOps token; write an "
+                             f"expression such as '[MAX 2 9 [MIN 4 7 ] 0 ]' from {' '.join(TOKENS)}")
+        return {"src": [TOKEN_ID[t] for t in text.split()]}
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        names = {PAD: "<pad>", CLS: "<cls>"}
+        return [names.get(i, TOKENS[i - FIRST_TOKEN] if FIRST_TOKEN <= i < self.vocab_size else "?") for i in ids]
 
     def _tree(self, rng: np.random.Generator, depth: int) -> tuple[list[str], int]:
         """Tokens and value of a random expression whose root is an operator."""

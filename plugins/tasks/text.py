@@ -1,0 +1,238 @@
+"""Text from local files: the tokenizer (trained here or loaded) and the ``text-lm`` and
+``text-mlm`` tasks.
+
+Files are read by ``datasets``' ``text`` builder (one example per line, paragraph or file)
+and split into train and test with a fixed seed, or taken from ``test_files``. The tokenizer
+is a byte-level BPE trained on the training split with Hugging Face ``tokenizers``, cached by
+the content of the files, or a ``tokenizer.json`` loaded from a folder. Nothing downloads.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import datasets
+from pydantic import Field
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.options import TaskOptions
+from transformer_zoo.core.tasks import LanguageModelTask, MaskedLMTask, Task
+
+SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]")  # ids 0-4 of a tokenizer trained here
+ROLE_NAMES = {  # what a loaded tokenizer may call each special token, in order of preference
+    "pad": ("[PAD]", "<pad>"),
+    "bos": ("[BOS]", "[CLS]", "<s>", "<|endoftext|>"),
+    "eos": ("[EOS]", "[SEP]", "</s>", "<|endoftext|>"),
+    "mask": ("[MASK]", "<mask>"),
+    "unk": ("[UNK]", "<unk>"),
+}
+
+
+def cache_root() -> Path:
+    """Where derived data (trained tokenizers) is kept: ``$TZOO_CACHE``, else ``~/.cache/transformer_zoo``."""
+    return Path(os.environ.get("TZOO_CACHE") or Path.home() / ".cache" / "transformer_zoo")
+
+
+def resolve_files(patterns: str | list[str], field: str = "files") -> list[str]:
+    """Sorted file paths from folders (every ``*.txt`` inside, recursively), globs and files."""
+    found: set[str] = set()
+    for pattern in [patterns] if isinstance(patterns, str) else patterns:
+        path = Path(pattern).expanduser()
+        if path.is_dir():
+            found.update(str(p) for p in path.rglob("*.txt") if p.is_file())
+        else:
+            found.update(p for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+    if not found:
+        raise ConfigError(
+            f"{field}={patterns!r} matched no file; give a file, a folder of .txt files or a glob such as 'corpus/*.txt'"
+        )
+    return sorted(found)
+
+
+def fingerprint(files: list[str], *parts: Any) -> str:
+    """A short hash of the files' paths, sizes and modification times, and of ``parts``."""
+    digest = hashlib.sha1(json.dumps([str(p) for p in parts]).encode())
+    for name in files:
+        stat = os.stat(name)
+        digest.update(f"{os.path.abspath(name)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+class TokenizerSource(TaskOptions):
+    """Options shared by tasks that read text through a tokenizer."""
+
+    tokenizer: str | None = Field(
+        None, description="a folder holding tokenizer.json (or the file itself); null: train a byte-level BPE here"
+    )
+    vocab_size: int = Field(2000, ge=len(SPECIAL_TOKENS) + 256, le=1_000_000,
+                            description="vocabulary of a tokenizer trained here")
+
+    def load_tokenizer(self, texts: Any, key: str) -> Tokenizer:
+        """The tokenizer named by ``tokenizer``, or one trained on ``texts`` (an iterator of
+        batches of strings) and cached under ``key``."""
+        if self.tokenizer is not None:
+            path = Path(self.tokenizer).expanduser()
+            path = path / "tokenizer.json" if path.is_dir() else path
+            if not path.is_file():
+                raise ConfigError(f"tokenizer={self.tokenizer!r}: no tokenizer.json there; give the folder a "
+                                  "Hugging Face tokenizer was saved to, or null to train one on the data")
+            return Tokenizer.from_file(str(path))
+        cached = cache_root() / "tokenizers" / f"{key}-{self.vocab_size}" / "tokenizer.json"
+        if cached.is_file():
+            return Tokenizer.from_file(str(cached))
+        tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=self.vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(f".{os.getpid()}.tmp")
+        tokenizer.save(str(partial))
+        os.replace(partial, cached)  # atomic: a reader sees the whole file or none
+        return tokenizer
+
+
+def special_ids(tokenizer: Tokenizer, roles: tuple[str, ...], source: str) -> dict[str, int]:
+    """The id of each special-token role (``pad``, ``bos``, ...) in ``tokenizer``."""
+    found = {}
+    for role in roles:
+        ids = [tokenizer.token_to_id(name) for name in ROLE_NAMES[role]]
+        ids = [i for i in ids if i is not None]
+        if not ids:
+            raise ConfigError(f"tokenizer {source!r} has no {role} token; it needs one of {', '.join(ROLE_NAMES[role])}")
+        found[role] = ids[0]
+    return found
+
+
+class TextOptions(TokenizerSource):
+    """Options shared by the text tasks."""
+
+    files: str | list[str] = Field(description="text files: a file, a folder of .txt files, a glob, or a list of them")
+    test_files: str | list[str] | None = Field(None, description="held-out files; null: hold out test_fraction of the examples")
+    sample_by: Literal["line", "paragraph", "document"] = Field("line", description="what one example is")
+    test_fraction: float = Field(0.1, gt=0, lt=1, description="share of examples held out when test_files is null")
+    seq_len: int = Field(128, ge=4, description="tokens per training sequence")
+    max_test_sequences: int = Field(500, ge=1, description="test sequences scored at most (the first ones)")
+
+
+class Tokenized:
+    """Text to ids and back through the task's ``tokenizer``."""
+
+    tokenizer: Tokenizer
+
+    def encode_texts(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+class TextTask(Tokenized, Task):
+    """Tokenized text from local files, in sequences of at most ``seq_len`` tokens."""
+
+    splits: ClassVar[tuple[str, ...]] = ("train", "test")
+    roles: ClassVar[tuple[str, ...]] = ("pad", "bos", "eos")
+
+    def __init__(self, options: TextOptions) -> None:
+        self.options = options
+        self.files = resolve_files(options.files)
+        self.test_files = None if options.test_files is None else resolve_files(options.test_files, "test_files")
+        self.key = fingerprint(self.files + (self.test_files or []), options.sample_by, options.test_fraction, options.seed)
+        self.tokenizer = options.load_tokenizer(self._texts(), self.key)
+        ids = special_ids(self.tokenizer, self.roles, options.tokenizer or "trained here")
+        for role, value in ids.items():
+            setattr(self, f"{role}_id", value)
+        self.vocab_size = self.tokenizer.get_vocab_size()
+
+    @functools.cache
+    def _raw(self, split: str) -> datasets.Dataset:
+        o = self.options
+        if self.test_files is not None:
+            files = self.files if split == "train" else self.test_files
+            data = datasets.load_dataset("text", data_files=files, sample_by=o.sample_by, split="train")
+            return data.filter(lambda row: bool(row["text"].strip()))
+        data = datasets.load_dataset("text", data_files=self.files, sample_by=o.sample_by, split="train")
+        data = data.filter(lambda row: bool(row["text"].strip()))
+        if len(data) < 2:
+            raise ConfigError(f"files={o.files!r} hold {len(data)} non-empty {o.sample_by}(s); a train/test split "
+                              "needs at least 2 (or give test_files)")
+        return data.train_test_split(test_size=o.test_fraction, seed=o.seed)[split]
+
+    def _texts(self):
+        data = self._raw("train")
+        for start in range(0, len(data), 1000):
+            yield data[start : start + 1000]["text"]
+
+    def dataset(self, split: str) -> datasets.Dataset:
+        self._check_split(split)
+        data = self._sequences(split)
+        return data.select(range(min(len(data), self.options.max_test_sequences))) if split != "train" else data
+
+    @functools.cache
+    def _sequences(self, split: str) -> datasets.Dataset:
+        return self._raw(split).map(
+            self._chunk, batched=True, remove_columns=["text"],
+            new_fingerprint=f"{self.key}-{self.name}-{split}-{self.options.seq_len}-{self.vocab_size}",
+        )
+
+    def _chunk(self, batch: dict[str, list]) -> dict[str, list]:
+        raise NotImplementedError
+
+    def parse_input(self, text: str) -> dict[str, Any]:
+        return {"ids": [self.bos_id, *self.encode_texts([text])[0], self.eos_id]}
+
+
+class TextLM(TextOptions):
+    """Next-token prediction on local text files (a causal decoder); scored by perplexity."""
+
+    kind: Literal["text-lm"] = "text-lm"
+
+    def build(self) -> TextLMTask:
+        return TextLMTask(self)
+
+
+class TextLMTask(TextTask, LanguageModelTask):
+    """The token stream of all examples (each ended by EOS), cut into ``seq_len + 1`` windows
+    that overlap by one token, so every token is predicted exactly once."""
+
+    def _chunk(self, batch: dict[str, list]) -> dict[str, list]:
+        stream = [i for ids in self.encode_texts(batch["text"]) for i in (*ids, self.eos_id)]
+        size = self.options.seq_len
+        return {"ids": [stream[s : s + size + 1] for s in range(0, max(len(stream) - 1, 0), size)]}
+
+    def parse_input(self, text: str) -> dict[str, Any]:
+        return {"ids": [*self.encode_texts([text])[0], self.eos_id]}
+
+
+class TextMLM(TextOptions):
+    """Masked-token prediction on local text files (BERT's objective, an encoder)."""
+
+    kind: Literal["text-mlm"] = "text-mlm"
+    mask_probability: float = Field(0.15, gt=0, lt=1, description="share of tokens selected for prediction")
+
+    def build(self) -> TextMLMTask:
+        return TextMLMTask(self)
+
+
+class TextMLMTask(TextTask, MaskedLMTask):
+    """Each example, as ``BOS ids EOS`` of at most ``seq_len`` tokens (longer ones are cut into pieces)."""
+
+    roles: ClassVar[tuple[str, ...]] = ("pad", "bos", "eos", "mask", "unk")
+
+    def __init__(self, options: TextMLM) -> None:
+        super().__init__(options)
+        self.mask_probability = options.mask_probability
+        self.special_ids = (self.pad_id, self.bos_id, self.eos_id, self.unk_id)
+
+    def _chunk(self, batch: dict[str, list]) -> dict[str, list]:
+        body = self.options.seq_len - 2
+        return {"ids": [[self.bos_id, *ids[s : s + body], self.eos_id]
+                        for ids in self.encode_texts(batch["text"]) for s in range(0, max(len(ids), 1), body)]}
+
