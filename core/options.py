@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
@@ -183,6 +184,10 @@ class TaskOptions(ComponentOptions):
 
     def build(self, **context: Any) -> Any:
         raise NotImplementedError
+
+    def with_assets(self, directory: Path) -> TaskOptions:
+        """These options, reading what ``Task.save_assets`` wrote into ``directory`` (if anything)."""
+        return self
 
 
 Task = Annotated[TaskOptions, ComponentField("task")]

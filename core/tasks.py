@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import datasets
@@ -88,6 +89,10 @@ class Task:
 
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:
         raise NotImplementedError
+
+    def save_assets(self, directory: Path) -> None:
+        """Write what the task derived from its data (a trained tokenizer) into a run folder,
+        so the run can be read back even if the data changes; see ``TaskOptions.with_assets``."""
 
     def parse_input(self, text: str) -> dict[str, Any]:
         """One example (a dataset row without its answer) from text a user typed."""
@@ -211,6 +216,9 @@ class ClassificationTask(Task):
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         src, src_mask = pad_batch([[CLS, *r["src"]] for r in rows])
         return {"src": src, "src_mask": src_mask, "targets": torch.tensor([r["label"] for r in rows])}
+
+    def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
+        return super().example_inputs(model, {"label": -1, **row})  # typed input has no label
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:

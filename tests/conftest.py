@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,12 @@ import torch
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Trained tokenizers go to a folder of this session, not the user's cache."""
+    os.environ["TZOO_CACHE"] = str(tmp_path_factory.mktemp("tzoo-cache"))
 
 
 def token_batch(vocab: int, batch: int = 3, length: int = 7, *, low: int = 1) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Training: one model on one task for a budget of steps, with exact resume.
 
-A run folder holds ``train.json`` (the run's config), ``checkpoint/`` (``model.safetensors``,
+A run folder holds ``train.json`` (the run's config), what the task derived from its data
+(``tokenizer/`` for text tasks), ``checkpoint/`` (``model.safetensors``,
 ``config.json``, ``optimizer.pt``, ``state.json``; replaced atomically) and ``metrics.jsonl``
 (the learning curve). Batches are drawn by a generator seeded from (seed, step), so a run
 resumed from step k sees exactly the batches an uninterrupted run sees.
@@ -140,6 +141,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
     device = resolve_device(config.device)
     task = config.task.build()
+    task.save_assets(run_dir)
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
     model.to(device).train()
@@ -221,7 +223,7 @@ def load_run(run_dir: str | os.PathLike) -> tuple[TrainConfig, Any, torch.nn.Mod
         )
     config = load_train_config(run_dir / "train.json")
     model = from_pretrained(run_dir / "model").to(resolve_device(config.device)).eval()
-    return config, config.task.build(), model
+    return config, config.task.with_assets(run_dir).build(), model
 
 
 def evaluate_run(run_dir: str | os.PathLike) -> dict[str, dict[str, float]]:

@@ -74,6 +74,10 @@ class TokenizerSource(TaskOptions):
     vocab_size: int = Field(2000, ge=len(SPECIAL_TOKENS) + 256, le=1_000_000,
                             description="vocabulary of a tokenizer trained here")
 
+    def with_assets(self, directory: Path) -> TokenizerSource:
+        saved = Path(directory) / "tokenizer"
+        return self.model_copy(update={"tokenizer": str(saved)}) if (saved / "tokenizer.json").is_file() else self
+
     def load_tokenizer(self, texts: Any, key: str) -> Tokenizer:
         """The tokenizer named by ``tokenizer``, or one trained on ``texts`` (an iterator of
         batches of strings) and cached under ``key``."""
@@ -129,9 +133,24 @@ class Tokenized:
     """Text to ids and back through the task's ``tokenizer``."""
 
     tokenizer: Tokenizer
+    key: str  # identifies the text read (files and how they are split)
+
+    @functools.cached_property
+    def tokens_key(self) -> str:
+        """Identifies the text read and the tokenizer: the cache key of tokenized data."""
+        return hashlib.sha1((self.key + self.tokenizer.to_str()).encode()).hexdigest()[:16]
+
+    def save_assets(self, directory: Path) -> None:
+        (Path(directory) / "tokenizer").mkdir(parents=True, exist_ok=True)
+        self.tokenizer.save(str(Path(directory) / "tokenizer" / "tokenizer.json"))
 
     def encode_texts(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each token's text, a leading space shown as ``▁`` (as SentencePiece writes it)."""
+        texts = (self.tokenizer.decode([i], skip_special_tokens=False) or self.tokenizer.id_to_token(i) for i in ids)
+        return [text.replace(" ", "▁") for text in texts]
 
 
 class TextTask(Tokenized, Task):
@@ -179,7 +198,7 @@ class TextTask(Tokenized, Task):
     def _sequences(self, split: str) -> datasets.Dataset:
         return self._raw(split).map(
             self._chunk, batched=True, remove_columns=["text"],
-            new_fingerprint=f"{self.key}-{self.name}-{split}-{self.options.seq_len}-{self.vocab_size}",
+            new_fingerprint=f"{self.tokens_key}-{self.name}-{split}-{self.options.seq_len}",
         )
 
     def _chunk(self, batch: dict[str, list]) -> dict[str, list]:

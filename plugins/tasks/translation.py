@@ -107,17 +107,18 @@ class TranslationTask(Tokenized, Seq2SeqTask):
     def _pairs(self, data: datasets.Dataset) -> datasets.Dataset:
         """Rename the configured fields to ``source_text`` and ``target_text``."""
         o = self.options
-        if "translation" in data.column_names:
-            def pick(row):
-                return {"source_text": row["translation"][o.source], "target_text": row["translation"][o.target]}
-        else:
-            missing = [f for f in (o.source, o.target) if f not in data.column_names]
-            if missing:
-                raise ConfigError(f"the parallel data has no field {missing[0]!r}; its fields are "
-                                  f"{', '.join(data.column_names)} (set source and target)")
+        nested = "translation" in data.column_names
+        fields = list(data[0]["translation"]) if nested and len(data) else data.column_names
+        missing = [f for f in (o.source, o.target) if f not in fields]
+        if missing:
+            where = "languages in its 'translation' column" if nested else "fields"
+            raise ConfigError(f"the parallel data has no field {missing[0]!r}; its {where} are "
+                              f"{', '.join(fields)} (set source and target)")
 
-            def pick(row):
-                return {"source_text": str(row[o.source]), "target_text": str(row[o.target])}
+        def pick(row):
+            pair = row["translation"] if nested else row
+            return {"source_text": str(pair[o.source]), "target_text": str(pair[o.target])}
+
         return data.map(pick, remove_columns=data.column_names)
 
     @functools.cache
@@ -138,7 +139,7 @@ class TranslationTask(Tokenized, Seq2SeqTask):
         def encode(batch):
             return {"src": self.encode_texts(batch["source_text"]), "tgt": self.encode_texts(batch["target_text"])}
 
-        data = self._split(split).map(encode, batched=True, new_fingerprint=f"{self.key}-{split}-{self.vocab_size}")
+        data = self._split(split).map(encode, batched=True, new_fingerprint=f"{self.tokens_key}-{split}")
         data = data.filter(lambda row: 0 < len(row["src"]) <= limit and 0 < len(row["tgt"]) < limit)
         return data.select(range(min(len(data), self.options.max_test_pairs))) if split != "train" else data
 

@@ -1,0 +1,39 @@
+"""BERT's masked-LM corruption: 15% selected, of those 80% [MASK], 10% random, 10% unchanged."""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_zoo.core.tasks import mask_tokens
+
+SPECIAL = (0, 1, 2, 4)  # pad, bos, eos, unk
+MASK = 3
+
+
+def corrupt(seed: int = 0):
+    ids = torch.randint(5, 200, (256, 128), generator=torch.Generator().manual_seed(100))
+    ids[:, 0], ids[:, -1], ids[:, -10:-1] = 1, 2, 0  # bos ... eos, padding before it
+    inputs, targets = mask_tokens(ids, mask_id=MASK, vocab_size=200, special_ids=SPECIAL,
+                                  generator=torch.Generator().manual_seed(seed))
+    return ids, inputs, targets
+
+
+def test_selection_and_replacement_rates():
+    ids, inputs, targets = corrupt()
+    ordinary = ~torch.isin(ids, torch.tensor(SPECIAL))
+    chosen = targets != 0
+    assert not chosen[~ordinary].any(), "special tokens are never selected"
+    assert (inputs[~ordinary] == ids[~ordinary]).all()
+    assert (targets[chosen] == ids[chosen]).all(), "targets are the original tokens"
+    assert abs(chosen.sum() / ordinary.sum() - 0.15) < 0.01
+    masked = (inputs[chosen] == MASK).float().mean()
+    kept = (inputs[chosen] == ids[chosen]).float().mean()
+    replaced = ((inputs[chosen] != MASK) & (inputs[chosen] != ids[chosen])).float().mean()
+    assert abs(masked - 0.8) < 0.02 and abs(kept - 0.1) < 0.02 and abs(replaced - 0.1) < 0.02
+    assert (inputs[~chosen] == ids[~chosen]).all(), "unselected tokens are untouched"
+    assert not torch.isin(inputs[chosen & (inputs != MASK)], torch.tensor(SPECIAL)).any(), "no special replacement"
+
+
+def test_a_generator_makes_it_repeatable():
+    assert all(torch.equal(a, b) for a, b in zip(corrupt(1)[1:], corrupt(1)[1:]))
+    assert not torch.equal(corrupt(1)[1], corrupt(2)[1])
