@@ -90,6 +90,10 @@ class Task:
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:
         raise NotImplementedError
 
+    def baselines(self, split: str) -> dict[str, float]:
+        """Scores on ``split`` of a trivial predictor (the majority class), for reports to compare against."""
+        return {}
+
     def save_assets(self, directory: Path) -> None:
         """Write what the task derived from its data (a trained tokenizer) into a run folder,
         so the run can be read back even if the data changes; see ``TaskOptions.with_assets``."""
@@ -233,6 +237,9 @@ class ClassificationTask(Task):
             right += int((logits.argmax(-1).cpu() == batch["targets"]).sum())
         model.train(was_training)
         return {"accuracy": right / max(len(data), 1)}
+
+    def baselines(self, split: str) -> dict[str, float]:
+        return {"accuracy": self.majority_accuracy(split)}
 
     def majority_accuracy(self, split: str) -> float:
         """Accuracy of always answering the most common training label (the baseline to beat)."""

@@ -45,7 +45,10 @@ def test_report_folder_has_the_three_kinds_of_output(report):
         assert run["flops_per_token"] == 6 * run["parameters"]
         assert run["steps"] == 6 and run["curve"][-1]["step"] == 6
         assert 0 <= run["metrics"]["test"][run["metric"]] <= 1
+    majority = get_registry().component("task", "listops").model_validate(TASKS[1]).build().majority_accuracy("test")
+    assert data["baselines"] == {"listops": {"accuracy": majority}}, "reverse has no trivial baseline"
     text = (out / "report.md").read_text()
+    assert f"Majority-class baseline: test accuracy {majority:.3f}." in text
     assert "## reverse" in text and "## listops" in text and "## Not run" in text
     assert "| variant | seeds |" in text and "**" in text, "one table per task, best values in bold"
     assert "Machine:" in text and "```yaml" in text
@@ -101,3 +104,19 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
     assert families == {registry.variant(name).config.family for name in builtin}
     runs, skipped = plan(spec)
     assert runs and not skipped
+
+
+def test_lower_is_better_for_perplexity():
+    from transformer_zoo.compare import RunRecord
+    from transformer_zoo.report import task_table
+
+    def record(variant, perplexity, accuracy):
+        return RunRecord(variant=variant, family="transformer", task="text-lm", seed=0, parameters=10,
+                         flops_per_token=60, train_tokens_per_second=1.0, peak_memory_mb=1.0, steps=1,
+                         wall_seconds=1.0, metric="perplexity", curve=[],
+                         metrics={"test": {"perplexity": perplexity, "token_accuracy": accuracy}})
+
+    table = task_table([record("a", 5.0, 0.2), record("b", 9.0, 0.4)])
+    row_a, row_b = (line for line in table.splitlines() if line.startswith(("| a ", "| b ")))
+    assert "**5.000**" in row_a and "**0.400**" in row_b
+    assert "**9.000**" not in row_b and "**0.200**" not in row_a

@@ -73,6 +73,9 @@ class CompareResults(BaseModel):
     machine: dict[str, Any] = Field(description="where it ran")
     runs: list[RunRecord] = Field(description="one record per run")
     skipped: list[Skipped] = Field(description="pairs not run, with the reason")
+    baselines: dict[str, dict[str, float]] = Field(
+        {}, description="by task: test scores of a trivial predictor (the majority class), where the task has one"
+    )
 
 
 def default_spec_path() -> Path:
@@ -179,7 +182,9 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults:
             records.append(RunRecord.model_validate(record))
             print(f"[{i}/{len(jobs)}] {record['variant']} on {record['task']} (seed {record['seed']}): "
                   f"{record['metric']} {record['metrics']['test'][record['metric']]:.3f}")
-    results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), runs=records, skipped=skipped)
+    baselines = {options.kind: options.build().baselines("test") for options in spec.tasks}
+    results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), runs=records, skipped=skipped,
+                             baselines={kind: scores for kind, scores in baselines.items() if scores})
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
     return results

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from .compare import CompareResults, RunRecord  # noqa: E402
+from .core.tasks import LOWER_IS_BETTER  # noqa: E402
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -30,7 +31,7 @@ def task_table(records: list[RunRecord]) -> str:
     """One row per variant (mean ± std over seeds); the best value of each column in bold."""
     splits = sorted({split for r in records for split in r.metrics})
     metric_names = sorted({name for r in records for values in r.metrics.values() for name in values})
-    columns = [(f"{split} {name}", (lambda r, s=split, n=name: r.metrics.get(s, {}).get(n)), True)
+    columns = [(f"{split} {name}", (lambda r, s=split, n=name: r.metrics.get(s, {}).get(n)), name not in LOWER_IS_BETTER)
                for split in splits for name in metric_names]
     columns += [
         ("parameters", lambda r: r.parameters, None),
@@ -116,10 +117,13 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())
     lines += [f"Machine: {machine}.", "", "Spec:", "", "```yaml", yaml.safe_dump(results.spec, sort_keys=False).rstrip(), "```", ""]
     lines += ["Every run had the same data, seed and budget. Values are means over seeds (± standard deviation); "
-              "the best of each metric, throughput, memory and time is in bold. FLOPs per token are estimated as "
-              "6 x parameters.", ""]
+              "the best of each metric (lowest perplexity, highest otherwise), throughput, memory and time is "
+              "in bold. FLOPs per token are estimated as 6 x parameters.", ""]
     for task, runs in _by(records, lambda r: r.task).items():
         lines += [f"## {task}", "", task_table(runs), ""]
+        if task in results.baselines:
+            scores = ", ".join(f"test {name} {value:.3f}" for name, value in results.baselines[task].items())
+            lines += [f"Majority-class baseline: {scores}.", ""]
         curve = out_dir / f"curves-{task}.png"
         plot_curves(runs, task, curve)
         lines += [f"![{task} learning curves]({curve.name})", ""]

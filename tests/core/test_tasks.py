@@ -1,4 +1,4 @@
-"""BERT's masked-LM corruption: 15% selected, of those 80% [MASK], 10% random, 10% unchanged."""
+"""core.tasks: BERT's masked-LM corruption (15% selected; of those 80% [MASK], 10% random, 10% unchanged)."""
 
 from __future__ import annotations
 
