@@ -12,6 +12,7 @@ import json
 import math
 import random
 
+import datasets
 import pytest
 import tokenizers
 
@@ -190,3 +191,27 @@ def test_a_run_keeps_its_tokenizer(corpus, tmp_path):
     config, task, _ = load_run(tmp_path)
     assert task.options.tokenizer == str(tmp_path / "tokenizer")
     assert config.task.tokenizer is None
+
+
+def test_a_hub_dataset_is_read_by_name(monkeypatch):
+    """The hub path, with datasets.load_dataset standing in for the network: a WMT-style
+    DatasetDict with a 'translation' column and a validation split but no test split."""
+    rows = [{"translation": {"de": f"hallo {i}", "en": f"hello {i}"}} for i in range(40)]
+    hub = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:30]),
+                                "validation": datasets.Dataset.from_list(rows[30:])})
+    asked = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args: asked.append(args) or hub)
+    task = make("translation", dataset_name="wmt-like", dataset_config="de-en", source="de", target="en",
+                vocab_size=300)
+    assert asked[0] == ("wmt-like", "de-en")
+    assert task.dataset("test")["target_text"] == [f"hello {i}" for i in range(30, 40)]
+    assert len(task.dataset("train")) == 30
+
+
+def test_an_unreachable_hub_dataset_says_what_to_do_offline(monkeypatch):
+    def offline(*args):
+        raise ConnectionError("Couldn't reach the Hugging Face Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(ConfigError, match="could not load the Hugging Face dataset 'wmt16' .* give a local TSV or JSONL"):
+        make("translation", dataset_name="wmt16", dataset_config="de-en")
