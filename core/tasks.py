@@ -112,8 +112,8 @@ class Task:
         A task whose model writes an output (seq2seq) decodes it first, so the decoder's
         attention can be looked at too.
         """
-        batch = self.collate([row])
-        return {k: v for k, v in batch.items() if k != "targets"}
+        device = next(model.parameters()).device
+        return {k: v.to(device) for k, v in self.collate([row]).items() if k != "targets"}
 
 
 class Seq2SeqTask(Task):
@@ -168,7 +168,7 @@ class Seq2SeqTask(Task):
         outputs: list[list[int]] = []
         for start in range(0, len(data), batch_size):
             rows = data[start : start + batch_size]
-            outputs += self.decode(model, rows["src"], max_new_tokens=max(len(t) for t in rows["tgt"]) + 1)
+            outputs += self.decode(model, rows["src"], max_new_tokens=self.output_budget(rows))
         model.train(was_training)
         targets = data["tgt"]
         right_tokens = sum(p == t for predicted, target in zip(outputs, targets) for p, t in zip(predicted, target))
@@ -177,6 +177,11 @@ class Seq2SeqTask(Task):
             "token_accuracy": right_tokens / max(sum(len(t) for t in targets), 1),
             "sequence_accuracy": sum(p == t for p, t in zip(outputs, targets)) / max(len(targets), 1),
         }
+
+    def output_budget(self, rows: dict[str, list]) -> int:
+        """How many tokens to decode for a batch of examples: one more than the longest target,
+        enough to write it and EOS (scores of exact outputs cannot gain from more)."""
+        return max(len(t) for t in rows["tgt"]) + 1
 
     def extra_scores(self, data: datasets.Dataset, outputs: list[list[int]]) -> dict[str, float]:
         """Further scores of the decoded ``outputs`` (one per example of ``data``), such as BLEU."""
@@ -263,7 +268,8 @@ def mask_tokens(
 
     Each token that is not special is selected with ``probability``; a selected token becomes
     ``mask_id`` 80% of the time, a random ordinary token 10% of the time, and stays as it is
-    10% of the time. The model must predict the original token at every selected position.
+    10% of the time. The model must predict the original token at every selected position; a
+    batch in which no token was drawn gets one, so that it has a loss.
 
     Args:
         ids: ``(B, T)`` token ids on the CPU (or on ``generator``'s device).
@@ -276,8 +282,11 @@ def mask_tokens(
         with ``pad_id`` (ignored by the loss) everywhere else.
     """
     excluded = torch.tensor(sorted({*special_ids, mask_id}), dtype=ids.dtype, device=ids.device)
-    selected = (torch.rand(ids.shape, generator=generator, device=ids.device) < probability)
-    selected &= ~torch.isin(ids, excluded)
+    candidates = ~torch.isin(ids, excluded)
+    selected = (torch.rand(ids.shape, generator=generator, device=ids.device) < probability) & candidates
+    if not selected.any() and candidates.any():  # a batch with nothing to predict would have no loss
+        choice = torch.randint(int(candidates.sum()), (1,), generator=generator, device=ids.device)
+        selected.view(-1)[candidates.view(-1).nonzero()[choice]] = True
     roll = torch.rand(ids.shape, generator=generator, device=ids.device)
     ordinary = torch.ones(vocab_size, dtype=torch.bool, device=ids.device)
     ordinary[excluded[excluded < vocab_size]] = False
@@ -354,8 +363,9 @@ class MaskedLMTask(Task):
         return {"src": src, "src_mask": mask, "targets": targets}
 
     def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
+        device = next(model.parameters()).device
         batch = self.collate([row], generator=torch.Generator().manual_seed(0))
-        return {k: v for k, v in batch.items() if k != "targets"}
+        return {k: v.to(device) for k, v in batch.items() if k != "targets"}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 32) -> dict[str, float]:

@@ -140,8 +140,12 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
     device = resolve_device(config.device)
-    task = config.task.build()
-    task.save_assets(run_dir)
+    checkpoint = _latest_checkpoint(run_dir) if resume else None
+    if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
+        task = config.task.with_assets(run_dir).build()
+    else:
+        task = config.task.build()
+        task.save_assets(run_dir)
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
     model.to(device).train()
@@ -149,7 +153,6 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, config))
 
     start, history = 0, []
-    checkpoint = _latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:
         safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(device))
         states = torch.load(checkpoint / "optimizer.pt", map_location=device, weights_only=True)

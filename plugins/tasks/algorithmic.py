@@ -86,7 +86,8 @@ class AlgorithmicTask(Seq2SeqTask):
         """Symbols ``0`` to ``symbols - 1`` separated by spaces (``'3 1 4'``), or written together
         when each is one character (``'314'``); addition takes one ``+`` (``'12+34'``)."""
         o = self.options
-        parts = text.replace("+", " + ").split() if " " in text.strip() or "+" in text else list(text.strip())
+        parts = text.replace("+", " + ").split() if " " in text.strip() else list(text.strip())
+        allowed = f"symbols 0-{o.symbols - 1}" + (" and one '+'" if o.kind == "addition" else "")
         ids = []
         for part in parts:
             if part == "+" and o.kind == "addition":
@@ -94,8 +95,9 @@ class AlgorithmicTask(Seq2SeqTask):
             elif part.isdigit() and int(part) < o.symbols:
                 ids.append(FIRST_SYMBOL + int(part))
             else:
-                allowed = f"symbols 0-{o.symbols - 1}" + (" and one '+'" if o.kind == "addition" else "")
                 raise ValueError(f"{text!r}: {part!r} is not a symbol of task {o.kind!r}; use {allowed}")
+        if o.kind == "addition" and (parts.count("+") != 1 or parts[0] == "+" or parts[-1] == "+"):
+            raise ValueError(f"{text!r}: addition takes two numbers joined by one '+', such as '12+34'")
         if not ids:
             raise ValueError(f"task {o.kind!r} needs at least one symbol, such as '3 1 4'")
         return {"src": ids}

@@ -69,8 +69,9 @@ class ListOpsTask(ClassificationTask):
         """An expression with space-separated tokens, such as ``'[MAX 2 9 [MIN 4 7 ] 0 ]'``."""
         unknown = [t for t in text.split() if t not in TOKEN_ID]
         if unknown or not text.split():
-            raise ValueError(f"{text!r}: {unknown[0] if unknown else 'nothing'} is not a ListOps token; write an "
-                             f"expression such as '[MAX 2 9 [MIN 4 7 ] 0 ]' from {' '.join(TOKENS)}")
+            what = f"{unknown[0]!r} is not a ListOps token" if unknown else "there is no token"
+            raise ValueError(f"{text!r}: {what}; write an expression such as '[MAX 2 9 [MIN 4 7 ] 0 ]' "
+                             f"from {' '.join(TOKENS)}")
         return {"src": [TOKEN_ID[t] for t in text.split()]}
 
     def token_strings(self, ids: list[int]) -> list[str]:

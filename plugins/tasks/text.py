@@ -4,7 +4,8 @@
 Files are read by ``datasets``' ``text`` builder (one example per line, paragraph or file)
 and split into train and test with a fixed seed, or taken from ``test_files``. The tokenizer
 is a byte-level BPE trained on the training split with Hugging Face ``tokenizers``, cached by
-the content of the files, or a ``tokenizer.json`` loaded from a folder. Nothing downloads.
+the files' paths, sizes and modification times, or a ``tokenizer.json`` loaded from a folder.
+Nothing downloads.
 """
 
 from __future__ import annotations
@@ -40,26 +41,29 @@ def cache_root() -> Path:
     return Path(os.environ.get("TZOO_CACHE") or Path.home() / ".cache" / "transformer_zoo")
 
 
-def resolve_files(patterns: str | list[str], field: str = "files") -> list[str]:
-    """Sorted file paths from folders (every ``*.txt`` inside, recursively), globs and files."""
+def resolve_files(patterns: str | list[str], field: str = "files", suffixes: tuple[str, ...] = (".txt",)) -> list[str]:
+    """Sorted file paths from folders (every file with one of ``suffixes`` inside, recursively),
+    globs and files."""
     found: set[str] = set()
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
         path = Path(pattern).expanduser()
         if path.is_dir():
-            found.update(str(p) for p in path.rglob("*.txt") if p.is_file())
+            found.update(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
         else:
             found.update(p for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
     if not found:
         raise ConfigError(
-            f"{field}={patterns!r} matched no file; give a file, a folder of .txt files or a glob such as 'corpus/*.txt'"
+            f"{field}={patterns!r} matched no file; give a file, a folder of {' or '.join(suffixes)} files, "
+            f"or a glob such as 'corpus/*{suffixes[0]}'"
         )
     return sorted(found)
 
 
-def fingerprint(files: list[str], *parts: Any) -> str:
-    """A short hash of the files' paths, sizes and modification times, and of ``parts``."""
+def fingerprint(files: list[str] | None, *parts: Any) -> str:
+    """A short hash of the files' paths, sizes and modification times, and of ``parts``
+    (which may hold another fingerprint, such as that of held-out files)."""
     digest = hashlib.sha1(json.dumps([str(p) for p in parts]).encode())
-    for name in files:
+    for name in files or ():
         stat = os.stat(name)
         digest.update(f"{os.path.abspath(name)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:16]
@@ -163,7 +167,8 @@ class TextTask(Tokenized, Task):
         self.options = options
         self.files = resolve_files(options.files)
         self.test_files = None if options.test_files is None else resolve_files(options.test_files, "test_files")
-        self.key = fingerprint(self.files + (self.test_files or []), options.sample_by, options.test_fraction, options.seed)
+        held_out = self.test_files and fingerprint(self.test_files)
+        self.key = fingerprint(self.files, held_out, options.sample_by, options.test_fraction, options.seed)
         self.tokenizer = options.load_tokenizer(self._texts(), self.key)
         ids = special_ids(self.tokenizer, self.roles, options.tokenizer or "trained here")
         for role, value in ids.items():
@@ -197,7 +202,7 @@ class TextTask(Tokenized, Task):
     @functools.cache
     def _sequences(self, split: str) -> datasets.Dataset:
         return self._raw(split).map(
-            self._chunk, batched=True, remove_columns=["text"],
+            self._chunk, batched=True, batch_size=10_000, remove_columns=["text"],
             new_fingerprint=f"{self.tokens_key}-{self.name}-{split}-{self.options.seq_len}",
         )
 

@@ -50,13 +50,20 @@ class Translation(TokenizerSource):
         return TranslationTask(self)
 
 
+PARALLEL_SUFFIXES = (".tsv", ".jsonl", ".json", ".txt")
+
+
 def _read_pairs(files: list[str]) -> datasets.Dataset:
     kinds = {Path(f).suffix.lower() for f in files}
-    if kinds <= {".tsv", ".txt"}:
-        return datasets.load_dataset("csv", data_files=files, delimiter="\t", column_names=["src", "tgt"],
-                                     quoting=3, keep_default_na=False, split="train")
-    if kinds <= {".jsonl", ".json"}:
-        return datasets.load_dataset("json", data_files=files, split="train")
+    try:
+        if kinds <= {".tsv", ".txt"}:
+            return datasets.load_dataset("csv", data_files=files, delimiter="\t", column_names=["src", "tgt"],
+                                         quoting=3, keep_default_na=False, split="train")
+        if kinds <= {".jsonl", ".json"}:
+            return datasets.load_dataset("json", data_files=files, split="train")
+    except Exception as error:  # the parser's own message, with which files and what they must hold
+        raise ConfigError(f"could not read the parallel files {', '.join(files)}: {error}. A .tsv line holds a "
+                          "source and a target separated by one tab; a .jsonl line holds one JSON object") from error
     raise ConfigError(f"parallel files must all be .tsv or all be .jsonl; got {', '.join(sorted(kinds))}")
 
 
@@ -70,12 +77,14 @@ class TranslationTask(Tokenized, Seq2SeqTask):
         self.options = options
         self.beam_size = options.beam_size
         if options.files is not None:
-            files = resolve_files(options.files)
-            tests = None if options.test_files is None else resolve_files(options.test_files, "test_files")
-            self.key = fingerprint(files + (tests or []), options.source, options.target, options.seed)
+            files = resolve_files(options.files, suffixes=PARALLEL_SUFFIXES)
+            tests = None if options.test_files is None else resolve_files(options.test_files, "test_files", PARALLEL_SUFFIXES)
+            self.key = fingerprint(files, tests and fingerprint(tests), options.source, options.target,
+                                   options.test_fraction, options.seed)
             self._load = functools.partial(self._local, files, tests)
         else:
-            self.key = fingerprint([], options.dataset_name, options.dataset_config, options.source, options.target)
+            self.key = fingerprint(None, options.dataset_name, options.dataset_config, options.source, options.target,
+                                   options.test_fraction, options.seed)
             self._load = self._hub
         self.tokenizer = options.load_tokenizer(self._texts(), self.key)
         ids = special_ids(self.tokenizer, ("pad", "bos", "eos"), options.tokenizer or "trained here")
@@ -140,8 +149,12 @@ class TranslationTask(Tokenized, Seq2SeqTask):
             return {"src": self.encode_texts(batch["source_text"]), "tgt": self.encode_texts(batch["target_text"])}
 
         data = self._split(split).map(encode, batched=True, new_fingerprint=f"{self.tokens_key}-{split}")
-        data = data.filter(lambda row: 0 < len(row["src"]) <= limit and 0 < len(row["tgt"]) < limit)
+        data = data.filter(lambda row: 0 < len(row["src"]) <= limit and 0 < len(row["tgt"]) <= limit)
         return data.select(range(min(len(data), self.options.max_test_pairs))) if split != "train" else data
+
+    def output_budget(self, rows: dict[str, list]) -> int:
+        """Decode up to ``max_len`` tokens: the references must not limit the output they score."""
+        return self.options.max_len + 1
 
     def extra_scores(self, data: datasets.Dataset, outputs: list[list[int]]) -> dict[str, float]:
         """``bleu``: sacrebleu's corpus BLEU (0-100) of the detokenized outputs against the references."""

@@ -37,3 +37,12 @@ def test_selection_and_replacement_rates():
 def test_a_generator_makes_it_repeatable():
     assert all(torch.equal(a, b) for a, b in zip(corrupt(1)[1:], corrupt(1)[1:]))
     assert not torch.equal(corrupt(1)[1], corrupt(2)[1])
+
+
+def test_a_batch_always_has_something_to_predict():
+    ids = torch.tensor([[1, 7, 8, 2, 0]])
+    for seed in range(20):
+        _, targets = mask_tokens(ids, mask_id=MASK, vocab_size=10, special_ids=SPECIAL, probability=1e-9,
+                                 generator=torch.Generator().manual_seed(seed))
+        chosen = (targets != 0).nonzero()[:, 1].tolist()
+        assert len(chosen) == 1 and chosen[0] in (1, 2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import transformer_zoo as tz
@@ -116,3 +118,23 @@ def test_classification_collate_and_model_fit():
     decoder_only = load_train_config({"model": {"variant": "transformer-tiny", "encoder": None}, "task": "listops"})
     with pytest.raises(ValueError, match="needs a model with an encoder"):
         model_config_for(decoder_only, task)
+
+
+def test_typed_input_in_each_notation():
+    reverse, addition = make("reverse"), make("addition")
+    assert reverse.parse_input("3 1 4") == reverse.parse_input("314") == {"src": [FIRST_SYMBOL + d for d in (3, 1, 4)]}
+    plus = FIRST_SYMBOL + 10
+    expected = {"src": [FIRST_SYMBOL + 1, FIRST_SYMBOL + 2, plus, FIRST_SYMBOL + 3, FIRST_SYMBOL + 4]}
+    assert addition.parse_input("12+34") == addition.parse_input("1 2 + 3 4") == expected
+    assert addition.token_strings(expected["src"]) == ["1", "2", "+", "3", "4"]
+    for bad, message in [("1++2", "joined by one '+'"), ("+12", "joined by one '+'"), ("1 2", "joined by one '+'"),
+                         ("1a+2", "'a' is not a symbol of task 'addition'")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            addition.parse_input(bad)
+    with pytest.raises(ValueError, match="'\\+' is not a symbol of task 'reverse'; use symbols 0-9"):
+        reverse.parse_input("1+2")
+    listops = make("listops")
+    row = listops.parse_input("[MAX 2 9 [MIN 4 7 ] 0 ]")
+    assert listops.token_strings(row["src"]) == "[MAX 2 9 [MIN 4 7 ] 0 ]".split()
+    with pytest.raises(ValueError, match="'\\[MUL' is not a ListOps token"):
+        listops.parse_input("[MUL 2 3 ]")

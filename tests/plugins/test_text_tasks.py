@@ -14,7 +14,9 @@ import random
 
 import datasets
 import pytest
+import safetensors.torch
 import tokenizers
+import torch
 
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.registry import get_registry
@@ -215,3 +217,34 @@ def test_an_unreachable_hub_dataset_says_what_to_do_offline(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(ConfigError, match="could not load the Hugging Face dataset 'wmt16' .* give a local TSV or JSONL"):
         make("translation", dataset_name="wmt16", dataset_config="de-en")
+
+
+def test_the_split_is_part_of_the_cache_key(corpus):
+    """Changing test_fraction re-splits: no stale tokenized split is served."""
+    def task(fraction):
+        return make("translation", files=str(corpus / "pairs.tsv"), vocab_size=300, test_fraction=fraction,
+                    max_test_pairs=10_000)
+
+    assert len(task(0.1).dataset("test")) == 300 and len(task(0.5).dataset("test")) == 1500
+    assert len(task(0.5).dataset("train")) == 1500
+
+
+def test_a_resumed_text_run_uses_its_own_tokenizer(corpus, tmp_path, monkeypatch):
+    """Resumed after the tokenizer cache is gone, a text-mlm run ends exactly as an uninterrupted one."""
+    options = {"kind": "text-mlm", "files": str(corpus), "vocab_size": 300, "seq_len": 16, "max_test_sequences": 10}
+    config = load_train_config({"model": {**SMALL_MODEL, "dropout": 0.1}, "task": options, "steps": 8,
+                                "batch_size": 8})
+    train(config, tmp_path / "straight", progress=False)
+    train(config, tmp_path / "resumed", progress=False, stop_after=4)
+    saved = (tmp_path / "resumed" / "tokenizer" / "tokenizer.json").read_text()
+    monkeypatch.setenv("TZOO_CACHE", str(tmp_path / "empty-cache"))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a resumed run must read its own tokenizer, not train a new one")
+
+    monkeypatch.setattr(tokenizers.Tokenizer, "train_from_iterator", no_training)
+    train(config, tmp_path / "resumed", progress=False)
+    assert (tmp_path / "resumed" / "tokenizer" / "tokenizer.json").read_text() == saved
+    a = safetensors.torch.load_file(str(tmp_path / "straight" / "model" / "model.safetensors"))
+    b = safetensors.torch.load_file(str(tmp_path / "resumed" / "model" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
