@@ -82,3 +82,22 @@ class SequenceClassificationHead(nn.Module):
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(logits, targets)
+
+
+class TokenClassificationHead(nn.Module):
+    """One label per token ``(B, T, C)`` (tagging: named entities, parts of speech).
+
+    Targets equal to ``ignore_index`` (padding, sub-word continuations) do not count in the loss.
+    """
+
+    def __init__(self, d_model: int, num_classes: int, *, dropout: float = 0.0, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(d_model, num_classes)
+        self.ignore_index = ignore_index
+
+    def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
+        return self.proj(self.dropout(hidden))
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=self.ignore_index)

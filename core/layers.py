@@ -24,7 +24,10 @@ class TokenBatchNorm(nn.BatchNorm1d):
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network ``W2 act(W1 x)`` (Vaswani et al. 2017, eq. 2)."""
+    """Position-wise feed-forward network ``W2 act(W1 x)`` (Vaswani et al. 2017, eq. 2).
+
+    ``dropout`` acts between the two projections, as in ``nn.TransformerEncoderLayer``.
+    """
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0) -> None:
         super().__init__()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,23 @@ class ZooModel(nn.Module):
         text = json.dumps(self.config.model_dump(mode="json"), indent=2) + "\n"
         atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
         return directory
+
+
+@dataclass(frozen=True)
+class Importer:
+    """A checkpoint format a plugin can read into a zoo model (offered by ``tzoo_importers``).
+
+    Attributes:
+        name: a unique name, such as ``hf-bert``.
+        description: what folders it reads, for messages.
+        matches: whether a folder's parsed ``config.json`` is in this format.
+        load: ``(directory, config) -> ZooModel``, the model in eval mode with every weight placed.
+    """
+
+    name: str
+    description: str
+    matches: Callable[[dict[str, Any]], bool]
+    load: Callable[[Path, dict[str, Any]], ZooModel]
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
+from ..core.model import Importer
 from ..core.options import ComponentOptions, TaskOptions, Variant
 
 PROJECT = "transformer_zoo"
@@ -35,3 +36,9 @@ def tzoo_variants() -> list[Variant]:
 @hookspec
 def tzoo_tasks() -> list[type[TaskOptions]]:
     """Task kinds this plugin offers: options classes subclassing ``TaskOptions``."""
+
+
+@hookspec
+def tzoo_importers() -> list[Importer]:
+    """Checkpoint formats this plugin reads (``transformer_zoo.from_pretrained`` tries each on a
+    folder whose ``config.json`` is not the zoo's own), such as Hugging Face BERT folders."""

@@ -12,6 +12,7 @@ from typing import Any
 import pluggy
 
 from ..core.errors import DuplicateNameError, PluginLoadError, UnknownNameError
+from ..core.model import Importer
 from ..core.options import CATEGORIES, ComponentOptions, Variant, VariantConfig
 from . import hookspecs
 
@@ -19,6 +20,7 @@ ENTRY_POINT_GROUP = "transformer_zoo"
 BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.components": "transformer_zoo.plugins.components",
     "tzoo.transformer": "transformer_zoo.plugins.transformer",
+    "tzoo.bert": "transformer_zoo.plugins.bert",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 
@@ -49,6 +51,7 @@ class Registry:
         self._entry_points = entry_points
         self._components: dict[str, dict[str, type[ComponentOptions]]] = {c: {} for c in CATEGORIES}
         self._variants: dict[str, Variant] = {}
+        self._importers: dict[str, Importer] = {}
         self._providers: dict[tuple[str, str], str] = {}
         self.load_errors: dict[str, str] = {}
         self._loaded = False
@@ -102,6 +105,8 @@ class Registry:
                 category, item = key
                 if category == "variant":
                     del self._variants[item]
+                elif category == "importer":
+                    del self._importers[item]
                 else:
                     del self._components[category][item]
 
@@ -131,6 +136,7 @@ class Registry:
         components = self.pm.subset_hook_caller("tzoo_components", others)()
         components += self.pm.subset_hook_caller("tzoo_tasks", others)()
         variants = self.pm.subset_hook_caller("tzoo_variants", others)()
+        importers = self.pm.subset_hook_caller("tzoo_importers", others)()
         offered: dict[tuple[str, str], Any] = {}
         for options in (item for batch in components for item in batch or ()):
             category = getattr(options, "category", None)
@@ -147,10 +153,16 @@ class Registry:
                     "subclasses VariantConfig"
                 )
             self._add_offer(offered, ("variant", variant.name), variant, name)
+        for importer in (item for batch in importers for item in batch or ()):
+            if not isinstance(importer, Importer):
+                raise PluginLoadError(f"plugin {name!r} offers {importer!r} as an importer; expected an Importer")
+            self._add_offer(offered, ("importer", importer.name), importer, name)
         for (category, item), value in offered.items():
             self._providers[(category, item)] = name
             if category == "variant":
                 self._variants[item] = value
+            elif category == "importer":
+                self._importers[item] = value
             else:
                 self._components[category][item] = value
 
@@ -158,7 +170,7 @@ class Registry:
         category, item = key
         provider = self._providers.get(key) or (name if key in offered else None)
         if provider is not None:
-            what = "variant" if category == "variant" else f"{category} kind"
+            what = category if category in ("variant", "importer") else f"{category} kind"
             raise DuplicateNameError(
                 f"{what} {item!r} is provided by plugin {provider!r} and again by plugin {name!r}; "
                 "names must be unique: rename one of them"
@@ -191,6 +203,10 @@ class Registry:
         if name not in self._variants:
             raise UnknownNameError("variant", name, self._variants)
         return self._variants[name]
+
+    def importers(self) -> list[Importer]:
+        """The registered checkpoint formats, by name."""
+        return [importer for _, importer in sorted(self.load()._importers.items())]
 
     def provider(self, category: str, name: str) -> str:
         """The name of the plugin that offers a component kind or (``category="variant"``) a variant."""

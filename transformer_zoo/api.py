@@ -19,6 +19,8 @@ from .core.model import CONFIG_NAME, WEIGHTS_NAME, ZooModel
 from .core.options import VariantConfig
 from .registry import get_registry
 
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
 ConfigSource = str | os.PathLike | Mapping[str, Any] | VariantConfig
 M = TypeVar("M", bound=BaseModel)
 
@@ -114,7 +116,7 @@ def validate(model: type[M], data: Any, title: str) -> M:
 
 
 def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, Any] | None = None) -> VariantConfig:
-    """A validated config from a YAML or JSON file, a mapping, or a config.
+    """A validated config from a variant name, a YAML or JSON file, a mapping, or a config.
 
     The mapping names a registered ``variant``; its preset values are the defaults that the
     other keys, then ``overrides`` (``["encoder.layers=2"]`` or a nested mapping), replace.
@@ -123,6 +125,8 @@ def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, An
         ConfigError: a field is unknown, of the wrong type or out of range (each one named).
         UnknownNameError: the variant or a component kind is not registered.
     """
+    if isinstance(source, str) and Path(source).suffix not in CONFIG_SUFFIXES:
+        source = {"variant": source}
     data = _read(source)
     if overrides:
         data = merge(data, parse_overrides(overrides))
@@ -149,10 +153,7 @@ def build_model(name_or_config: ConfigSource, **overrides: Any) -> nn.Module:
 
     >>> model = build_model("transformer-tiny", dropout=0.0)
     """
-    source = name_or_config
-    if isinstance(source, str) and Path(source).suffix not in (".yaml", ".yml", ".json"):
-        source = {"variant": source}
-    config = load_config(source, overrides)
+    config = load_config(name_or_config, overrides)
     model = config.build()
     if not isinstance(model, ZooModel):
         raise TypeError(
@@ -164,18 +165,22 @@ def build_model(name_or_config: ConfigSource, **overrides: Any) -> nn.Module:
 
 
 def from_pretrained(directory: str | os.PathLike) -> nn.Module:
-    """Rebuild a model saved by ``save_pretrained``: ``config.json`` + ``model.safetensors``.
+    """Rebuild a model saved by ``save_pretrained`` (``config.json`` + ``model.safetensors``), or
+    read a checkpoint in a format a plugin imports (a Hugging Face BERT folder), with no network.
 
     The model is returned in eval mode.
     """
     directory = Path(directory)
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(
-                f"{str(directory / name)!r} not found; from_pretrained expects a folder written by "
-                f"save_pretrained, holding {CONFIG_NAME} and {WEIGHTS_NAME}"
-            )
+    if not (directory / CONFIG_NAME).is_file():
+        raise FileNotFoundError(
+            f"{str(directory / CONFIG_NAME)!r} not found; from_pretrained expects a folder written by "
+            f"save_pretrained ({CONFIG_NAME} and {WEIGHTS_NAME}) or a checkpoint folder a plugin imports"
+        )
     data = json.loads((directory / CONFIG_NAME).read_text())
+    if "variant" not in data:
+        return _import(directory, data)
+    if not (directory / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"{str(directory / WEIGHTS_NAME)!r} not found; save_pretrained writes it beside {CONFIG_NAME}")
     model = build_model(data)
     missing, unexpected = safetensors.torch.load_model(model, str(directory / WEIGHTS_NAME), strict=False)
     if missing or unexpected:
@@ -184,3 +189,16 @@ def from_pretrained(directory: str | os.PathLike) -> nn.Module:
             f"missing {sorted(missing) or 'none'}, unexpected {sorted(unexpected) or 'none'}"
         )
     return model.eval()
+
+
+def _import(directory: Path, data: dict[str, Any]) -> nn.Module:
+    importers = get_registry().importers()
+    for importer in importers:
+        if importer.matches(data):
+            return importer.load(directory, data)
+    what = f"model_type {data['model_type']!r}" if "model_type" in data else "no 'variant' and no 'model_type'"
+    known = "; ".join(f"{i.name}: {i.description}" for i in importers) or "none"
+    raise ConfigError(
+        f"{str(directory / CONFIG_NAME)!r} is not a transformer-zoo config (it has {what}) and no plugin imports it; "
+        f"formats read: {known}"
+    )

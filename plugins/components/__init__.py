@@ -13,7 +13,7 @@ from pydantic import Field
 from torch import nn
 
 from transformer_zoo.core.attention import MultiHeadAttention
-from transformer_zoo.core.heads import LMHead, SequenceClassificationHead
+from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, TokenBatchNorm
 from transformer_zoo.core.options import (
     AttentionOptions,
@@ -124,9 +124,10 @@ class MLP(FFNOptions):
 
     kind: Literal["mlp"] = "mlp"
     activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity")
+    inner_dropout: bool = Field(True, description="dropout between the two projections (nn.Transformer has it, BERT not)")
 
     def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
-        return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
+        return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout if self.inner_dropout else 0.0)
 
 
 class Gated(FFNOptions):
@@ -180,6 +181,16 @@ class SequenceClassification(HeadOptions):
         return SequenceClassificationHead(d_model, self.num_classes, pooling=self.pooling, dropout=dropout)
 
 
+class TokenClassification(HeadOptions):
+    """One label per token (tagging), on an encoder."""
+
+    kind: Literal["token-classification"] = "token-classification"
+    num_classes: int = Field(2, ge=2, description="number of labels")
+
+    def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
+        return TokenClassificationHead(d_model, self.num_classes, dropout=dropout)
+
+
 @hookimpl
 def tzoo_components():
     return [
@@ -196,4 +207,5 @@ def tzoo_components():
         Standard,
         LM,
         SequenceClassification,
+        TokenClassification,
     ]

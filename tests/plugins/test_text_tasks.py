@@ -136,8 +136,8 @@ def unigram_perplexity(task) -> float:
     return math.exp(-sum(math.log(counts.get(t, 0.5) / total) for t in test) / len(test))
 
 
-def run(tmp_path, task, steps, model=SMALL_MODEL):
-    config = load_train_config({"model": model, "task": task, "steps": steps, "batch_size": 32, "lr": 3e-3,
+def run(tmp_path, task, steps, model=SMALL_MODEL, lr=3e-3):
+    config = load_train_config({"model": model, "task": task, "steps": steps, "batch_size": 32, "lr": lr,
                                 "warmup_steps": 30})
     return train(config, tmp_path, progress=False)
 
@@ -151,10 +151,13 @@ def test_text_lm_learns_beyond_word_frequencies(corpus, tmp_path):
     assert summary["metrics"]["test"]["perplexity"] <= 0.6 * baseline
 
 
-def test_text_mlm_recovers_masked_tokens(corpus, tmp_path):
-    """200 steps: masked-token accuracy at least 1.5x the share of the most common token."""
+@pytest.mark.parametrize(("model", "steps", "lr"), [(SMALL_MODEL, 200, 3e-3), ({"variant": "bert-tiny", "dropout": 0.0}, 300, 1e-3)],
+                         ids=["transformer", "bert"])
+def test_text_mlm_recovers_masked_tokens(corpus, tmp_path, model, steps, lr):
+    """A few hundred steps: masked-token accuracy at least 1.5x the share of the most common token
+    (measured: 0.39 for the small transformer encoder, 0.41 for bert-tiny; the share is 0.20)."""
     options = {"kind": "text-mlm", "files": str(corpus), "vocab_size": 300, "seq_len": 32, "max_test_sequences": 100}
-    summary = run(tmp_path, options, 200)
+    summary = run(tmp_path, options, steps, model=model, lr=lr)
     task = make(**options)
     counts = collections.Counter(t for ids in task.dataset("train")["ids"] for t in ids[1:-1])
     majority = counts.most_common(1)[0][1] / sum(counts.values())

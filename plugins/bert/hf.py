@@ -1,0 +1,197 @@
+"""Load BERT checkpoints saved by Hugging Face ``transformers``, with no network.
+
+A folder holding ``config.json`` (``model_type: bert``) and ``model.safetensors`` (or sharded
+safetensors, or ``pytorch_model.bin``) becomes a :class:`~transformer_zoo.plugins.bert.Bert`:
+its config is translated, every weight is placed by name (the query, key and value projections
+are concatenated into one fused input projection), and whatever cannot be placed is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.model import Importer, ZooModel
+
+HEADS = {  # architectures -> our head config
+    "BertForMaskedLM": lambda c: {"kind": "lm", "bias": True},
+    "BertForPreTraining": lambda c: {"kind": "lm", "bias": True},
+    "BertForSequenceClassification": lambda c: {"kind": "sequence-classification", "num_classes": _labels(c)},
+    "BertForTokenClassification": lambda c: {"kind": "token-classification", "num_classes": _labels(c)},
+}
+LAYER = {  # Hugging Face names inside encoder.layer.{i}. -> ours inside encoder.layers.{i}.
+    "attention.output.dense": "self_attn.out_proj",
+    "attention.output.LayerNorm": "norms.0",
+    "intermediate.dense": "ffn.linear1",
+    "output.dense": "ffn.linear2",
+    "output.LayerNorm": "norms.1",
+}
+OTHER = {
+    "embeddings.word_embeddings": "src_embed.token",
+    "embeddings.position_embeddings": "src_embed.positional.embedding",
+    "embeddings.token_type_embeddings": "src_embed.token_type",
+    "embeddings.LayerNorm": "src_embed.norm",
+    "pooler.dense": "pooler.dense",
+    "cls.predictions.transform.dense": "head.dense",
+    "cls.predictions.transform.LayerNorm": "head.norm",
+    "classifier": "head.proj",
+}
+BODY = ("embeddings.", "encoder.", "pooler.")  # a body weight that cannot be placed contradicts the config
+
+
+def _labels(config: dict[str, Any]) -> int:
+    return int(config.get("num_labels") or len(config.get("id2label") or {}) or 2)
+
+
+def is_bert(config: dict[str, Any]) -> bool:
+    return config.get("model_type") == "bert"
+
+
+def bert_config(hf: dict[str, Any], weights: dict[str, Tensor], source: str) -> dict[str, Any]:
+    """Our BERT config for a Hugging Face one (``config.json``), or a ConfigError saying what differs."""
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ConfigError(f"{source}: position_embedding_type={hf['position_embedding_type']!r}; only 'absolute' "
+                          "positions (the original BERT's) are supported")
+    if hf.get("is_decoder") or hf.get("add_cross_attention"):
+        raise ConfigError(f"{source}: a BERT used as a decoder (is_decoder / add_cross_attention) is not supported; "
+                          "load an encoder checkpoint")
+    activation = hf.get("hidden_act", "gelu")
+    if activation not in ("gelu", "relu", "silu"):
+        raise ConfigError(f"{source}: hidden_act={activation!r}; supported activations are gelu, relu and silu")
+    architectures = hf.get("architectures") or ["BertModel"]
+    head = next((HEADS[a](hf) for a in architectures if a in HEADS), {"kind": "lm", "bias": True})
+    try:
+        return {
+            "variant": "bert",
+            "vocab_size": hf["vocab_size"],
+            "d_model": hf["hidden_size"],
+            "n_heads": hf["num_attention_heads"],
+            "d_ff": hf["intermediate_size"],
+            "encoder": {"layers": hf["num_hidden_layers"]},
+            "max_len": hf.get("max_position_embeddings", 512),
+            "type_vocab_size": hf.get("type_vocab_size", 2),
+            "dropout": hf.get("hidden_dropout_prob", 0.1),
+            "pad_id": hf.get("pad_token_id") or 0,
+            "init_std": hf.get("initializer_range", 0.02),
+            "norm": {"kind": "layernorm", "eps": hf.get("layer_norm_eps", 1e-12)},
+            "ffn": {"kind": "mlp", "activation": activation, "inner_dropout": False},
+            "pooler": any(k.endswith("pooler.dense.weight") for k in weights),
+            "head": head,
+        }
+    except KeyError as missing:
+        raise ConfigError(f"{source}: a BERT config needs {missing.args[0]!r}; it is not there") from None
+
+
+def read_weights(directory: Path) -> dict[str, Tensor]:
+    """The checkpoint's tensors: ``model.safetensors``, sharded safetensors, or ``pytorch_model.bin``."""
+    if (directory / "model.safetensors").is_file():
+        return safetensors.torch.load_file(str(directory / "model.safetensors"))
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weights: dict[str, Tensor] = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            weights.update(safetensors.torch.load_file(str(directory / shard)))
+        return weights
+    if (directory / "pytorch_model.bin").is_file():
+        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{str(directory)!r} holds no weights: expected model.safetensors, "
+                            "model.safetensors.index.json or pytorch_model.bin")
+
+
+def _normalise(name: str) -> str:
+    name = name.removeprefix("bert.")
+    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name))
+
+
+def map_weights(weights: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str], list[str]]:
+    """Hugging Face names to ours: the mapped tensors, the checkpoint name of each, and the
+    checkpoint names with no place."""
+    mapped: dict[str, Tensor] = {}
+    sources: dict[str, str] = {}
+    unplaced: list[str] = []
+    fused: dict[tuple[int, str], dict[str, Tensor]] = {}
+    for original, tensor in weights.items():
+        name = _normalise(original)
+        prefix, _, param = name.rpartition(".")
+        if name == "embeddings.position_ids":
+            continue  # a buffer of positions 0..n-1, not a weight
+        if match := re.fullmatch(r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)", prefix):
+            fused.setdefault((int(match[1]), param), {})[match[2]] = tensor
+            sources[f"encoder.layers.{match[1]}.self_attn.in_proj.{param}"] = original.replace(f".{match[2]}.", ".query|key|value.")
+            continue
+        if match := re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)", prefix):
+            ours = f"encoder.layers.{match[1]}.{LAYER[match[2]]}.{param}" if match[2] in LAYER else None
+        elif prefix in OTHER:
+            ours = f"{OTHER[prefix]}.{param}"
+        elif name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):
+            ours = "head.decoder.proj.bias"
+        elif name == "cls.predictions.decoder.weight":
+            ours = "head.decoder.proj.weight"  # tied to the token embeddings: checked on load
+        else:
+            ours = None
+        if ours is None:
+            unplaced.append(original)
+        else:
+            mapped[ours], sources[ours] = tensor, original
+    for (layer, param), parts in fused.items():
+        ours = f"encoder.layers.{layer}.self_attn.in_proj.{param}"
+        if set(parts) != {"query", "key", "value"}:
+            unplaced.append(sources.pop(ours))
+            continue
+        mapped[ours] = torch.cat([parts["query"], parts["key"], parts["value"]])  # (3D, D) or (3D,): fused
+    return mapped, sources, unplaced
+
+
+def load_bert(directory: Path, hf_config: dict[str, Any]) -> ZooModel:
+    """Build a Bert from a Hugging Face BERT folder and place every weight.
+
+    Raises:
+        ConfigError: the config is not one we can translate, or the weights do not fit it
+            (the message names each mismatched key with both shapes).
+    """
+    from transformer_zoo.api import build_model
+
+    source = str(directory)
+    weights = read_weights(directory)
+    model = build_model(bert_config(hf_config, weights, source))
+    mapped, sources, unplaced = map_weights(weights)
+    ours = model.state_dict()
+    wrong = [f"{sources[k]} -> {k}: checkpoint {tuple(v.shape)}, model {tuple(ours[k].shape)}"
+             for k, v in mapped.items() if k in ours and v.shape != ours[k].shape]
+    unplaced += [sources[k] for k in mapped if k not in ours]
+    body = [k for k in unplaced if _normalise(k).startswith(BODY)]
+    missing = [k for k in ours if k not in mapped and not k.startswith("head.")]
+    if wrong or body or missing:
+        lines = [f"the weights in {source!r} do not fit its config.json:"]
+        lines += [f"  shape mismatch {w}" for w in wrong]
+        lines += [f"  not in the model the config describes: {k}" for k in body]
+        lines += [f"  missing from the checkpoint: {k}" for k in missing]
+        raise ConfigError("\n".join(lines))
+    tied = mapped.pop("head.decoder.proj.weight", None)
+    if tied is not None and not torch.equal(tied, mapped["src_embed.token.weight"]):
+        unplaced.append("cls.predictions.decoder.weight (differs from the word embeddings; ours are tied)")
+    model.load_state_dict(mapped, strict=False)
+    fresh = [k for k in ours if k.startswith("head.") and k not in mapped and k != "head.decoder.proj.weight"]
+    if unplaced:
+        warnings.warn(f"{source}: weights with no place in the model, left out: {', '.join(sorted(unplaced))}",
+                      stacklevel=3)
+    if fresh:
+        warnings.warn(f"{source}: the checkpoint has no weights for the head; newly initialised: "
+                      f"{', '.join(fresh)}", stacklevel=3)
+    return model.eval()
+
+
+BERT_IMPORTER = Importer(
+    name="hf-bert",
+    description="a Hugging Face transformers BERT folder (config.json with model_type bert)",
+    matches=is_bert,
+    load=load_bert,
+)
