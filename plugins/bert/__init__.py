@@ -96,7 +96,9 @@ class MaskedLMHead(nn.Module):
         return self.decoder(self.norm(self.activation(self.dense(hidden))))  # (B, T, V)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return self.decoder.loss(logits, targets)
+        """Cross-entropy over the selected tokens; targets equal to the padding id or to -100
+        (the convention of ``transformers``' MLM labels) are ignored."""
+        return self.decoder.loss(logits, targets.masked_fill(targets == -100, self.decoder.ignore_index))
 
 
 class PooledClassificationHead(nn.Module):
@@ -165,13 +167,15 @@ class Bert(EncoderDecoder):
             logits = self.head(out.hidden, None if mask is None else mask.bool())
         return ModelOutput(
             logits=logits, hidden=out.hidden, attentions={"encoder": out.attentions} if need_weights else {},
-            aux_loss=out.aux_loss, extras={} if pooled is None else {"pooled": pooled},
+            aux_loss=out.aux_loss,
+            extras={**{f"encoder_{k}": v for k, v in out.extras.items()}, **({} if pooled is None else {"pooled": pooled})},
         )
 
 
 # ---- options ----------------------------------------------------------------------------------
 def _init_weights(module: nn.Module, std: float) -> None:
-    """BERT's initialisation: N(0, 0.02) weights, zero biases, unit layer norms."""
+    """BERT's initialisation: N(0, 0.02) weights, zero biases, unit layer norms (and, in
+    ``build``, a zero padding embedding)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=std)
         if getattr(module, "bias", None) is not None:
@@ -233,6 +237,7 @@ class BertConfig(EncoderDecoderConfig):
         model = Bert(embed=embed, encoder=encoder, pooler=BertPooler(self.d_model) if self._pooled else None,
                      head=self._head(token))
         model.apply(lambda module: _init_weights(module, self.init_std))
+        nn.init.zeros_(token.weight[self.pad_id])  # after the tied decoder's init, which shares this matrix
         return model
 
     @property

@@ -22,8 +22,10 @@ from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.model import Importer, ZooModel
 
 HEADS = {  # architectures -> our head config
+    "BertModel": lambda c: {"kind": "lm", "bias": True},
     "BertForMaskedLM": lambda c: {"kind": "lm", "bias": True},
     "BertForPreTraining": lambda c: {"kind": "lm", "bias": True},
+    "BertForNextSentencePrediction": lambda c: {"kind": "sequence-classification", "num_classes": 2},
     "BertForSequenceClassification": lambda c: {"kind": "sequence-classification", "num_classes": _labels(c)},
     "BertForTokenClassification": lambda c: {"kind": "token-classification", "num_classes": _labels(c)},
 }
@@ -43,6 +45,7 @@ OTHER = {
     "cls.predictions.transform.dense": "head.dense",
     "cls.predictions.transform.LayerNorm": "head.norm",
     "classifier": "head.proj",
+    "cls.seq_relationship": "head.proj",  # next-sentence prediction: a 2-class pooled classifier
 }
 BODY = ("embeddings.", "encoder.", "pooler.")  # a body weight that cannot be placed contradicts the config
 
@@ -52,7 +55,10 @@ def _labels(config: dict[str, Any]) -> int:
 
 
 def is_bert(config: dict[str, Any]) -> bool:
-    return config.get("model_type") == "bert"
+    """A BERT config: ``model_type: bert``, or (older files) no model_type and Bert architectures."""
+    if "model_type" in config:
+        return config["model_type"] == "bert"
+    return any(str(a).startswith("Bert") for a in config.get("architectures") or ())
 
 
 def bert_config(hf: dict[str, Any], weights: dict[str, Tensor], source: str) -> dict[str, Any]:
@@ -67,7 +73,24 @@ def bert_config(hf: dict[str, Any], weights: dict[str, Tensor], source: str) -> 
     if activation not in ("gelu", "relu", "silu"):
         raise ConfigError(f"{source}: hidden_act={activation!r}; supported activations are gelu, relu and silu")
     architectures = hf.get("architectures") or ["BertModel"]
-    head = next((HEADS[a](hf) for a in architectures if a in HEADS), {"kind": "lm", "bias": True})
+    known = [a for a in architectures if a in HEADS]
+    if not known:
+        raise ConfigError(f"{source}: architectures {architectures} are not supported; supported: {', '.join(HEADS)}")
+    head = HEADS[known[0]](hf)
+    if head["kind"] == "lm":
+        head["tie_weights"] = hf.get("tie_word_embeddings", True)
+    problem = hf.get("problem_type")
+    if head["kind"] == "sequence-classification" and problem not in (None, "single_label_classification"):
+        raise ConfigError(f"{source}: problem_type={problem!r}; only single-label classification is supported")
+    if head["kind"] != "lm" and head["num_classes"] < 2:
+        raise ConfigError(f"{source}: num_labels={head['num_classes']} (regression) is not supported; "
+                          "a classification head needs 2 or more labels")
+    dropout = hf.get("hidden_dropout_prob", 0.1)
+    others = {k: hf[k] for k in ("attention_probs_dropout_prob", "classifier_dropout") if hf.get(k) not in (None, dropout)}
+    if others:
+        warnings.warn(f"{source}: the zoo uses one dropout rate, hidden_dropout_prob={dropout}; "
+                      f"{', '.join(f'{k}={v}' for k, v in others.items())} are replaced by it (this matters only "
+                      "in training)", stacklevel=4)
     try:
         return {
             "variant": "bert",
@@ -78,7 +101,7 @@ def bert_config(hf: dict[str, Any], weights: dict[str, Tensor], source: str) -> 
             "encoder": {"layers": hf["num_hidden_layers"]},
             "max_len": hf.get("max_position_embeddings", 512),
             "type_vocab_size": hf.get("type_vocab_size", 2),
-            "dropout": hf.get("hidden_dropout_prob", 0.1),
+            "dropout": dropout,
             "pad_id": hf.get("pad_token_id") or 0,
             "init_std": hf.get("initializer_range", 0.02),
             "norm": {"kind": "layernorm", "eps": hf.get("layer_norm_eps", 1e-12)},
@@ -175,17 +198,21 @@ def load_bert(directory: Path, hf_config: dict[str, Any]) -> ZooModel:
         lines += [f"  not in the model the config describes: {k}" for k in body]
         lines += [f"  missing from the checkpoint: {k}" for k in missing]
         raise ConfigError("\n".join(lines))
-    tied = mapped.pop("head.decoder.proj.weight", None)
-    if tied is not None and not torch.equal(tied, mapped["src_embed.token.weight"]):
-        unplaced.append("cls.predictions.decoder.weight (differs from the word embeddings; ours are tied)")
+    if model.config.head.kind == "lm" and model.config.head.tie_weights:
+        tied = mapped.pop("head.decoder.proj.weight", None)
+        if tied is not None and not torch.equal(tied, mapped["src_embed.token.weight"]):
+            unplaced.append("cls.predictions.decoder.weight (differs from the word embeddings, but the config "
+                            "ties them: tie_word_embeddings is true)")
     model.load_state_dict(mapped, strict=False)
-    fresh = [k for k in ours if k.startswith("head.") and k not in mapped and k != "head.decoder.proj.weight"]
+    decoder = getattr(model.head, "decoder", None)
+    tied = decoder is not None and decoder.proj.weight is model.src_embed.token.weight
+    fresh = [k for k in ours if k.startswith("head.") and k not in mapped and not (tied and k == "head.decoder.proj.weight")]
     if unplaced:
         warnings.warn(f"{source}: weights with no place in the model, left out: {', '.join(sorted(unplaced))}",
-                      stacklevel=3)
+                      stacklevel=4)
     if fresh:
         warnings.warn(f"{source}: the checkpoint has no weights for the head; newly initialised: "
-                      f"{', '.join(fresh)}", stacklevel=3)
+                      f"{', '.join(fresh)}", stacklevel=4)
     return model.eval()
 
 

@@ -81,9 +81,12 @@ def test_masked_lm_logits_match_and_round_trip(tmp_path):
     assert torch.equal(again(ids, mask, types).logits, ours(ids, mask, types).logits)
 
 
-def test_a_pytorch_bin_checkpoint_loads_the_same(tmp_path):
+def test_an_old_style_pytorch_bin_checkpoint_loads_the_same(tmp_path):
+    """pytorch_model.bin, without the 'bert.' prefix, with LayerNorm gamma/beta (TensorFlow-era names)."""
     ref, path = save(tmp_path, transformers.BertForMaskedLM)
-    state = {f"bert.{k}" if not k.startswith(("bert.", "cls.")) else k: v for k, v in ref.state_dict().items()}
+    state = {k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+             for k, v in ref.state_dict().items()}
+    assert any(k.endswith("LayerNorm.gamma") for k in state) and not any(k.startswith("bert.") for k in state)
     (path / "model.safetensors").unlink()
     torch.save(state, path / "pytorch_model.bin")
     ours, _ = load(path)
@@ -111,6 +114,62 @@ def test_classification_heads_match(tmp_path):
 def test_weights_it_cannot_place_are_reported(tmp_path):
     _, path = save(tmp_path, transformers.BertForPreTraining)
     _, messages = load(path, "weights with no place in the model, left out: cls.seq_relationship.bias")
+
+
+def test_next_sentence_prediction_and_an_untied_decoder_match(tmp_path):
+    nsp_ref, nsp_path = save(tmp_path, transformers.BertForNextSentencePrediction, "nsp")
+    untied_ref, untied_path = save(tmp_path, transformers.BertForMaskedLM, "untied", tie_word_embeddings=False)
+    ids, mask, types = batch()
+    nsp, nsp_messages = load(nsp_path)
+    untied, untied_messages = load(untied_path)
+    assert nsp_messages == [] and untied_messages == []
+    assert untied.head.decoder.proj.weight is not untied.src_embed.token.weight
+    with torch.no_grad():
+        torch.testing.assert_close(nsp(ids, mask, types).logits,
+                                   nsp_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(untied(ids, mask, types).logits,
+                                   untied_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+                                   atol=1e-5, rtol=0)
+
+
+def test_mlm_labels_in_the_transformers_convention(tmp_path):
+    ref, path = save(tmp_path, transformers.BertForMaskedLM)
+    ours, _ = load(path)
+    ids, mask, types = batch()
+    labels = torch.full_like(ids, -100)
+    labels[:, 2] = ids[:, 2]
+    with torch.no_grad():
+        expected = ref(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels).loss
+        torch.testing.assert_close(ours.loss(ours(ids, mask, types), labels), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("cls", "overrides", "message"),
+    [
+        (transformers.BertForQuestionAnswering, {}, "architectures \\['BertForQuestionAnswering'\\] are not supported"),
+        (transformers.BertForSequenceClassification, {"num_labels": 1}, "num_labels=1 \\(regression\\) is not supported"),
+        (transformers.BertForSequenceClassification, {"num_labels": 3, "problem_type": "multi_label_classification"},
+         "problem_type='multi_label_classification'; only single-label"),
+    ],
+)
+def test_heads_it_cannot_build_are_refused(tmp_path, cls, overrides, message):
+    _, path = save(tmp_path, cls, **overrides)
+    with pytest.raises(ConfigError, match=message):
+        tz.from_pretrained(path)
+
+
+def test_a_config_without_model_type_is_read_by_its_architectures(tmp_path):
+    ref, path = save(tmp_path, transformers.BertModel)
+    config = json.loads((path / "config.json").read_text())
+    del config["model_type"]
+    (path / "config.json").write_text(json.dumps(config))
+    ours, _ = load(path)
+    ids, mask, types = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ours.encode(ids, mask, types)[mask.bool()],
+                                   ref(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state[mask.bool()],
+                                   atol=1e-5, rtol=0)
 
 
 def test_a_folder_that_is_not_bert_is_refused(tmp_path):
@@ -162,6 +221,12 @@ def test_presets_have_the_published_sizes():
     base = tz.build_model("bert-base", pooler=False)  # BertForMaskedLM has no pooler
     reference = transformers.BertForMaskedLM(transformers.BertConfig())
     assert sum(p.numel() for p in base.parameters()) == sum(p.numel() for p in reference.parameters())
+
+
+def test_the_padding_row_starts_at_zero():
+    model = tz.build_model("bert-tiny")
+    assert torch.equal(model.src_embed.token.weight[0], torch.zeros(128))
+    assert model.src_embed.token.weight[1].abs().sum() > 0
 
 
 def test_the_pooler_comes_with_a_head_that_reads_it():
