@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 from torch import nn
@@ -20,18 +18,7 @@ from torch import nn
 import transformer_zoo as tz
 from transformer_zoo.core.masks import AttentionMask
 
-
-def paired_medians(ours, reference, repeats: int, warmup: int = 3) -> tuple[float, float]:
-    """Median seconds of each function, timed alternately so both see the same machine load."""
-    for _ in range(warmup):
-        ours(), reference()
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, bucket in ((ours, times[0]), (reference, times[1])):
-            start = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+from common import paired_medians  # benchmarks/common.py, beside this script
 
 
 def main() -> None:

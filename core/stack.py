@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
 from .masks import AttentionMask
+from .positional import sinusoid_table
 
 
 class DecoderCache:
@@ -87,3 +89,121 @@ class StandardStack(nn.Module):
             if need_weights:
                 attentions.append(weights)
         return StackOutput(self.final_norm(x), attentions)
+
+
+class StepSignal(nn.Module):
+    """What a recurrent stack adds to its input before each step: the sinusoid of the step
+    index ``t`` and, when given, the positions (Dehghani et al. 2018, section 2.1:
+    ``P^t[i, 2j] = sin(i / 10000^(2j/d)) + sin(t / 10000^(2j/d))``, cosines at odd ``j``).
+
+    Args:
+        d_model: the width.
+        steps: the number of steps.
+        positional: an additive positional module taking ``(x, offset)``, or None when the
+            positions are added once by the embeddings or act inside attention.
+    """
+
+    def __init__(self, d_model: int, steps: int, positional: nn.Module | None = None) -> None:
+        super().__init__()
+        self.register_buffer("timestep", sinusoid_table(steps, d_model), persistent=False)  # (T, D)
+        self.positional = positional
+
+    def forward(self, x: Tensor, step: int, offset: int = 0) -> Tensor:
+        if self.positional is not None:
+            x = self.positional(x, offset)
+        return x + self.timestep[step].to(x.dtype)
+
+
+class RecurrentStack(nn.Module):
+    """One shared layer applied up to ``steps`` times (the Universal Transformer), with
+    optional adaptive computation time (ACT, Graves 2016).
+
+    Without ACT every position goes through exactly ``steps`` applications. With ACT a halting
+    unit gives each position a probability ``p_t = sigmoid(w . s_t + b)`` per step; a position
+    halts at the first step ``N`` where its cumulative probability would pass ``threshold``
+    (or at the last step), its last weight being the remainder ``R = 1 - sum_{t<N} p_t``. Its
+    output is the weighted mean ``sum_t w_t s_t`` of its states (``w_t = p_t``, ``w_N = R``), and
+    once halted its state is copied unchanged to every later step. The ponder time
+    ``rho = N + R`` of each position is returned in ``extras["ponder_time"]``, and
+    ``ponder_weight * mean(rho)`` over real positions as the auxiliary loss.
+
+    Args:
+        layer: the shared layer (one set of parameters whatever ``steps`` is).
+        steps: the most applications ``T``.
+        signal: adds the step (and position) signal before each application.
+        halting: the halting unit, ``Linear(d_model, 1)``, or None for no ACT.
+        threshold: ``1 - epsilon`` of ACT.
+        ponder_weight: the weight of the ponder cost in the loss.
+        final_norm: a norm after the last step, or None.
+    """
+
+    def __init__(self, layer: nn.Module, steps: int, *, signal: StepSignal, halting: nn.Linear | None = None,
+                 threshold: float = 0.99, ponder_weight: float = 0.01, final_norm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.layer = layer
+        self.steps = steps
+        self.signal = signal
+        self.halting = halting
+        self.threshold = threshold
+        self.ponder_weight = ponder_weight
+        self.final_norm = final_norm if final_norm is not None else nn.Identity()
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        self_mask: AttentionMask | None = None,
+        memory_mask: AttentionMask | None = None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> StackOutput:
+        offset = 0 if cache is None else cache.offset
+        attentions: list[dict[str, Tensor]] = []
+
+        def apply(h: Tensor, step: int) -> Tensor:
+            out, weights = self.layer(self.signal(h, step, offset), memory, self_mask=self_mask,
+                                      memory_mask=memory_mask, cache=None if cache is None else cache.layer(step),
+                                      need_weights=need_weights)
+            if need_weights:
+                attentions.append(weights)
+            return out
+
+        real = _real_positions(x, self_mask)  # (B, T) bool
+        if self.halting is None:
+            for step in range(self.steps):
+                x = apply(x, step)
+            ponder = real.to(x.dtype) * self.steps
+            return StackOutput(self.final_norm(x), attentions, extras={"ponder_time": ponder})
+
+        running = real.clone()
+        halted_sum = x.new_zeros(real.shape)  # sum of p_t while running
+        remainder = x.new_zeros(real.shape)
+        updates = x.new_zeros(real.shape)
+        output = torch.zeros_like(x)
+        state = x
+        for step in range(self.steps):
+            if cache is None and not bool(running.any()):
+                break  # every position has halted; with a cache later tokens need every step's keys
+            p = torch.sigmoid(self.halting(self.signal(state, step, offset))).squeeze(-1)  # (B, T)
+            last = step == self.steps - 1
+            halts = running & ((halted_sum + p > self.threshold) | last)
+            continues = running & ~halts
+            remainder = torch.where(halts, 1.0 - halted_sum, remainder)
+            weight = torch.where(continues, p, torch.where(halts, remainder, torch.zeros_like(p)))  # (B, T)
+            halted_sum = halted_sum + p * continues
+            updates = updates + running.to(x.dtype)
+            new_state = apply(state, step)
+            output = output + weight.unsqueeze(-1) * new_state
+            state = torch.where(running.unsqueeze(-1), new_state, state)  # halted positions are copied
+            running = continues
+        ponder = (updates + remainder) * real  # rho = N + R (Graves 2016, eq. 11)
+        aux = self.ponder_weight * ponder.sum() / real.sum().clamp(min=1)
+        return StackOutput(self.final_norm(output), attentions, aux_loss=aux, extras={"ponder_time": ponder})
+
+
+def _real_positions(x: Tensor, mask: AttentionMask | None) -> Tensor:
+    """``(B, T)``: True for real tokens of the current input, False for padding."""
+    if mask is None or mask.padding is None:
+        return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    return mask.padding[:, -x.size(1):]

@@ -21,6 +21,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.components": "transformer_zoo.plugins.components",
     "tzoo.transformer": "transformer_zoo.plugins.transformer",
     "tzoo.bert": "transformer_zoo.plugins.bert",
+    "tzoo.universal-transformer": "transformer_zoo.plugins.universal_transformer",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 

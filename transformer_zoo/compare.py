@@ -48,7 +48,9 @@ class RunRecord(BaseModel):
     task: str = Field(description="the task kind")
     seed: int = Field(description="the run's seed")
     parameters: int = Field(description="trainable parameters (tied weights counted once)")
-    flops_per_token: float = Field(description="training FLOPs per token, estimated as 6 x parameters (Kaplan et al. 2020)")
+    flops_per_token: float = Field(
+        description="training FLOPs per token read: forward and backward of one batch, counted by torch's FlopCounterMode"
+    )
     train_tokens_per_second: float = Field(description="tokens read by the model per second of training")
     peak_memory_mb: float = Field(description="peak memory of the run: CUDA allocations on GPU, the process's resident set on CPU")
     steps: int = Field(description="optimizer steps taken")
@@ -56,6 +58,10 @@ class RunRecord(BaseModel):
     metric: str = Field(description="the task's headline metric")
     metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
     curve: list[dict[str, float]] = Field(description="the learning curve: step, loss, lr, and test metrics when evaluated")
+    ponder_time: dict[str, float] = Field(
+        {}, description="models with adaptive computation time: mean steps per real test position, by stack"
+    )
+    ponder_plot: str | None = Field(None, description="a heat map of one test example's ponder times, relative to the report")
 
 
 class Skipped(BaseModel):
@@ -143,15 +149,60 @@ def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
     task = config.task.build()
+    flops = training_flops_per_token(Path(run_dir), config)
+    ponder, plot = ponder_summary(Path(run_dir))
     record = RunRecord(
         variant=label, family=type(model).family or model.variant, task=config.task.kind, seed=config.seed,
-        parameters=summary["parameters"], flops_per_token=6.0 * summary["parameters"],
+        parameters=summary["parameters"], flops_per_token=flops,
         train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak,
         steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
-        metrics=summary["metrics"], curve=summary["history"],
+        metrics=summary["metrics"], curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
     ).model_dump()
     record_path.write_text(json.dumps(record))
     return record
+
+
+def training_flops_per_token(run_dir: Path, config: TrainConfig) -> float:
+    """FLOPs of a training step's forward and backward on one batch of the run's size, per token
+    the model reads, as counted by ``torch.utils.flop_counter`` (matrix products and attention).
+
+    Counted, not estimated: a recurrent stack counts the steps it really ran.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .train import _batch, load_run
+
+    _, task, model = load_run(run_dir)
+    model.train()
+    batch = _batch(task, task.dataset("train"), 0, config, next(model.parameters()).device)
+    with FlopCounterMode(display=False) as counter:
+        task.loss(model, batch).backward()
+    return counter.get_total_flops() / max(task.tokens_in(batch), 1)
+
+
+@torch.no_grad()
+def ponder_summary(run_dir: Path, examples: int = 64) -> tuple[dict[str, float], str | None]:
+    """Mean ponder time per stack over the first test examples of a finished run, and a heat
+    map of the first one (``ponder.png`` in the run folder); nothing for a model without ACT."""
+    from .report import plot_ponder
+    from .train import load_run
+
+    _, task, model = load_run(run_dir)
+    test = task.dataset("test")
+    rows = [test[i] for i in range(min(examples, len(test)))]
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in task.collate(rows).items() if k != "targets"}
+    out = model(**inputs)
+    maps = {k.removesuffix("_ponder_time"): v for k, v in out.extras.items() if k.endswith("ponder_time")}
+    if not maps:
+        return {}, None
+    means = {stack: float(v[v > 0].mean()) for stack, v in maps.items()}
+    one = task.example_inputs(model, rows[0])
+    first = {k.removesuffix("_ponder_time"): v[0] for k, v in model(**one).extras.items() if k.endswith("ponder_time")}
+    labels = {"encoder": "src", "decoder": "tgt"}
+    tokens = {stack: task.token_strings(one[labels.get(stack, "src")][0].tolist()) for stack in first}
+    plot_ponder(first, tokens, run_dir / "ponder.png")
+    return means, str(Path("runs") / run_dir.name / "ponder.png")
 
 
 def machine() -> dict[str, Any]:

@@ -33,6 +33,9 @@ def task_table(records: list[RunRecord]) -> str:
     metric_names = sorted({name for r in records for values in r.metrics.values() for name in values})
     columns = [(f"{split} {name}", (lambda r, s=split, n=name: r.metrics.get(s, {}).get(n)), name not in LOWER_IS_BETTER)
                for split in splits for name in metric_names]
+    if any(r.ponder_time for r in records):
+        stacks = sorted({stack for r in records for stack in r.ponder_time})
+        columns += [(f"{stack} ponder", lambda r, s=stack: r.ponder_time.get(s), None) for stack in stacks]
     columns += [
         ("parameters", lambda r: r.parameters, None),
         ("FLOPs/token", lambda r: r.flops_per_token, None),
@@ -99,6 +102,24 @@ def _metric(records: list[RunRecord], task: str) -> str:
     return next(r.metric for r in records if r.task == task)
 
 
+def plot_ponder(ponder: dict, tokens: dict[str, list[str]], path: Path) -> None:
+    """One row per stack: the ponder time (steps) of each position of one example."""
+    fig, axes = plt.subplots(len(ponder), 1, figsize=(max(5, 0.35 * max(len(t) for t in tokens.values())), 1.6 * len(ponder)),
+                             squeeze=False)
+    for ax, (stack, values) in zip(axes[:, 0], ponder.items()):
+        values = values.float().cpu().numpy()
+        image = ax.imshow(values[None, :], cmap="magma", aspect="auto", vmin=0)
+        for i, value in enumerate(values):
+            ax.text(i, 0, f"{value:.1f}", ha="center", va="center", fontsize=7, color="grey")
+        ax.set_yticks([0], [stack])
+        ax.set_xticks(range(len(tokens[stack])), tokens[stack], fontsize=7, rotation=90)
+        fig.colorbar(image, ax=ax, label="steps")
+    axes[0, 0].set_title("ponder time per position (one test example)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_throughput(records: list[RunRecord], path: Path) -> None:
     labels = [f"{r.variant.split(' ')[0]}\n{r.task}" for r in records]
     fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(records)), 3.5))
@@ -118,7 +139,8 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     lines += [f"Machine: {machine}.", "", "Spec:", "", "```yaml", yaml.safe_dump(results.spec, sort_keys=False).rstrip(), "```", ""]
     lines += ["Every run had the same data, seed and budget. Values are means over seeds (± standard deviation); "
               "the best of each metric (lowest perplexity, highest otherwise), throughput, memory and time is "
-              "in bold. FLOPs per token are estimated as 6 x parameters.", ""]
+              "in bold. FLOPs per token are those of one training step (forward and backward) on one batch, "
+              "counted by PyTorch's FlopCounterMode, per token read.", ""]
     for task, runs in _by(records, lambda r: r.task).items():
         lines += [f"## {task}", "", task_table(runs), ""]
         if task in results.baselines:
@@ -127,6 +149,10 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         curve = out_dir / f"curves-{task}.png"
         plot_curves(runs, task, curve)
         lines += [f"![{task} learning curves]({curve.name})", ""]
+        for record in runs:
+            if record.ponder_plot and record.seed == runs[0].seed:
+                lines += [f"Ponder time of {record.variant} (seed {record.seed}) on one test example:", "",
+                          f"![{record.variant} ponder time on {task}]({record.ponder_plot})", ""]
     if results.skipped:
         lines += ["## Not run", ""] + [f"- {s.variant} on {s.task}: {s.reason}" for s in results.skipped] + [""]
     plot_metric_vs_parameters(records, out_dir / "metric-vs-parameters.png")

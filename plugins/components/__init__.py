@@ -29,7 +29,7 @@ from transformer_zoo.core.positional import (
     RotaryPositional,
     SinusoidalPositional,
 )
-from transformer_zoo.core.stack import StandardStack
+from transformer_zoo.core.stack import RecurrentStack, StandardStack, StepSignal
 from transformer_zoo.registry import hookimpl
 
 
@@ -150,6 +150,28 @@ class Standard(StackOptions):
         return StandardStack([make_layer() for _ in range(self.layers)], final_norm=final_norm)
 
 
+class Recurrent(StackOptions):
+    """One shared layer applied up to ``layers`` times, with optional adaptive computation time
+    (Dehghani et al. 2018; Graves 2016)."""
+
+    kind: Literal["recurrent"] = "recurrent"
+    act: bool = Field(True, description="adaptive computation time: each position decides how many steps it takes")
+    threshold: float = Field(0.99, gt=0.0, lt=1.0, description="ACT halts a position when its summed halting "
+                             "probability would pass this (1 - epsilon)")
+    ponder_weight: float = Field(0.01, ge=0.0, description="weight of the ponder cost (steps taken) in the loss")
+    halting_bias: float = Field(1.0, description="initial bias of the halting unit (higher: halt sooner at first)")
+
+    def build(self, *, make_layer, final_norm, d_model: int, signal: StepSignal | None = None) -> nn.Module:
+        halting = None
+        if self.act:
+            halting = nn.Linear(d_model, 1)
+            nn.init.constant_(halting.bias, self.halting_bias)
+        return RecurrentStack(
+            make_layer(), self.layers, signal=signal or StepSignal(d_model, self.layers), halting=halting,
+            threshold=self.threshold, ponder_weight=self.ponder_weight, final_norm=final_norm,
+        )
+
+
 # ---- heads --------------------------------------------------------------------------------
 class LM(HeadOptions):
     """Next-token logits over the vocabulary: the seq2seq generator and the LM head."""
@@ -205,6 +227,7 @@ def tzoo_components():
         MLP,
         Gated,
         Standard,
+        Recurrent,
         LM,
         SequenceClassification,
         TokenClassification,

@@ -1,0 +1,135 @@
+"""The Universal Transformer: shared parameters over depth, ACT halting per position, cached
+decoding, and learning an algorithmic task."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_zoo as tz
+from transformer_zoo.core.decoding import greedy_decode
+from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.stack import DecoderCache
+
+SMALL = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+
+
+def build(steps=4, act=True, **overrides):
+    stack = {"kind": "recurrent", "layers": steps, "act": act}
+    return tz.build_model("universal-transformer-tiny", **{**SMALL, "encoder": stack, "decoder": stack, **overrides})
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_parameters_do_not_grow_with_steps():
+    assert n_params(build(steps=2)) == n_params(build(steps=4)) == n_params(build(steps=12))
+    assert n_params(build(act=False, steps=2)) == n_params(build(act=False, steps=12))
+    halting = 2 * (SMALL["d_model"] + 1)  # one halting unit per stack
+    assert n_params(build(act=True)) == n_params(build(act=False)) + halting
+
+
+class Recorder:
+    """Records the state a recurrent stack's shared layer returns at every step."""
+
+    def __init__(self, stack):
+        self.outputs = []
+        stack.layer.register_forward_hook(lambda module, args, out: self.outputs.append(out[0].detach().clone()))
+
+
+def spread_halting(model, bias=0.0, scale=2.0):
+    """Make halting depend strongly on the state, so positions halt at different steps."""
+    with torch.no_grad():
+        for stack in (model.encoder, model.decoder):
+            stack.halting.weight.normal_(std=scale)
+            stack.halting.bias.fill_(bias)
+
+
+def test_act_halts_per_position_within_the_most_steps():
+    torch.manual_seed(0)
+    model = build(steps=6).eval()
+    spread_halting(model)
+    src = torch.randint(3, 60, (4, 12))
+    src_mask = torch.ones_like(src)
+    src_mask[0, 8:] = 0
+    out = model(src, torch.randint(3, 60, (4, 7)), src_mask=src_mask)
+    ponder = out.extras["encoder_ponder_time"]
+    real = ponder[src_mask.bool()]
+    steps_taken = real.ceil() - 1  # rho = N + R with 0 < R <= 1
+    assert len(set(steps_taken.tolist())) > 1, "positions take different numbers of steps"
+    assert (steps_taken >= 1).all() and (steps_taken <= 6).all(), "no position exceeds the most steps"
+    assert (ponder[~src_mask.bool()] == 0).all(), "padding does not ponder"
+    assert out.aux_loss is not None and out.aux_loss > 0
+
+
+def test_without_act_exactly_the_given_steps_run():
+    model = build(steps=5, act=False).eval()
+    encoder = Recorder(model.encoder)
+    out = model(torch.randint(3, 60, (2, 9)), torch.randint(3, 60, (2, 4)))
+    assert len(encoder.outputs) == 5
+    assert (out.extras["encoder_ponder_time"] == 5).all() and out.aux_loss is None
+
+
+def test_halted_positions_stop_changing():
+    """Once a position halts (after N steps, N = ceil(N + R) - 1 as 0 < R <= 1), the state it
+    enters every later step with is the state it halted with."""
+    torch.manual_seed(1)
+    model = build(steps=8).eval()
+    spread_halting(model)
+    stack = model.encoder
+    entering = []  # the state entering each step (the signal is applied once for halting, once for the layer)
+    stack.signal.register_forward_hook(lambda module, args, out: entering.append(args[0].detach().clone()))
+    out = stack(model.src_embed(torch.randint(3, 60, (3, 10))), self_mask=AttentionMask())
+    entering = entering[::2]
+    steps_taken = out.extras["ponder_time"].ceil().long() - 1
+    assert len(entering) == int(steps_taken.max()), "the loop ends when the last position halts"
+    frozen = 0
+    for (b, i), n in zip(torch.cartesian_prod(torch.arange(3), torch.arange(10)).tolist(), steps_taken.flatten().tolist()):
+        for later in entering[n + 1 :]:
+            assert torch.equal(later[b, i], entering[n][b, i])
+            frozen += 1
+    assert frozen > 10, "many positions halted before the last one"
+
+
+def test_cached_decoding_equals_full_decoding_with_act():
+    torch.manual_seed(0)
+    model = build(steps=5, head={"kind": "lm", "tie_weights": False}).eval()
+    spread_halting(model, bias=-1.0)
+    src, tgt = torch.randint(3, 60, (2, 8)), torch.randint(3, 60, (2, 6))
+    memory = model.encode(src).hidden
+    full = model.decode(tgt, memory).hidden
+    cache = DecoderCache()
+    steps = [model.decode(tgt[:, :2], memory, cache=cache).hidden]
+    steps += [model.decode(tgt[:, t : t + 1], memory, cache=cache).hidden for t in range(2, 6)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    cached = greedy_decode(model, src, bos_id=1, max_new_tokens=15)
+    assert len(set(cached[:, 1:].flatten().tolist())) >= 3, "the decoded tokens vary, so a broken cache would show"
+    assert torch.equal(cached, greedy_decode(model, src, bos_id=1, max_new_tokens=15, use_cache=False))
+
+
+def test_a_future_token_never_changes_an_earlier_output():
+    torch.manual_seed(0)
+    model = build(steps=4).eval()
+    spread_halting(model, bias=-1.0)
+    src, tgt = torch.randint(3, 60, (2, 6)), torch.randint(3, 60, (2, 7))
+    base = model(src, tgt).logits
+    for t in range(6):
+        changed = tgt.clone()
+        changed[:, t + 1 :] = torch.randint(3, 60, changed[:, t + 1 :].shape)
+        torch.testing.assert_close(model(src, changed).logits[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
+
+
+def test_universal_transformer_tiny_learns_to_reverse(tmp_path):
+    """1000 steps on reverse, train lengths 1-8: at least 90% token accuracy on held-out
+    sequences of those lengths; lengths 9-12 (test_long) are reported."""
+    from transformer_zoo.train import load_train_config, train
+
+    config = load_train_config({
+        "model": {"variant": "universal-transformer-tiny", "dropout": 0.0},
+        "task": {"kind": "reverse", "train_lengths": [1, 8], "test_lengths": [9, 12], "test_size": 200},
+        "steps": 1000, "batch_size": 64, "lr": 1e-3, "warmup_steps": 100,
+    })
+    summary = train(config, tmp_path, progress=False)
+    print("universal-transformer-tiny on reverse:", summary["metrics"])
+    assert summary["metrics"]["test"]["token_accuracy"] >= 0.90
