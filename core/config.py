@@ -65,18 +65,25 @@ class EncoderDecoderConfig(VariantConfig):
                 )
         if self.pad_id >= min(self.vocab_size, self.tgt_vocab_size or self.vocab_size):
             raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary (vocab_size={self.vocab_size})")
+        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
+            for index in range(stack.layers if stack is not None else 0):
+                try:
+                    stack.attention_at(index).check(max_len=self.max_len)
+                except ValueError as error:
+                    raise ValueError(f"{name}.attention: {error}") from None
         return self
 
     @property
     def output_vocab_size(self) -> int:
         return (self.tgt_vocab_size or self.vocab_size) if self.decoder is not None else self.vocab_size
 
-    def _layer(self, stack: StackOptions, in_attention: AttentionPositional | None, cross: bool) -> TransformerLayer:
+    def _layer(self, stack: StackOptions, in_attention: AttentionPositional | None, cross: bool,
+               index: int = 0) -> TransformerLayer:
         def attention(options, positional):
             return options.build(d_model=self.d_model, n_heads=self.n_heads, dropout=self.dropout, positional=positional)
 
         return TransformerLayer(
-            attention(stack.attention, in_attention),
+            attention(stack.attention_at(index), in_attention),
             self.ffn.build(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout),
             [self.norm.build(d_model=self.d_model) for _ in range(3 if cross else 2)],
             cross_attn=attention(stack.cross_attention, None) if cross else None,
@@ -96,7 +103,7 @@ class EncoderDecoderConfig(VariantConfig):
         )
         with_final_norm = self.norm_placement == "pre" if self.final_norm is None else self.final_norm
         return embed, stack.build(
-            make_layer=lambda: self._layer(stack, in_attention, cross),
+            make_layer=lambda index=0: self._layer(stack, in_attention, cross, index),
             final_norm=self.norm.build(d_model=self.d_model) if with_final_norm else None,
             d_model=self.d_model,
         )

@@ -59,6 +59,9 @@ class AttentionOptions(ComponentOptions):
     category: ClassVar[str] = "attention"
     default_kind: ClassVar[str] = "sdpa"
 
+    def check(self, *, max_len: int) -> None:
+        """Raise a ValueError if these options cannot work with sequences of up to ``max_len``."""
+
 
 class PositionalOptions(ComponentOptions):
     """Positional kinds. ``build(d_model=, n_heads=, max_len=)`` returns an additive module
@@ -156,18 +159,26 @@ Head = Annotated[HeadOptions, ComponentField("head")]
 class StackOptions(ComponentOptions):
     """Stack kinds: how ``layers`` are applied. ``build(make_layer=, final_norm=, d_model=)`` returns a module
     called as ``stack(x, memory=None, *, self_mask, memory_mask, cache, need_weights) -> StackOutput``;
-    ``make_layer()`` returns a fresh layer with the attention kinds chosen here."""
+    ``make_layer(i)`` returns a fresh i-th layer with the attention kinds chosen here."""
 
     category: ClassVar[str] = "stack"
     default_kind: ClassVar[str] = "standard"
 
     layers: int = Field(6, ge=1, description="number of layer applications (depth)")
-    attention: Attention = Field("sdpa", validate_default=True, description="self-attention kind")
+    attention: Attention | list[Attention] = Field(
+        "sdpa", validate_default=True,
+        description="self-attention kind, or a list of kinds that layer i takes in turn (i modulo its length)",
+    )
     cross_attention: Attention = Field(
         "sdpa", validate_default=True, description="attention to the encoder memory (decoders of encoder-decoders)"
     )
 
-    def build(self, *, make_layer: Callable[[], nn.Module], final_norm: nn.Module | None, d_model: int) -> nn.Module:
+    def attention_at(self, index: int) -> AttentionOptions:
+        """The self-attention kind of layer ``index``."""
+        kinds = self.attention if isinstance(self.attention, list) else [self.attention]
+        return kinds[index % len(kinds)]
+
+    def build(self, *, make_layer: Callable[[int], nn.Module], final_norm: nn.Module | None, d_model: int) -> nn.Module:
         raise NotImplementedError
 
 

@@ -22,6 +22,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.transformer": "transformer_zoo.plugins.transformer",
     "tzoo.bert": "transformer_zoo.plugins.bert",
     "tzoo.universal-transformer": "transformer_zoo.plugins.universal_transformer",
+    "tzoo.local-global": "transformer_zoo.plugins.local_global",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 

@@ -231,7 +231,7 @@ class BertConfig(EncoderDecoderConfig):
             dropout=self.dropout,
         )
         encoder = self.encoder.build(
-            make_layer=lambda: self._layer(self.encoder, in_attention, cross=False), final_norm=None,
+            make_layer=lambda index=0: self._layer(self.encoder, in_attention, False, index), final_norm=None,
             d_model=self.d_model,
         )
         model = Bert(embed=embed, encoder=encoder, pooler=BertPooler(self.d_model) if self._pooled else None,

@@ -147,7 +147,7 @@ class Standard(StackOptions):
     kind: Literal["standard"] = "standard"
 
     def build(self, *, make_layer, final_norm, d_model: int) -> nn.Module:
-        return StandardStack([make_layer() for _ in range(self.layers)], final_norm=final_norm)
+        return StandardStack([make_layer(i) for i in range(self.layers)], final_norm=final_norm)
 
 
 class Recurrent(StackOptions):
@@ -162,6 +162,8 @@ class Recurrent(StackOptions):
     halting_bias: float = Field(1.0, description="initial bias of the halting unit (higher: halt sooner at first)")
 
     def build(self, *, make_layer, final_norm, d_model: int, signal: StepSignal | None = None) -> nn.Module:
+        if isinstance(self.attention, list) and len(self.attention) > 1:
+            raise ValueError("a recurrent stack shares one layer: give one attention kind, not a list")
         halting = None
         if self.act:
             halting = nn.Linear(d_model, 1)

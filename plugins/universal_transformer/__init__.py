@@ -50,7 +50,7 @@ class UniversalTransformerConfig(EncoderDecoderConfig):
         signal = StepSignal(self.d_model, stack.layers, positional=None if in_attention is not None else positional)
         with_final_norm = self.norm_placement == "pre" if self.final_norm is None else self.final_norm
         return embed, stack.build(
-            make_layer=lambda: self._layer(stack, in_attention, cross),
+            make_layer=lambda index=0: self._layer(stack, in_attention, cross, index),
             final_norm=self.norm.build(d_model=self.d_model) if with_final_norm else None,
             d_model=self.d_model,
             signal=signal,

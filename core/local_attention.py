@@ -1,0 +1,338 @@
+"""Sparse attention patterns and the kernels that compute them without an n x n matrix.
+
+A :class:`Pattern` says which keys each query may see, as a vectorised rule ``allowed(q, k)``
+over absolute positions, and which keys a block of queries needs (``keys_for``). Three
+kernels compute the same result:
+
+- :func:`chunked_attention`: queries in chunks, each against only the keys its chunk needs,
+  so memory grows as O(n * w) and autograd works as usual (CPU and GPU, training included);
+- :func:`flex_attention_kernel`: PyTorch's FlexAttention with a block mask built from the
+  same rule (compiled on GPU);
+- :func:`dense_attention`: the explicit n x n mask, for tests and for pictures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention, attention_math
+from .masks import AttentionMask
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """Which keys a query may attend to.
+
+    Attributes:
+        window: a query at ``i`` sees keys ``j`` with ``|i - j| <= window`` (0: no band).
+        block: with ``block > 0``, a query sees the keys of its own block of this size (and, when
+            ``causal``, of the previous block), instead of a band.
+        global_positions: positions that see every key and are seen by every query.
+        global_every: every ``global_every``-th position (0, k, 2k, ...) is global too (0: none).
+        random_blocks: blocks of keys (of size ``block``) each query block also sees, chosen
+            with ``seed`` (BigBird); needs ``block``.
+        causal: a query never sees a key after itself.
+    """
+
+    window: int = 0
+    block: int = 0
+    global_positions: tuple[int, ...] = ()
+    global_every: int = 0
+    random_blocks: int = 0
+    seed: int = 0
+    causal: bool = False
+
+    # ---- the rule ---------------------------------------------------------------------------
+    def is_global(self, pos: Tensor) -> Tensor:
+        hit = torch.zeros_like(pos, dtype=torch.bool)
+        for g in self.global_positions:
+            hit |= pos == g
+        if self.global_every:
+            hit |= pos % self.global_every == 0
+        return hit
+
+    def random_table(self, n_blocks: int, device: torch.device | None = None) -> Tensor:
+        """``(n_blocks, random_blocks)`` key blocks each query block sees at random (fixed by ``seed``)."""
+        if not self.random_blocks or n_blocks == 0:
+            return torch.zeros(n_blocks, 0, dtype=torch.long, device=device)
+        generator = torch.Generator().manual_seed(self.seed)
+        picks = torch.rand(n_blocks, n_blocks, generator=generator).argsort(dim=1)[:, : self.random_blocks]
+        return picks.to(device)
+
+    def allowed(self, q: Tensor, k: Tensor, length: int, table: Tensor | None = None) -> Tensor:
+        """Bool, broadcast of ``q`` and ``k`` (absolute positions): True where ``q`` may see ``k``.
+
+        ``table`` is :meth:`random_table` for ``length``, when the caller has it already.
+        """
+        if self.block:
+            qb, kb = q // self.block, k // self.block
+            see = qb == kb
+            if self.causal:
+                see |= kb == qb - 1
+            elif self.window:
+                see |= (qb - kb).abs() <= self.window  # neighbouring blocks (block-sparse)
+        else:
+            see = (q - k).abs() <= self.window
+        if self.random_blocks:
+            if table is None:
+                table = self.random_table(math.ceil(length / self.block), q.device)  # (nb, r)
+            qb, kb = (q // self.block).expand_as(see), (k // self.block).expand_as(see)
+            see = see | (table[qb] == kb.unsqueeze(-1)).any(-1)
+        if self.global_positions or self.global_every:
+            see = see | self.is_global(q) | self.is_global(k)
+        if self.causal:
+            see = see & (k <= q)
+        return see
+
+    def dense(self, q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
+        """The explicit ``(q_len, k_len)`` mask, queries end-aligned with keys (as with a cache)."""
+        q = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        k = torch.arange(k_len, device=device)[None, :]
+        return self.allowed(q, k, k_len)
+
+    # ---- what a chunk of queries needs ----------------------------------------------------------
+    def chunk_size(self) -> int:
+        """Queries per chunk: one block, or the window's width (at least 32)."""
+        return self.block if self.block else max(32, self.window)
+
+    def key_range(self, start: int, end: int, length: int) -> tuple[int, int] | None:
+        """For a plain band (no blocks, no global or random keys): the contiguous key range
+        queries ``start .. end - 1`` need; None otherwise."""
+        if self.block or self.global_positions or self.global_every or self.random_blocks:
+            return None
+        return max(0, start - self.window), min(length, end if self.causal else end + self.window)
+
+    def keys_for(self, start: int, end: int, length: int, device: torch.device) -> Tensor:
+        """Key positions queries ``start .. end - 1`` may need (a superset; ``allowed`` decides)."""
+        if self.block:
+            first_block, last_block = start // self.block, (end - 1) // self.block
+            reach = 1 if self.causal else self.window
+            blocks = torch.arange(max(0, first_block - reach), min(last_block + reach, (length - 1) // self.block) + 1,
+                                  device=device)
+            if self.random_blocks:
+                table = self.random_table(math.ceil(length / self.block), device)
+                blocks = torch.cat([blocks, table[first_block : last_block + 1].flatten()]).unique()
+            keys = (blocks[:, None] * self.block + torch.arange(self.block, device=device)).flatten()
+            keys = keys[keys < length]
+        else:
+            keys = torch.arange(max(0, start - self.window), min(length, end + self.window), device=device)
+        if self.global_positions or self.global_every:
+            everything = torch.arange(length, device=device)
+            keys = torch.cat([keys, everything[self.is_global(everything)]]).unique()
+        if self.causal:
+            keys = keys[keys < end]
+        return keys
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
+                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Attention under the pattern's explicit mask: ``(output, weights)``; the reference."""
+    mask = pattern.dense(q.size(-2), k.size(-2), q.device)  # (Tq, Tk)
+    if padding is not None:
+        mask = mask & padding[:, None, None, :]
+    return attention_math(q, k, v, mask, bias)
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
+                      dropout: float = 0.0) -> Tensor:
+    """The pattern's attention, one chunk of queries at a time against the keys it needs.
+
+    Args:
+        q: ``(B, H, Tq, Dh)``, end-aligned with the keys; k, v: ``(B, H, Tk, Dh)``.
+        padding: ``(B, Tk)`` bool, True for real keys.
+        dropout: dropout on the attention weights (pass 0 in eval mode).
+
+    Memory is O(Tq * m) for ``m`` keys per chunk (about ``chunk + 2 * window``), not O(Tq * Tk).
+    Global queries, which see every key, are computed in one extra pass over all keys.
+    """
+    q_len, k_len = q.size(-2), k.size(-2)
+    offset = k_len - q_len
+    size = pattern.chunk_size()
+    table = pattern.random_table(math.ceil(k_len / pattern.block), q.device) if pattern.random_blocks else None
+    outputs = []
+    for start in range(offset, k_len, size):
+        end = min(start + size, k_len)
+        queries = torch.arange(start, end, device=q.device)
+        span = pattern.key_range(start, end, k_len)
+        if span is not None:  # a band: slice, no gather
+            keys = torch.arange(*span, device=q.device)
+            chunk_k, chunk_v, chunk_pad = k[:, :, span[0] : span[1]], v[:, :, span[0] : span[1]], \
+                None if padding is None else padding[:, span[0] : span[1]]
+        else:
+            keys = pattern.keys_for(start, end, k_len, q.device)  # (m,)
+            chunk_k, chunk_v = k[:, :, keys], v[:, :, keys]
+            chunk_pad = None if padding is None else padding[:, keys]
+        mask = pattern.allowed(queries[:, None], keys[None, :], k_len, table)  # (c, m)
+        if chunk_pad is not None:
+            mask = mask & chunk_pad[:, None, None, :]  # (B, 1, c, m)
+        outputs.append(_attend(q[:, :, start - offset : end - offset], chunk_k, chunk_v, mask, dropout))
+    out = torch.cat(outputs, dim=2)  # (B, H, Tq, Dh)
+    if pattern.global_positions or pattern.global_every:
+        positions = torch.arange(offset, k_len, device=q.device)
+        rows = positions[pattern.is_global(positions)]
+        if len(rows):
+            mask = pattern.allowed(rows[:, None], torch.arange(k_len, device=q.device)[None, :], k_len, table)
+            if padding is not None:
+                mask = mask & padding[:, None, None, :]
+            out = out.index_copy(2, rows - offset, _attend(q[:, :, rows - offset], k, v, mask, dropout))
+    return out
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float) -> Tensor:
+    out, weights = attention_math(q, k, v, mask)
+    return F.dropout(weights, dropout, training=True) @ v if dropout else out
+
+
+def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
+                          compiled: bool = True) -> Tensor:
+    """The pattern's attention through FlexAttention's block mask (``torch.nn.attention``).
+
+    Compiled, FlexAttention skips the blocks the mask rules out; uncompiled (for tests) it
+    computes the dense product.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    q_len, k_len = q.size(-2), k.size(-2)
+    offset = k_len - q_len
+
+    table = pattern.random_table(math.ceil(k_len / pattern.block), q.device) if pattern.random_blocks else None
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        see = pattern.allowed(q_idx + offset, kv_idx, k_len, table)
+        return see if padding is None else see & padding[b, kv_idx]
+
+    batch = None if padding is None else q.size(0)
+    block_mask = create_block_mask(mask_mod, batch, None, q_len, k_len, device=q.device)
+    attend = _compiled_flex() if compiled else flex_attention
+    return attend(q, k, v, block_mask=block_mask)
+
+
+_COMPILED = None
+
+
+def _compiled_flex():
+    global _COMPILED
+    if _COMPILED is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED
+
+
+KERNELS = ("auto", "chunked", "flex", "dense")
+
+
+class SparseAttention(MultiHeadAttention):
+    """Multi-head self-attention restricted to a :class:`Pattern`.
+
+    The pattern's ``causal`` flag is taken from the mask of each call (a decoder's
+    self-attention is causal). ``kernel`` picks the computation: ``chunked`` (O(n * w) memory,
+    any device, training included), ``flex`` (FlexAttention, compiled; GPU, or CPU inference),
+    ``dense`` (the explicit mask; small inputs and tests) or ``auto``: dense up to
+    ``dense_up_to`` keys, then compiled FlexAttention on CUDA without attention dropout, and
+    chunked otherwise. Asking for the weights always uses the dense reference.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, pattern: Pattern, *, kernel: str = "auto", dense_up_to: int = 512,
+                 **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        self.pattern = pattern
+        self.kernel = kernel
+        self.dense_up_to = dense_up_to
+
+    def choose_kernel(self, k_len: int, device: torch.device) -> str:
+        if self.kernel != "auto":
+            return self.kernel
+        if k_len <= self.dense_up_to:
+            return "dense"
+        dropout = self.dropout if self.training else 0.0
+        return "flex" if device.type == "cuda" and not dropout else "chunked"
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
+                cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if memory is not None:
+            raise ValueError("sparse attention kinds are for self-attention; keep cross_attention: sdpa")
+        mask = mask or AttentionMask()
+        q, k, v, bias = self.project(x, None, cache)
+        if bias is not None:
+            raise ValueError("ALiBi adds a bias over all keys, which sparse kernels do not compute; "
+                             "use sinusoidal, learned or rotary positions with sparse attention")
+        pattern = replace(self.pattern, causal=mask.causal)
+        padding = None if mask.padding is None else mask.padding.to(device=q.device, dtype=torch.bool)
+        dropout = self.dropout if self.training else 0.0
+        weights = None
+        kernel = self.choose_kernel(k.size(-2), q.device)
+        if need_weights or kernel == "dense":
+            out, weights = dense_attention(q, k, v, pattern, padding)
+            out = F.dropout(weights, dropout, training=True) @ v if dropout else out
+        elif kernel == "flex":
+            if dropout:
+                raise ValueError("FlexAttention has no attention dropout; set kernel: chunked, or dropout: 0")
+            out = flex_attention_kernel(q, k, v, pattern, padding, compiled=True)
+        else:
+            out = chunked_attention(q, k, v, pattern, padding, dropout)
+        out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)  # (B, Tq, D)
+        return self.out_proj(out), weights if need_weights else None
+
+
+class MemoryCompressedAttention(MultiHeadAttention):
+    """Self-attention over keys and values shortened by a strided convolution (Liu et al. 2018).
+
+    Keys and values, after their projections, are each convolved over the sequence with kernel
+    and stride ``compression`` (3 in the paper), so every query attends to ``ceil(n / c)``
+    summaries instead of ``n`` keys. Causal: a query sees a summary only once every position it
+    covers is at or before the query.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, compression: int = 3, **kwargs) -> None:
+        super().__init__(d_model, n_heads, **kwargs)
+        self.compression = compression
+        self.compress_k = nn.Conv1d(d_model, d_model, compression, stride=compression)
+        self.compress_v = nn.Conv1d(d_model, d_model, compression, stride=compression)
+
+    def _compress(self, x: Tensor, conv: nn.Conv1d) -> Tensor:
+        """``(B, H, T, Dh)`` to ``(B, H, ceil(T / c), Dh)``, zero-padding the last block."""
+        b, h, t, dh = x.shape
+        flat = x.transpose(1, 2).reshape(b, t, h * dh).transpose(1, 2)  # (B, D, T)
+        flat = F.pad(flat, (0, -t % self.compression))
+        out = conv(flat).transpose(1, 2)  # (B, T', D)
+        return out.view(b, -1, h, dh).transpose(1, 2)
+
+    def summary_mask(self, q_len: int, k_len: int, padding: Tensor | None, causal: bool,
+                     device: torch.device) -> Tensor | None:
+        """Which summaries each query may see, ``(B or 1, 1, Tq, T')``."""
+        c, n_summaries = self.compression, math.ceil(k_len / self.compression)
+        mask = None
+        if causal:
+            last = (torch.arange(n_summaries, device=device) + 1) * c - 1  # the last position a summary covers
+            q_pos = torch.arange(k_len - q_len, k_len, device=device)
+            mask = (last[None, :] <= q_pos[:, None])[None, None]
+        if padding is not None:
+            real = F.pad(padding.float(), (0, -k_len % c)).view(padding.size(0), n_summaries, c).amax(-1) > 0
+            real = real[:, None, None, :]
+            mask = real if mask is None else mask & real
+        return mask
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
+                cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        if memory is not None:
+            raise ValueError("memory-compressed attention is for self-attention; keep cross_attention: sdpa")
+        mask = mask or AttentionMask()
+        q, k, v, bias = self.project(x, None, cache)
+        if bias is not None:
+            raise ValueError("ALiBi is not defined over compressed keys; use sinusoidal, learned or rotary positions")
+        k_len = k.size(-2)
+        k, v = self._compress(k, self.compress_k), self._compress(v, self.compress_v)  # (B, H, T', Dh)
+        summary = self.summary_mask(q.size(-2), k_len, mask.padding, mask.causal, q.device)
+        out, weights = attention_math(q, k, v, summary)
+        if self.training and self.dropout:
+            out = F.dropout(weights, self.dropout, training=True) @ v
+        out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)
+        return self.out_proj(out), weights if need_weights else None

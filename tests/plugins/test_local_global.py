@@ -1,0 +1,174 @@
+"""Local and global attention kinds: each equals full attention under its explicit mask (forward
+and gradients, lengths that are not multiples of the window or block), causal kinds never see
+the future, and bad pattern configs are refused with a clear message."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import transformer_zoo as tz
+from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.local_attention import chunked_attention, flex_attention_kernel
+from transformer_zoo.registry import get_registry
+
+KINDS = {
+    "sliding-window": {"window": 7},
+    "block-local": {"block": 16},
+    "local-global": {"window": 5, "global_positions": [0, 37], "global_every": 50},
+    "block-sparse": {"block": 16, "window_blocks": 1, "global_blocks": 1, "random_blocks": 2, "seed": 3},
+}
+CAUSAL = ["sliding-window", "block-local", "local-global"]
+
+
+def pattern(kind, causal=False):
+    from dataclasses import replace
+
+    options = get_registry().component("attention", kind).model_validate({"kind": kind, **KINDS[kind]})
+    return replace(options.pattern(), causal=causal)
+
+
+def qkv(length, batch=2, heads=2, dim=8):
+    torch.manual_seed(0)
+    return [torch.randn(batch, heads, length, dim, dtype=torch.float32, requires_grad=True) for _ in range(3)]
+
+
+def full_attention(q, k, v, mask):
+    """The reference: SDPA over all keys with the explicit mask; all-masked rows are zero."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+
+
+@pytest.mark.parametrize("length", [97, 203])
+@pytest.mark.parametrize(("kind", "causal"), [(kind, False) for kind in KINDS] + [(kind, True) for kind in CAUSAL])
+def test_chunked_kernel_equals_full_attention_under_the_mask(kind, causal, length):
+    """Block-sparse is encoder-only, so it has no causal case (a decoder refuses it, below)."""
+    p = pattern(kind, causal)
+    q, k, v = qkv(length)
+    padding = torch.ones(2, length, dtype=torch.bool)
+    padding[1, length - 30 :] = False
+    mask = p.dense(length, length) & padding[:, None, None, :]
+    expected = full_attention(q, k, v, mask)
+    out = chunked_attention(q, k, v, p, padding)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    grad = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad((expected * grad).sum(), (q, k, v))
+    grads = torch.autograd.grad((out * grad).sum(), (q, k, v))
+    for mine, theirs in zip(grads, expected_grads):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    assert not mask.all(), "the pattern is really sparse"
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_flex_kernel_equals_full_attention_under_the_mask(kind):
+    """FlexAttention uncompiled on CPU (forward only: it has no CPU backward)."""
+    p = pattern(kind)
+    q, k, v = (t.detach() for t in qkv(150))
+    mask = p.dense(150, 150)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = flex_attention_kernel(q, k, v, p, compiled=False)
+    torch.testing.assert_close(out, full_attention(q, k, v, mask[None, None]), atol=1e-5, rtol=1e-5)
+
+
+def test_a_cached_query_sees_what_it_would_see_in_the_full_sequence():
+    p = pattern("local-global", causal=True)
+    q, k, v = (t.detach() for t in qkv(120))
+    full = chunked_attention(q, k, v, p)
+    last = chunked_attention(q[:, :, -3:], k, v, p)  # three new queries, end-aligned with the keys
+    torch.testing.assert_close(last, full[:, :, -3:], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("attention", [
+    {"kind": "sliding-window", "window": 6, "kernel": "chunked"},
+    {"kind": "block-local", "block": 8, "kernel": "chunked"},
+    {"kind": "local-global", "window": 4, "global_positions": [0, 9], "kernel": "chunked"},
+    {"kind": "memory-compressed", "compression": 3},
+])
+def test_causal_kinds_never_see_the_future(attention):
+    model = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 2, "attention": attention},
+                           vocab_size=50, d_model=32, n_heads=4, d_ff=64, dropout=0.0).eval()
+    ids = torch.randint(3, 50, (2, 41))
+    base = model(ids).logits
+    for t in range(0, 40, 3):
+        changed = ids.clone()
+        changed[:, t + 1 :] = torch.randint(3, 50, changed[:, t + 1 :].shape)
+        out = model(changed).logits
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
+        assert not torch.allclose(out[:, t + 1 :], base[:, t + 1 :]), "later positions do see the change"
+
+
+def test_memory_compressed_equals_attention_over_convolved_keys():
+    model = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": {"kind": "memory-compressed"}},
+                           decoder=None, head={"kind": "sequence-classification"}, d_model=32, n_heads=4,
+                           vocab_size=50, dropout=0.0).eval()
+    attn = model.encoder.layers[0].self_attn
+    x = torch.randn(2, 10, 32)
+    out, _ = attn(x)
+    q, k, v = attn.in_proj(x).chunk(3, dim=-1)
+    pad = lambda t: F.pad(t.transpose(1, 2), (0, 2))  # noqa: E731  10 -> 12 positions, 4 summaries
+    k, v = attn.compress_k(pad(k)).transpose(1, 2), attn.compress_v(pad(v)).transpose(1, 2)  # (B, 4, D)
+    heads = lambda t: t.view(2, -1, 4, 8).transpose(1, 2)  # noqa: E731
+    expected = F.scaled_dot_product_attention(heads(q), heads(k), heads(v)).transpose(1, 2).reshape(2, 10, 32)
+    torch.testing.assert_close(out, attn.out_proj(expected), atol=1e-5, rtol=1e-5)
+
+
+def test_kernels_agree_inside_a_model():
+    torch.manual_seed(0)
+    outputs = {}
+    for kernel in ("dense", "chunked"):
+        torch.manual_seed(0)
+        model = tz.build_model("local-global-encoder-tiny", dropout=0.0,
+                               encoder={"layers": 2, "attention": {"kind": "local-global", "window": 16, "kernel": kernel}})
+        ids = torch.randint(3, 1000, (2, 300))
+        mask = torch.ones_like(ids)
+        mask[1, 250:] = 0
+        outputs[kernel] = model(ids, src_mask=mask).logits
+    torch.testing.assert_close(outputs["dense"], outputs["chunked"], atol=1e-5, rtol=1e-5)
+
+
+def test_dmca_decodes_the_same_with_and_without_the_cache():
+    from transformer_zoo.core.decoding import greedy_decode
+
+    model = tz.build_model("transformer-dmca-tiny", dropout=0.0, head={"kind": "lm", "tie_weights": False},
+                           decoder={"layers": 4, "attention": [{"kind": "block-local", "block": 4, "kernel": "chunked"},
+                                                               {"kind": "memory-compressed"}]}).eval()
+    layers = model.decoder.layers
+    assert [type(layer.self_attn).__name__ for layer in layers] == ["SparseAttention", "MemoryCompressedAttention"] * 2
+    prompt = torch.randint(3, 1000, (2, 6))
+    cached = greedy_decode(model, prompt=prompt, max_new_tokens=14)
+    assert torch.equal(cached, greedy_decode(model, prompt=prompt, max_new_tokens=14, use_cache=False))
+
+
+@pytest.mark.parametrize(
+    ("attention", "message"),
+    [
+        ({"kind": "sliding-window", "window": 512}, "window=512 is not smaller than max_len=512"),
+        ({"kind": "local-global", "window": 8, "global_positions": [0, 600]},
+         "global_positions \\[600\\] are outside 0..511"),
+        ({"kind": "block-sparse", "block": 128}, "block=128 divides max_len=512 into 4 blocks, but each block sees 5"),
+        ({"kind": "block-local", "block": 1024}, "block=1024 is not smaller than max_len=512"),
+        ({"kind": "sliding-window", "window": 0}, "window"),
+    ],
+)
+def test_bad_patterns_are_refused(attention, message):
+    with pytest.raises(ConfigError, match=message):
+        tz.load_config("transformer-tiny", {"encoder": {"attention": attention}})
+
+
+def test_block_sparse_in_a_decoder_is_refused():
+    model = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": {"kind": "block-sparse",
+                           "block": 8, "random_blocks": 0}}, d_model=32, n_heads=4, vocab_size=50)
+    with pytest.raises(ValueError, match="block-sparse attention is for encoders"):
+        model(torch.randint(3, 50, (1, 40)))
+
+
+def test_weights_are_the_dense_reference():
+    model = tz.build_model("local-global-encoder-tiny", dropout=0.0).eval()
+    out = model(torch.randint(3, 1000, (1, 60)), need_weights=True)
+    weights = out.attentions["encoder"][0]["self"][0, 0]  # (T, T)
+    allowed = model.encoder.layers[0].self_attn.pattern.dense(60, 60)
+    assert (weights[~allowed] == 0).all() and torch.allclose(weights.sum(-1), torch.ones(60))
