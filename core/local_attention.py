@@ -107,15 +107,19 @@ class Pattern:
             return None
         return max(0, start - self.window), min(length, end if self.causal else end + self.window)
 
-    def keys_for(self, start: int, end: int, length: int, device: torch.device) -> Tensor:
-        """Key positions queries ``start .. end - 1`` may need (a superset; ``allowed`` decides)."""
+    def keys_for(self, start: int, end: int, length: int, device: torch.device, table: Tensor | None = None) -> Tensor:
+        """Key positions queries ``start .. end - 1`` may need (a superset; ``allowed`` decides).
+
+        ``table`` is :meth:`random_table` for ``length``, when the caller has it already.
+        """
         if self.block:
             first_block, last_block = start // self.block, (end - 1) // self.block
             reach = 1 if self.causal else self.window
             blocks = torch.arange(max(0, first_block - reach), min(last_block + reach, (length - 1) // self.block) + 1,
                                   device=device)
             if self.random_blocks:
-                table = self.random_table(math.ceil(length / self.block), device)
+                if table is None:
+                    table = self.random_table(math.ceil(length / self.block), device)
                 blocks = torch.cat([blocks, table[first_block : last_block + 1].flatten()]).unique()
             keys = (blocks[:, None] * self.block + torch.arange(self.block, device=device)).flatten()
             keys = keys[keys < length]
@@ -164,7 +168,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
             chunk_k, chunk_v, chunk_pad = k[:, :, span[0] : span[1]], v[:, :, span[0] : span[1]], \
                 None if padding is None else padding[:, span[0] : span[1]]
         else:
-            keys = pattern.keys_for(start, end, k_len, q.device)  # (m,)
+            keys = pattern.keys_for(start, end, k_len, q.device, table)  # (m,)
             chunk_k, chunk_v = k[:, :, keys], v[:, :, keys]
             chunk_pad = None if padding is None else padding[:, keys]
         mask = pattern.allowed(queries[:, None], keys[None, :], k_len, table)  # (c, m)
