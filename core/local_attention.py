@@ -231,6 +231,18 @@ def _compiled_flex():
 KERNELS = ("auto", "chunked", "flex", "dense")
 
 
+def _self_attention(attn: MultiHeadAttention, x: Tensor, memory: Tensor | None,
+                    cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Queries, keys and values for a self-attention kind that cannot take cross-attention or ALiBi."""
+    if memory is not None:
+        raise ValueError(f"{type(attn).__name__} is for self-attention; keep cross_attention: sdpa")
+    q, k, v, bias = attn.project(x, None, cache)
+    if bias is not None:
+        raise ValueError("ALiBi adds a bias over all keys, which sparse and compressed attention do not compute; "
+                         "use sinusoidal, learned or rotary positions with them")
+    return q, k, v
+
+
 class SparseAttention(MultiHeadAttention):
     """Multi-head self-attention restricted to a :class:`Pattern`.
 
@@ -261,13 +273,8 @@ class SparseAttention(MultiHeadAttention):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
                 cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        if memory is not None:
-            raise ValueError("sparse attention kinds are for self-attention; keep cross_attention: sdpa")
         mask = mask or AttentionMask()
-        q, k, v, bias = self.project(x, None, cache)
-        if bias is not None:
-            raise ValueError("ALiBi adds a bias over all keys, which sparse kernels do not compute; "
-                             "use sinusoidal, learned or rotary positions with sparse attention")
+        q, k, v = _self_attention(self, x, memory, cache)
         pattern = replace(self.pattern, causal=mask.causal)
         padding = None if mask.padding is None else mask.padding.to(device=q.device, dtype=torch.bool)
         dropout = self.dropout if self.training else 0.0
@@ -326,12 +333,8 @@ class MemoryCompressedAttention(MultiHeadAttention):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
                 cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        if memory is not None:
-            raise ValueError("memory-compressed attention is for self-attention; keep cross_attention: sdpa")
         mask = mask or AttentionMask()
-        q, k, v, bias = self.project(x, None, cache)
-        if bias is not None:
-            raise ValueError("ALiBi is not defined over compressed keys; use sinusoidal, learned or rotary positions")
+        q, k, v = _self_attention(self, x, memory, cache)
         k_len = k.size(-2)
         k, v = self._compress(k, self.compress_k), self._compress(v, self.compress_v)  # (B, H, T', Dh)
         summary = self.summary_mask(q.size(-2), k_len, mask.padding, mask.causal, q.device)
