@@ -158,6 +158,26 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
     offset = k_len - q_len
     size = pattern.chunk_size()
     table = pattern.random_table(math.ceil(k_len / pattern.block), q.device) if pattern.random_blocks else None
+    if pattern.block and offset == 0 and (pattern.random_blocks or pattern.global_positions or pattern.global_every):
+        out = _blocked(q, k, v, pattern, padding, dropout, table)  # gathers: one batched product beats a loop
+    else:
+        out = _chunks(q, k, v, pattern, padding, dropout, table, size)
+    if pattern.global_positions or pattern.global_every:
+        positions = torch.arange(offset, k_len, device=q.device)
+        rows = positions[pattern.is_global(positions)]
+        if len(rows):
+            mask = pattern.allowed(rows[:, None], torch.arange(k_len, device=q.device)[None, :], k_len, table)
+            if padding is not None:
+                mask = mask & padding[:, None, None, :]
+            out = out.index_copy(2, rows - offset, _attend(q[:, :, rows - offset], k, v, mask, dropout))
+    return out
+
+
+def _chunks(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
+            table: Tensor | None, size: int) -> Tensor:
+    """Queries ``size`` at a time, each chunk against the keys it may need."""
+    q_len, k_len = q.size(-2), k.size(-2)
+    offset = k_len - q_len
     outputs = []
     for start in range(offset, k_len, size):
         end = min(start + size, k_len)
@@ -175,16 +195,49 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
         if chunk_pad is not None:
             mask = mask & chunk_pad[:, None, None, :]  # (B, 1, c, m)
         outputs.append(_attend(q[:, :, start - offset : end - offset], chunk_k, chunk_v, mask, dropout))
-    out = torch.cat(outputs, dim=2)  # (B, H, Tq, Dh)
+    return torch.cat(outputs, dim=2)  # (B, H, Tq, Dh)
+
+
+def _blocked(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
+             table: Tensor | None) -> Tensor:
+    """Every query block at once against its own gathered key blocks (BigBird's layout).
+
+    Each of the ``nb`` query blocks gathers ``m`` key blocks: its neighbours, the blocks holding
+    global positions, and its random blocks; a block gathered twice counts once. Memory is
+    O(n * m * block).
+    """
+    batch, heads, n, dim = q.shape
+    b = pattern.block
+    nb = math.ceil(n / b)
+    device = q.device
+    blocks = torch.arange(nb, device=device)
+    reach = torch.arange(-1, 1, device=device) if pattern.causal else torch.arange(-pattern.window, pattern.window + 1,
+                                                                                   device=device)
+    parts = [blocks[:, None] + reach[None, :]]  # neighbours, (nb, 2r + 1)
     if pattern.global_positions or pattern.global_every:
-        positions = torch.arange(offset, k_len, device=q.device)
-        rows = positions[pattern.is_global(positions)]
-        if len(rows):
-            mask = pattern.allowed(rows[:, None], torch.arange(k_len, device=q.device)[None, :], k_len, table)
-            if padding is not None:
-                mask = mask & padding[:, None, None, :]
-            out = out.index_copy(2, rows - offset, _attend(q[:, :, rows - offset], k, v, mask, dropout))
-    return out
+        positions = torch.arange(n, device=device)
+        held = (positions[pattern.is_global(positions)] // b).unique()
+        parts.append(held[None, :].expand(nb, -1))
+    if table is not None:
+        parts.append(table)
+    ids = torch.cat(parts, dim=1)  # (nb, m)
+    valid = (ids >= 0) & (ids < nb)
+    slots = ids.size(1)
+    named = torch.where(valid, ids, -1 - torch.arange(slots, device=device))  # invalid slots never match
+    earlier = torch.ones(slots, slots, dtype=torch.bool, device=device).tril(-1)  # (m, m): i < j
+    valid &= ~((named[:, :, None] == named[:, None, :]) & earlier).any(-1)  # a repeated block counts once
+    ids = ids.clamp(0, nb - 1)
+    key_pos = (ids[:, :, None] * b + torch.arange(b, device=device)).flatten(1)  # (nb, m * b)
+    pad = nb * b - n
+    kp, vp, qp = (F.pad(t, (0, 0, 0, pad)) for t in (k, v, q))
+    query_pos = torch.arange(nb * b, device=device).view(nb, b)
+    mask = pattern.allowed(query_pos[:, :, None], key_pos[:, None, :], n, table)  # (nb, b, m * b)
+    mask &= (valid.repeat_interleave(b, dim=1) & (key_pos < n))[:, None, :]
+    mask = mask[None, None]  # (1, 1, nb, b, m * b)
+    if padding is not None:
+        mask = mask & F.pad(padding, (0, pad))[:, key_pos][:, None, :, None, :]  # (B, 1, nb, b, m * b)
+    out = _attend(qp.view(batch, heads, nb, b, dim), kp[:, :, key_pos], vp[:, :, key_pos], mask, dropout)
+    return out.reshape(batch, heads, nb * b, dim)[:, :, :n]
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float) -> Tensor:

@@ -105,13 +105,13 @@ class StepSignal(nn.Module):
 
     def __init__(self, d_model: int, steps: int, positional: nn.Module | None = None) -> None:
         super().__init__()
-        self.register_buffer("timestep", sinusoid_table(steps, d_model), persistent=False)  # (T, D)
+        self.register_buffer("timestep", sinusoid_table(steps + 1, d_model), persistent=False)  # (T + 1, D): t = 1..T
         self.positional = positional
 
     def forward(self, x: Tensor, step: int, offset: int = 0) -> Tensor:
         if self.positional is not None:
             x = self.positional(x, offset)
-        return x + self.timestep[step].to(x.dtype)
+        return x + self.timestep[step + 1].to(x.dtype)  # step 0 is the paper's t = 1
 
 
 class RecurrentStack(nn.Module):
@@ -177,24 +177,24 @@ class RecurrentStack(nn.Module):
             return StackOutput(self.final_norm(x), attentions, extras={"ponder_time": ponder})
 
         running = real.clone()
-        halted_sum = x.new_zeros(real.shape)  # sum of p_t while running
-        remainder = x.new_zeros(real.shape)
-        updates = x.new_zeros(real.shape)
+        halted_sum = torch.zeros(real.shape, device=x.device)  # float32 book-keeping, whatever x's dtype
+        remainder = torch.zeros_like(halted_sum)
+        updates = torch.zeros_like(halted_sum)
         output = torch.zeros_like(x)
         state = x
         for step in range(self.steps):
             if cache is None and not bool(running.any()):
                 break  # every position has halted; with a cache later tokens need every step's keys
-            p = torch.sigmoid(self.halting(self.signal(state, step, offset))).squeeze(-1)  # (B, T)
+            p = torch.sigmoid(self.halting(self.signal(state, step, offset)).float()).squeeze(-1)  # (B, T)
             last = step == self.steps - 1
             halts = running & ((halted_sum + p > self.threshold) | last)
             continues = running & ~halts
             remainder = torch.where(halts, 1.0 - halted_sum, remainder)
             weight = torch.where(continues, p, torch.where(halts, remainder, torch.zeros_like(p)))  # (B, T)
             halted_sum = halted_sum + p * continues
-            updates = updates + running.to(x.dtype)
+            updates = updates + running.float()
             new_state = apply(state, step)
-            output = output + weight.unsqueeze(-1) * new_state
+            output = output + weight.unsqueeze(-1).to(new_state.dtype) * new_state
             state = torch.where(running.unsqueeze(-1), new_state, state)  # halted positions are copied
             running = continues
         ponder = (updates + remainder) * real  # rho = N + R (Graves 2016, eq. 11)
@@ -206,4 +206,4 @@ def _real_positions(x: Tensor, mask: AttentionMask | None) -> Tensor:
     """``(B, T)``: True for real tokens of the current input, False for padding."""
     if mask is None or mask.padding is None:
         return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-    return mask.padding[:, -x.size(1):]
+    return mask.padding[:, -x.size(1):].bool()

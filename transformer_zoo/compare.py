@@ -59,7 +59,7 @@ class RunRecord(BaseModel):
     metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
     curve: list[dict[str, float]] = Field(description="the learning curve: step, loss, lr, and test metrics when evaluated")
     ponder_time: dict[str, float] = Field(
-        {}, description="models with adaptive computation time: mean steps per real test position, by stack"
+        {}, description="models with a recurrent stack: mean steps per real test position, by stack (fixed without ACT)"
     )
     ponder_plot: str | None = Field(None, description="a heat map of one test example's ponder times, relative to the report")
 
@@ -183,7 +183,8 @@ def training_flops_per_token(run_dir: Path, config: TrainConfig) -> float:
 @torch.no_grad()
 def ponder_summary(run_dir: Path, examples: int = 64) -> tuple[dict[str, float], str | None]:
     """Mean ponder time per stack over the first test examples of a finished run, and a heat
-    map of the first one (``ponder.png`` in the run folder); nothing for a model without ACT."""
+    map of the first one (``ponder.png`` in the run folder); nothing for a model without a
+    recurrent stack (one without ACT reports its fixed number of steps)."""
     from .report import plot_ponder
     from .train import load_run
 

@@ -33,6 +33,7 @@ class UniversalTransformerConfig(EncoderDecoderConfig):
     family: ClassVar[str] = "universal-transformer"
 
     variant: str = Field("universal-transformer", description="the registered variant this config started from")
+    vocab_size: int = Field(37000, ge=1, description="shared source/target vocabulary, as the Transformer's")
     encoder: Stack | None = Field(RECURRENT, validate_default=True,
                                   description="encoder: a recurrent stack (layers = the most steps T)")
     decoder: Stack | None = Field(RECURRENT, validate_default=True,

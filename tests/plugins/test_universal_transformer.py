@@ -3,7 +3,6 @@ decoding, and learning an algorithmic task."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import transformer_zoo as tz
@@ -133,3 +132,51 @@ def test_universal_transformer_tiny_learns_to_reverse(tmp_path):
     summary = train(config, tmp_path, progress=False)
     print("universal-transformer-tiny on reverse:", summary["metrics"])
     assert summary["metrics"]["test"]["token_accuracy"] >= 0.90
+
+
+class MarkChannel(torch.nn.Module):
+    """Wraps the shared layer: channel 0 of every state it returns is 1, so the ACT output's
+    channel 0 is the sum of that position's weights."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, memory=None, **kwargs):
+        out, weights = self.layer(x, memory, **kwargs)
+        return torch.cat([torch.ones_like(out[..., :1]), out[..., 1:]], dim=-1), weights
+
+
+def test_act_weights_ponder_and_cost_follow_graves():
+    """Per position: the weights sum to 1; rho = N + (1 - sum of p before N); the cost has a
+    gradient into the halting unit."""
+    torch.manual_seed(2)
+    model = build(steps=6)
+    spread_halting(model)
+    stack = model.encoder
+    stack.layer = MarkChannel(stack.layer)
+    probabilities = []
+    stack.halting.register_forward_hook(lambda m, args, out: probabilities.append(torch.sigmoid(out.detach().float()).squeeze(-1)))
+    src = torch.randint(3, 60, (3, 11))
+    padding = torch.ones(3, 11, dtype=torch.bool)
+    padding[2, 7:] = False
+    out = stack(model.src_embed(src), self_mask=AttentionMask(padding=padding))
+    torch.testing.assert_close(out.hidden[..., 0][padding], torch.ones(int(padding.sum())), atol=1e-5, rtol=0)
+    assert (out.hidden[..., 0][~padding] == 0).all(), "padding never runs"
+    ponder = out.extras["ponder_time"]
+    steps_taken = ponder.ceil().long() - 1
+    p = torch.stack(probabilities, dim=-1)  # (B, T, steps run)
+    for b, i in zip(*padding.nonzero(as_tuple=True)):
+        n = int(steps_taken[b, i])
+        expected = n + 1 - float(p[b, i, : n - 1].sum())
+        assert abs(float(ponder[b, i].detach()) - expected) < 1e-5
+    out.aux_loss.backward()
+    assert stack.halting.weight.grad.abs().sum() > 0
+
+
+def test_a_position_that_never_halts_stops_at_the_most_steps():
+    model = build(steps=5)
+    with torch.no_grad():
+        model.encoder.halting.bias.fill_(-20.0)
+    ponder = model(torch.randint(3, 60, (2, 8)), torch.randint(3, 60, (2, 3))).extras["encoder_ponder_time"]
+    assert ((ponder > 5) & (ponder <= 6)).all(), "N = 5 steps and R close to 1"
