@@ -95,9 +95,10 @@ class EncoderDecoderConfig(VariantConfig):
         """The embeddings and the stack of the encoder or the decoder."""
         positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
         in_attention = positional if isinstance(positional, AttentionPositional) else None
+        additive, stack_context = self._place_positions(stack, None if in_attention is not None else positional)
         embed = Embeddings(
             token,
-            positional=None if in_attention is not None else positional,
+            positional=additive,
             scale=math.sqrt(self.d_model) if self.scale_embeddings else 1.0,
             dropout=self.dropout,
         )
@@ -106,7 +107,15 @@ class EncoderDecoderConfig(VariantConfig):
             make_layer=lambda index=0: self._layer(stack, in_attention, cross, index),
             final_norm=self.norm.build(d_model=self.d_model) if with_final_norm else None,
             d_model=self.d_model,
+            **stack_context,
         )
+
+    def _place_positions(self, stack: StackOptions, additive: nn.Module | None) -> tuple[nn.Module | None, dict]:
+        """Where additive positions go: ``(for the embeddings, extra build arguments of the stack)``.
+
+        By default they are added once, to the embeddings; a family may hand them to the stack.
+        """
+        return additive, {}
 
     def _token_embedding(self, vocab_size: int) -> nn.Embedding:
         token = nn.Embedding(vocab_size, self.d_model)

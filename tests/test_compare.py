@@ -129,7 +129,7 @@ def test_lower_is_better_for_perplexity():
 def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
     """The same parameters applied twice as often cost about twice the FLOPs."""
     from transformer_zoo.compare import training_flops_per_token
-    from transformer_zoo.train import load_train_config, train
+    from transformer_zoo.train import load_run, load_train_config, train
 
     flops = {}
     for steps in (2, 4):
@@ -137,5 +137,6 @@ def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
         config = load_train_config({"model": {"variant": "universal-transformer-tiny", "encoder": stack, "decoder": stack},
                                     "task": TASKS[0], "steps": 1, "batch_size": 4})
         train(config, tmp_path / str(steps), progress=False)
-        flops[steps] = training_flops_per_token(tmp_path / str(steps), config)
+        _, task, model = load_run(tmp_path / str(steps))
+        flops[steps] = training_flops_per_token(model, task, config)
     assert 1.5 < flops[4] / flops[2] < 2.0, flops  # the head and embeddings do not grow with steps

@@ -148,9 +148,11 @@ def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    task = config.task.build()
-    flops = training_flops_per_token(Path(run_dir), config)
-    ponder, plot = ponder_summary(Path(run_dir))
+    from .train import load_run
+
+    _, task, trained = load_run(run_dir)
+    flops = training_flops_per_token(trained, task, config)
+    ponder, plot = ponder_summary(trained, task, Path(run_dir))
     record = RunRecord(
         variant=label, family=type(model).family or model.variant, task=config.task.kind, seed=config.seed,
         parameters=summary["parameters"], flops_per_token=flops,
@@ -162,7 +164,7 @@ def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     return record
 
 
-def training_flops_per_token(run_dir: Path, config: TrainConfig) -> float:
+def training_flops_per_token(model: torch.nn.Module, task: Any, config: TrainConfig) -> float:
     """FLOPs of a training step's forward and backward on one batch of the run's size, per token
     the model reads, as counted by ``torch.utils.flop_counter`` (matrix products and attention).
 
@@ -170,9 +172,8 @@ def training_flops_per_token(run_dir: Path, config: TrainConfig) -> float:
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .train import _batch, load_run
+    from .train import _batch
 
-    _, task, model = load_run(run_dir)
     model.train()
     batch = _batch(task, task.dataset("train"), 0, config, next(model.parameters()).device)
     with FlopCounterMode(display=False) as counter:
@@ -181,14 +182,13 @@ def training_flops_per_token(run_dir: Path, config: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def ponder_summary(run_dir: Path, examples: int = 64) -> tuple[dict[str, float], str | None]:
+def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: int = 64) -> tuple[dict[str, float], str | None]:
     """Mean ponder time per stack over the first test examples of a finished run, and a heat
     map of the first one (``ponder.png`` in the run folder); nothing for a model without a
     recurrent stack (one without ACT reports its fixed number of steps)."""
     from .report import plot_ponder
-    from .train import load_run
 
-    _, task, model = load_run(run_dir)
+    model.eval()
     test = task.dataset("test")
     rows = [test[i] for i in range(min(examples, len(test)))]
     device = next(model.parameters()).device

@@ -178,12 +178,11 @@ class TextTask(Tokenized, Task):
     @functools.cache
     def _raw(self, split: str) -> datasets.Dataset:
         o = self.options
-        if self.test_files is not None:
-            files = self.files if split == "train" else self.test_files
-            data = datasets.load_dataset("text", data_files=files, sample_by=o.sample_by, split="train")
-            return data.filter(lambda row: bool(row["text"].strip()))
-        data = datasets.load_dataset("text", data_files=self.files, sample_by=o.sample_by, split="train")
+        files = self.test_files if self.test_files is not None and split != "train" else self.files
+        data = datasets.load_dataset("text", data_files=files, sample_by=o.sample_by, split="train")
         data = data.filter(lambda row: bool(row["text"].strip()))
+        if self.test_files is not None:
+            return data
         if len(data) < 2:
             raise ConfigError(f"files={o.files!r} hold {len(data)} non-empty {o.sample_by}(s); a train/test split "
                               "needs at least 2 (or give test_files)")

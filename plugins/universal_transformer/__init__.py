@@ -17,9 +17,7 @@ from typing import ClassVar
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.attention import AttentionPositional
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.embedding import Embeddings
 from transformer_zoo.core.options import Head, Stack, StackOptions, Variant
 from transformer_zoo.core.stack import StepSignal
 from transformer_zoo.registry import hookimpl
@@ -41,22 +39,11 @@ class UniversalTransformerConfig(EncoderDecoderConfig):
     head: Head = Field({"kind": "lm", "label_smoothing": 0.1}, validate_default=True,
                        description="tied generator, label smoothing 0.1")
 
-    def _side(self, stack: StackOptions, token: nn.Embedding, cross: bool) -> tuple[Embeddings, nn.Module]:
-        """Positions go in the per-step signal ``P^t``, not (once) into the embeddings."""
+    def _place_positions(self, stack: StackOptions, additive: nn.Module | None) -> tuple[nn.Module | None, dict]:
+        """Positions go in the per-step signal ``P^t`` of a recurrent stack, not (once) into the embeddings."""
         if stack.kind != "recurrent":
-            return super()._side(stack, token, cross)
-        positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
-        in_attention = positional if isinstance(positional, AttentionPositional) else None
-        embed = Embeddings(token, scale=self.d_model**0.5 if self.scale_embeddings else 1.0, dropout=self.dropout)
-        signal = StepSignal(self.d_model, stack.layers, positional=None if in_attention is not None else positional)
-        with_final_norm = self.norm_placement == "pre" if self.final_norm is None else self.final_norm
-        return embed, stack.build(
-            make_layer=lambda index=0: self._layer(stack, in_attention, cross, index),
-            final_norm=self.norm.build(d_model=self.d_model) if with_final_norm else None,
-            d_model=self.d_model,
-            signal=signal,
-        )
-
+            return additive, {}
+        return None, {"signal": StepSignal(self.d_model, stack.layers, positional=additive)}
 
 TINY = dict(vocab_size=1000, d_model=64, n_heads=4, d_ff=256, max_len=512,
             encoder={**RECURRENT, "layers": 4}, decoder={**RECURRENT, "layers": 4})
