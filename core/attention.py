@@ -184,3 +184,14 @@ class MultiHeadAttention(nn.Module):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout)
         out = out.transpose(1, 2).reshape(x.size(0), q_len, -1)  # (B, Tq, D)
         return self.out_proj(out), weights
+
+
+class MathAttention(MultiHeadAttention):
+    """:class:`MultiHeadAttention` computed by :func:`attention_math` only, never a fused kernel:
+    the ``(B, H, Tq, Tk)`` weights are made, as in the paper; the reference that fused and
+    sparse kernels are measured against."""
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
+                cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        out, weights = super().forward(x, memory, mask=mask, cache=cache, need_weights=True)
+        return out, weights if need_weights else None

@@ -30,6 +30,8 @@ class Pattern:
 
     Attributes:
         window: a query at ``i`` sees keys ``j`` with ``|i - j| <= window`` (0: no band).
+        dilation: with ``dilation = d > 1``, the band is dilated: ``j = i + m * d`` for
+            ``|m| <= window`` (Longformer's dilated sliding window); not with ``block``.
         block: with ``block > 0``, a query sees the keys of its own block of this size (and, when
             ``causal``, of the previous block), instead of a band.
         global_positions: positions that see every key and are seen by every query.
@@ -40,6 +42,7 @@ class Pattern:
     """
 
     window: int = 0
+    dilation: int = 1
     block: int = 0
     global_positions: tuple[int, ...] = ()
     global_every: int = 0
@@ -77,7 +80,10 @@ class Pattern:
             elif self.window:
                 see |= (qb - kb).abs() <= self.window  # neighbouring blocks (block-sparse)
         else:
-            see = (q - k).abs() <= self.window
+            gap = q - k
+            see = gap.abs() <= self.reach()
+            if self.dilation > 1:
+                see &= gap % self.dilation == 0
         if self.random_blocks:
             if table is None:
                 table = self.random_table(math.ceil(length / self.block), q.device)  # (nb, r)
@@ -96,6 +102,10 @@ class Pattern:
         return self.allowed(q, k, k_len)
 
     # ---- what a chunk of queries needs ----------------------------------------------------------
+    def reach(self) -> int:
+        """How far the band reaches on each side, in positions."""
+        return self.window * self.dilation
+
     def chunk_size(self) -> int:
         """Queries per chunk: one block, or the window's width (at least 32)."""
         return self.block if self.block else max(32, self.window)
@@ -105,7 +115,7 @@ class Pattern:
         queries ``start .. end - 1`` need; None otherwise."""
         if self.block or self.global_positions or self.global_every or self.random_blocks:
             return None
-        return max(0, start - self.window), min(length, end if self.causal else end + self.window)
+        return max(0, start - self.reach()), min(length, end if self.causal else end + self.reach())
 
     def keys_for(self, start: int, end: int, length: int, device: torch.device, table: Tensor | None = None) -> Tensor:
         """Key positions queries ``start .. end - 1`` may need (a superset; ``allowed`` decides).
@@ -124,7 +134,7 @@ class Pattern:
             keys = (blocks[:, None] * self.block + torch.arange(self.block, device=device)).flatten()
             keys = keys[keys < length]
         else:
-            keys = torch.arange(max(0, start - self.window), min(length, end + self.window), device=device)
+            keys = torch.arange(max(0, start - self.reach()), min(length, end + self.reach()), device=device)
         if self.global_positions or self.global_every:
             everything = torch.arange(length, device=device)
             keys = torch.cat([keys, everything[self.is_global(everything)]]).unique()
@@ -160,6 +170,8 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
     table = pattern.random_table(math.ceil(k_len / pattern.block), q.device) if pattern.random_blocks else None
     if pattern.block and offset == 0 and (pattern.random_blocks or pattern.global_positions or pattern.global_every):
         out = _blocked(q, k, v, pattern, padding, dropout, table)  # gathers: one batched product beats a loop
+    elif pattern.dilation > 1 and offset == 0 and not (pattern.global_positions or pattern.global_every):
+        out = _dilated(q, k, v, pattern, padding, dropout)
     else:
         out = _chunks(q, k, v, pattern, padding, dropout, table, size)
     if pattern.global_positions or pattern.global_every:
@@ -196,6 +208,24 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor |
             mask = mask & chunk_pad[:, None, None, :]  # (B, 1, c, m)
         outputs.append(_attend(q[:, :, start - offset : end - offset], chunk_k, chunk_v, mask, dropout))
     return torch.cat(outputs, dim=2)  # (B, H, Tq, Dh)
+
+
+def _dilated(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float) -> Tensor:
+    """A dilated band is a plain band on each of the ``d`` interleaved subsequences ``r, r + d,
+    r + 2d, ...``: fold them into the batch, so no key outside the band is computed."""
+    batch, heads, n, dim = q.shape
+    d = pattern.dilation
+    pad = -n % d
+
+    def fold(t: Tensor) -> Tensor:  # (B, H, n, Dh) -> (B * d, H, n / d, Dh)
+        t = F.pad(t, (0, 0, 0, pad))
+        return t.view(batch, heads, -1, d, dim).permute(0, 3, 1, 2, 4).reshape(batch * d, heads, -1, dim)
+
+    real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if padding is None else padding
+    real = F.pad(real, (0, pad)).view(batch, -1, d).transpose(1, 2).reshape(batch * d, -1)  # (B * d, n / d)
+    band = replace(pattern, dilation=1)
+    out = _chunks(fold(q), fold(k), fold(v), band, real, dropout, None, band.chunk_size())
+    return out.view(batch, d, heads, -1, dim).permute(0, 2, 3, 1, 4).reshape(batch, heads, -1, dim)[:, :, :n]
 
 
 def _blocked(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
@@ -241,8 +271,9 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor 
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float) -> Tensor:
-    out, weights = attention_math(q, k, v, mask)
-    return F.dropout(weights, dropout, training=True) @ v if dropout else out
+    # SDPA's fused kernels keep only the output and the softmax's log-sum-exp for backward,
+    # not a chunk's weights; a query with no key to see (all padding) gets zeros.
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
 
 
 def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
@@ -307,7 +338,7 @@ class SparseAttention(MultiHeadAttention):
     chunked otherwise. Asking for the weights always uses the dense reference.
     """
 
-    def __init__(self, d_model: int, n_heads: int, pattern: Pattern, *, kernel: str = "auto", dense_up_to: int = 512,
+    def __init__(self, d_model: int, n_heads: int, pattern: Pattern, *, kernel: str = "auto", dense_up_to: int = 64,
                  **kwargs) -> None:
         super().__init__(d_model, n_heads, **kwargs)
         if kernel not in KERNELS:

@@ -18,6 +18,8 @@ LENGTH = 64
 PATTERNS = {
     "sliding-window": (Pattern(window=6), "sliding-window, window 6"),
     "sliding-window-causal": (Pattern(window=6, causal=True), "sliding-window, causal"),
+    "dilated": (Pattern(window=3, dilation=3), "sliding-window, window 3, dilation 3"),
+    "dilated-causal": (Pattern(window=3, dilation=3, causal=True), "dilated, causal"),
     "block-local": (Pattern(block=16), "block-local, block 16"),
     "block-local-causal": (Pattern(block=16, causal=True), "block-local, causal"),
     "local-global": (Pattern(window=4, global_positions=(0,), global_every=24), "local-global, globals 0, 24, 48"),

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from .api import _read, load_config, validate
 from .core.errors import ConfigError
 from .core.options import Options, Task
-from .train import TrainConfig, model_config_for, train
+from .scaling import ScalingPoint, ScalingSpec, measure_scaling
+from .train import TrainConfig, model_config_for, resolve_device, train
 
 
 class CompareSpec(Options):
@@ -38,6 +39,15 @@ class CompareSpec(Options):
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
     seeds: list[int] = Field([0], min_length=1, description="seeds; every variant and task runs once per seed")
     train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
+    scaling: ScalingSpec | None = Field(
+        None, description="also measure time and memory against sequence length of the variants on one task")
+
+    @model_validator(mode="after")
+    def _scaling_task(self) -> CompareSpec:
+        kinds = [task.kind for task in self.tasks]
+        if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
+            raise ValueError(f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them")
+        return self
 
 
 class RunRecord(BaseModel):
@@ -82,6 +92,7 @@ class CompareResults(BaseModel):
     baselines: dict[str, dict[str, float]] = Field(
         {}, description="by task: test scores of a trivial predictor (the majority class), where the task has one"
     )
+    scaling: list[ScalingPoint] = Field([], description="time and memory against sequence length, when the spec asks")
 
 
 def default_spec_path() -> Path:
@@ -206,6 +217,30 @@ def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: i
     return means, str(Path("runs") / run_dir.name / "ponder.png")
 
 
+def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_dir: Path) -> list[ScalingPoint]:
+    """The spec's scaling measurements of every variant that ran on its task (kept in
+    ``scaling.json``, so a compare that is run again does not measure twice)."""
+    if spec.scaling is None:
+        return []
+    options = next(t for t in spec.tasks if t.kind == (spec.scaling.task or spec.tasks[0].kind))
+    task = options.build()
+    configs = {label: config for label, config in runs if config.task.kind == options.kind}
+    models = [(label, model_config_for(config, task)) for label, config in configs.items()]
+    key = {"spec": spec.scaling.model_dump(mode="json"), "task": options.model_dump(mode="json"),
+           "models": [[label, config.model_dump(mode="json")] for label, config in models]}
+    path = out_dir / "scaling.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return [ScalingPoint.model_validate(p) for p in saved["points"]]
+    device = resolve_device(next(iter(configs.values())).device) if configs else "cpu"
+    points = measure_scaling(models, task, spec.scaling, device)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "points": [p.model_dump() for p in points]}))
+    tmp.replace(path)
+    return points
+
+
 def machine() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
@@ -236,7 +271,8 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults:
                   f"{record['metric']} {record['metrics']['test'][record['metric']]:.3f}")
     baselines = {options.kind: options.build().baselines("test") for options in spec.tasks}
     results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), runs=records, skipped=skipped,
-                             baselines={kind: scores for kind, scores in baselines.items() if scores})
+                             baselines={kind: scores for kind, scores in baselines.items() if scores},
+                             scaling=scaling_points(spec, runs, out_dir))
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
     return results

@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from .compare import CompareResults, RunRecord  # noqa: E402
+from .scaling import MODES, ScalingPoint  # noqa: E402
 from .core.tasks import LOWER_IS_BETTER  # noqa: E402
 
 
@@ -131,6 +132,64 @@ def plot_throughput(records: list[RunRecord], path: Path) -> None:
     plt.close(fig)
 
 
+MODE_NAMES = {"forward": "forward (inference)", "train": "forward + backward"}
+
+
+def _model(point: ScalingPoint) -> str:
+    return point.variant if point.attention == "as configured" else f"{point.variant} [{point.attention}]"
+
+
+def scaling_tables(points: list[ScalingPoint]) -> str:
+    """Time and peak memory by model and length, then each sparse model against its full-attention twins."""
+    lengths = sorted({p.length for p in points})
+    at = {(p.variant, p.attention, p.mode, p.length): p for p in points}
+    models = list(dict.fromkeys((p.variant, p.attention) for p in points))
+    names = {(p.variant, p.attention): _model(p) for p in points}
+    head = "| model | pass | " + " | ".join(f"n = {n}" for n in lengths) + " |"
+    rule = "|" + " --- |" * (len(lengths) + 2)
+    lines = ["Time (ms) and peak memory (MiB) of one pass:", "", head, rule]
+    for variant, attention in models:
+        for mode in MODES:
+            cells = [at.get((variant, attention, mode, n)) for n in lengths]
+            text = [f"{c.seconds * 1e3:,.1f} ms, {c.peak_mb:,.1f} MiB" if c else "n/a" for c in cells]
+            lines.append(f"| {names[variant, attention]} | {MODE_NAMES[mode]} | " + " | ".join(text) + " |")
+    twins = [(v, a) for v, a in models if a != "as configured"]
+    if twins:
+        lines += ["", "Against full attention: the model as configured over the same model with a full attention "
+                  "kind, time x and memory x (below 1: the sparse model is cheaper):", "", head, rule]
+        for variant, attention in twins:
+            for mode in MODES:
+                cells = []
+                for n in lengths:
+                    mine, full = at.get((variant, "as configured", mode, n)), at.get((variant, attention, mode, n))
+                    cells.append(f"{mine.seconds / full.seconds:.2f}x time, {mine.peak_mb / full.peak_mb:.2f}x memory"
+                                 if mine and full and full.seconds and full.peak_mb else "n/a")
+                lines.append(f"| {variant} vs [{attention}] | {MODE_NAMES[mode]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_scaling(points: list[ScalingPoint], path: Path) -> None:
+    """Time and memory (rows) of each pass (columns) against length, log-log, a line per model."""
+    fig, axes = plt.subplots(2, len(MODES), figsize=(5 * len(MODES), 7), squeeze=False)
+    models = list(dict.fromkeys(_model(p) for p in points))
+    for column, mode in enumerate(MODES):
+        for name in models:
+            mine = sorted((p for p in points if p.mode == mode and _model(p) == name), key=lambda p: p.length)
+            style = "--" if "[" in name else "-"
+            axes[0, column].plot([p.length for p in mine], [p.seconds * 1e3 for p in mine], style, marker="o", label=name)
+            axes[1, column].plot([p.length for p in mine], [p.peak_mb for p in mine], style, marker="o", label=name)
+        axes[0, column].set(title=MODE_NAMES[mode], ylabel="time per pass (ms)")
+        axes[1, column].set(xlabel="sequence length", ylabel="peak tensor memory (MiB)")
+        for ax in axes[:, column]:
+            ax.set(xscale="log", yscale="log")
+            ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_report(results: CompareResults, out_dir: Path) -> Path:
     """Write ``report.md`` and the plots; returns the report's path."""
     records = results.runs
@@ -153,6 +212,17 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
             if record.ponder_plot and record.seed == runs[0].seed:
                 lines += [f"Ponder time of {record.variant} (seed {record.seed}) on one test example:", "",
                           f"![{record.variant} ponder time on {task}]({record.ponder_plot})", ""]
+    if results.scaling:
+        task = results.spec["scaling"].get("task") or results.spec["tasks"][0]["kind"]
+        plot_scaling(results.scaling, out_dir / "scaling.png")
+        lines += [f"## Time and memory against length ({task} models)", "",
+                  f"Each variant as configured for {task}, freshly initialised (cost does not depend on training), "
+                  "on one batch of test sequences tiled to each length, with max_len raised where needed. "
+                  "A variant whose self-attention is not full is also measured with each full kind in its place "
+                  "(in brackets: `sdpa` runs PyTorch's fused kernels, `math` writes out the n x n weights). "
+                  "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
+                  "(weights excluded), counted exactly.", "",
+                  scaling_tables(results.scaling), "", "![time and memory against length](scaling.png)", ""]
     if results.skipped:
         lines += ["## Not run", ""] + [f"- {s.variant} on {s.task}: {s.reason}" for s in results.skipped] + [""]
     plot_metric_vs_parameters(records, out_dir / "metric-vs-parameters.png")

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.attention import MultiHeadAttention
+from transformer_zoo.core.attention import MathAttention, MultiHeadAttention
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, TokenBatchNorm
 from transformer_zoo.core.options import (
@@ -42,6 +42,15 @@ class SDPAAttention(AttentionOptions):
 
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
         return MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional)
+
+
+class MathAttentionOptions(SDPAAttention):
+    """Full attention written out (no fused kernel): the n x n weights are made, a reference for kernels."""
+
+    kind: Literal["math"] = "math"
+
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
+        return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional)
 
 
 # ---- positional ---------------------------------------------------------------------------
@@ -219,6 +228,7 @@ class TokenClassification(HeadOptions):
 def tzoo_components():
     return [
         SDPAAttention,
+        MathAttentionOptions,
         Sinusoidal,
         Learned,
         Rotary,

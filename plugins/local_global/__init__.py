@@ -3,7 +3,8 @@
 Attention kinds any variant can use by config (``encoder: {attention: sliding-window}``):
 
 - ``sliding-window``: each query sees the keys within ``window`` positions (Beltagy et al.
-  2020, "Longformer"); causal in a decoder;
+  2020, "Longformer"), or every ``dilation``-th key out to ``window * dilation``; causal in a
+  decoder;
 - ``block-local``: blocks of ``block`` positions attend within themselves; causal, to their
   own and the previous block (Liu et al. 2018, "Generating Wikipedia by Summarizing Long
   Sequences", local attention);
@@ -51,14 +52,16 @@ class SlidingWindow(_Sparse):
 
     kind: Literal["sliding-window"] = "sliding-window"
     window: int = Field(128, ge=1, description="keys seen on each side of a query (before it only, when causal)")
+    dilation: int = Field(1, ge=1, description="gap between the keys of the window (Longformer's dilation; 1: none)")
 
     def check(self, *, max_len: int) -> None:
-        if self.window >= max_len:
-            raise ValueError(f"sliding-window window={self.window} is not smaller than max_len={max_len}: that is "
-                             "full attention; use kind: sdpa, or a window below max_len")
+        if self.window * self.dilation >= max_len:
+            spans = f"window={self.window}" + (f" x dilation={self.dilation}" if self.dilation > 1 else "")
+            raise ValueError(f"{self.kind} {spans} is not smaller than max_len={max_len}: that is full attention; "
+                             "use kind: sdpa, or a window below max_len")
 
     def pattern(self) -> Pattern:
-        return Pattern(window=self.window)
+        return Pattern(window=self.window, dilation=self.dilation)
 
 
 class BlockLocal(_Sparse):
@@ -92,7 +95,8 @@ class LocalGlobal(SlidingWindow):
             raise ValueError(f"local-global global_every={self.global_every} is not below max_len={max_len}")
 
     def pattern(self) -> Pattern:
-        return Pattern(window=self.window, global_positions=tuple(self.global_positions), global_every=self.global_every)
+        return Pattern(window=self.window, dilation=self.dilation, global_positions=tuple(self.global_positions),
+                       global_every=self.global_every)
 
 
 class BlockSparse(_Sparse):

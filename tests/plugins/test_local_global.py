@@ -17,17 +17,20 @@ from transformer_zoo.registry import get_registry
 
 KINDS = {
     "sliding-window": {"window": 7},
+    "dilated": {"kind": "sliding-window", "window": 4, "dilation": 3},
+    "dilated-global": {"kind": "local-global", "window": 3, "dilation": 2, "global_positions": [0, 37]},
     "block-local": {"block": 16},
     "local-global": {"window": 5, "global_positions": [0, 37], "global_every": 50},
     "block-sparse": {"block": 16, "window_blocks": 1, "global_blocks": 1, "random_blocks": 2, "seed": 3},
 }
-CAUSAL = ["sliding-window", "block-local", "local-global"]
+CAUSAL = ["sliding-window", "dilated", "block-local", "local-global", "dilated-global"]
 
 
 def pattern(kind, causal=False):
     from dataclasses import replace
 
-    options = get_registry().component("attention", kind).model_validate({"kind": kind, **KINDS[kind]})
+    values = {"kind": kind, **KINDS[kind]}
+    options = get_registry().component("attention", values["kind"]).model_validate(values)
     return replace(options.pattern(), causal=causal)
 
 
@@ -74,16 +77,23 @@ def test_flex_kernel_equals_full_attention_under_the_mask(kind):
     torch.testing.assert_close(out, full_attention(q, k, v, mask[None, None]), atol=1e-5, rtol=1e-5)
 
 
-def test_a_cached_query_sees_what_it_would_see_in_the_full_sequence():
-    p = pattern("local-global", causal=True)
+@pytest.mark.parametrize("kind", ["local-global", "dilated"])
+def test_a_cached_query_sees_what_it_would_see_in_the_full_sequence(kind):
+    p = pattern(kind, causal=True)
     q, k, v = (t.detach() for t in qkv(120))
     full = chunked_attention(q, k, v, p)
     last = chunked_attention(q[:, :, -3:], k, v, p)  # three new queries, end-aligned with the keys
     torch.testing.assert_close(last, full[:, :, -3:], atol=1e-6, rtol=1e-6)
 
 
+def test_a_dilated_window_sees_every_d_th_key():
+    p = pattern("dilated")
+    assert p.dense(30, 30)[15].nonzero().flatten().tolist() == [3, 6, 9, 12, 15, 18, 21, 24, 27]
+
+
 @pytest.mark.parametrize("attention", [
     {"kind": "sliding-window", "window": 6, "kernel": "chunked"},
+    {"kind": "sliding-window", "window": 3, "dilation": 2, "kernel": "chunked"},
     {"kind": "block-local", "block": 8, "kernel": "chunked"},
     {"kind": "local-global", "window": 4, "global_positions": [0, 9], "kernel": "chunked"},
     {"kind": "memory-compressed", "compression": 3},
@@ -152,6 +162,8 @@ def test_dmca_decodes_the_same_with_and_without_the_cache():
         ({"kind": "block-sparse", "block": 128}, "block=128 divides max_len=512 into 4 blocks, but each block sees 5"),
         ({"kind": "block-local", "block": 1024}, "block=1024 is not smaller than max_len=512"),
         ({"kind": "sliding-window", "window": 0}, "window"),
+        ({"kind": "sliding-window", "window": 100, "dilation": 6},
+         "sliding-window window=100 x dilation=6 is not smaller than max_len=512"),
     ],
 )
 def test_bad_patterns_are_refused(attention, message):
