@@ -2,7 +2,8 @@
 
 For each length n and each method, one fresh process allocates q, k, v ``(1, heads, n, 64)``,
 runs the forward (or forward and backward) pass ``--repeats`` times and reports the median
-time and the growth of its peak resident memory over what the inputs took. Full attention is
+time, the exact peak of the tensors one pass creates (:class:`~transformer_zoo.scaling.PeakMemory`)
+and the growth of the process's peak resident memory over what the inputs took. Full attention is
 measured twice: ``sdpa`` (PyTorch's fused kernel, which does not store the n x n matrix on
 CPU) and ``math`` (the formula written out, which does). The time ratio of each method
 against ``sdpa`` at the same length is printed; a plot of memory and time against length is
@@ -25,13 +26,15 @@ import torch.nn.functional as F
 
 from transformer_zoo.core.attention import attention_math
 from transformer_zoo.core.local_attention import Pattern, chunked_attention
+from transformer_zoo.scaling import PeakMemory
 
-METHODS = ("sdpa", "math", "sliding-window", "block-local", "local-global", "block-sparse")
+METHODS = ("sdpa", "math", "sliding-window", "dilated", "block-local", "local-global", "block-sparse")
 
 
 def pattern(method: str, window: int) -> Pattern | None:
     return {
         "sliding-window": Pattern(window=window),
+        "dilated": Pattern(window=window // 2, dilation=2),
         "block-local": Pattern(block=window),
         "local-global": Pattern(window=window, global_positions=(0,)),
         "block-sparse": Pattern(block=64, window=1, global_positions=tuple(range(64)), random_blocks=2),
@@ -64,8 +67,10 @@ def _measure(args: tuple[str, int, int, int, bool, int]) -> dict:
         times.append(time.perf_counter() - start)
         q.grad = k.grad = v.grad = None
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # kB -> MB
+    with PeakMemory() as tensors, torch.set_grad_enabled(backward):
+        run()
     return {"method": method, "n": n, "pass": "forward+backward" if backward else "forward",
-            "seconds": statistics.median(times), "peak_mb": peak}
+            "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensors.peak / 2**20}
 
 
 def main() -> None:
@@ -91,7 +96,7 @@ def main() -> None:
             rows.append(row)
             if not args.json:
                 print(f"{row['method']:>15} n={row['n']:>6} {row['pass']:>17}: {1e3 * row['seconds']:10.1f} ms "
-                      f"{row['peak_mb']:9.1f} MB", flush=True)
+                      f"{row['tensor_mb']:9.1f} MiB tensors {row['peak_mb']:9.1f} MB resident", flush=True)
     reference = {(r["n"], r["pass"]): r["seconds"] for r in rows if r["method"] == "sdpa"}
     for row in rows:
         if (row["n"], row["pass"]) in reference:
@@ -114,12 +119,14 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    shown = "forward+backward" if any(r["pass"] == "forward+backward" for r in rows) else "forward"
     for method in dict.fromkeys(r["method"] for r in rows):
-        points = sorted((r["n"], r["peak_mb"], r["seconds"]) for r in rows if r["method"] == method and r["pass"] == "forward")
-        axes[0].plot([p[0] for p in points], [max(p[1], 1.0) for p in points], marker="o", label=method)
+        points = sorted((r["n"], r["tensor_mb"], r["seconds"]) for r in rows if r["method"] == method and r["pass"] == shown)
+        axes[0].plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
         axes[1].plot([p[0] for p in points], [p[2] for p in points], marker="o", label=method)
-    axes[0].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="peak memory growth (MB)", title="memory")
-    axes[1].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="forward time (s)", title="time")
+    axes[0].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="peak tensor memory (MiB)",
+                title=f"memory, {shown}")
+    axes[1].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="time (s)", title=f"time, {shown}")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
