@@ -50,6 +50,16 @@ class Pattern:
     seed: int = 0
     causal: bool = False
 
+    def __post_init__(self) -> None:
+        if self.window < 0 or self.block < 0 or self.random_blocks < 0 or self.global_every < 0:
+            raise ValueError(f"window, block, random_blocks and global_every must be >= 0: {self}")
+        if self.dilation < 1:
+            raise ValueError(f"dilation must be >= 1 (1: no gaps), got {self.dilation}")
+        if self.dilation > 1 and self.block:
+            raise ValueError("dilation is for a band (window), not for blocks; set block=0 or dilation=1")
+        if self.random_blocks and not self.block:
+            raise ValueError("random_blocks are blocks of keys: they need block > 0")
+
     # ---- the rule ---------------------------------------------------------------------------
     def is_global(self, pos: Tensor) -> Tensor:
         hit = torch.zeros_like(pos, dtype=torch.bool)
@@ -271,9 +281,11 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor 
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float) -> Tensor:
-    # SDPA's fused kernels keep only the output and the softmax's log-sum-exp for backward,
-    # not a chunk's weights; a query with no key to see (all padding) gets zeros.
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    # SDPA's fused kernels keep only the output and the softmax's log-sum-exp for backward, not a
+    # chunk's weights. A query with no key to see (padding) is let see all, then zeroed: some
+    # fused kernels give NaN for a row with no key.
+    empty = ~mask.any(dim=-1, keepdim=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, dropout_p=dropout).masked_fill(empty, 0.0)
 
 
 def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,

@@ -58,6 +58,7 @@ class AttentionOptions(ComponentOptions):
 
     category: ClassVar[str] = "attention"
     default_kind: ClassVar[str] = "sdpa"
+    full: ClassVar[bool] = True  # every query may see every key the mask allows (False: a sparse or compressed kind)
 
     def check(self, *, max_len: int) -> None:
         """Raise a ValueError if these options cannot work with sequences of up to ``max_len``."""

@@ -52,6 +52,34 @@ def test_twins_replace_every_self_attention_and_keep_the_rest():
     assert attention_kinds(tz.load_config("transformer-tiny")) == {"sdpa"}
 
 
+def test_a_twin_keeps_the_bias_option():
+    config = tz.load_config("local-global-encoder-tiny", {"encoder": {"attention": {"bias": False}}})
+    assert twin(config, "sdpa").encoder.attention.bias is False
+
+
+def test_a_pass_that_fails_is_recorded_and_the_others_kept(monkeypatch):
+    import transformer_zoo.scaling as scaling
+
+    real = scaling.measure
+
+    def out_of_memory_at_256(model, task, length, spec, device):
+        if length == 256:
+            raise torch.OutOfMemoryError("could not allocate 4 GiB")
+        return real(model, task, length, spec, device)
+
+    monkeypatch.setattr(scaling, "measure", out_of_memory_at_256)
+    task = load_spec({"variants": ["bert-tiny"], "tasks": [LISTOPS]}).tasks[0].build()
+    config = tz.load_config("transformer-tiny", task.model_overrides())
+    points = measure_scaling([("t", config)], task, ScalingSpec(lengths=[64, 256], repeats=1), progress=False)
+    failed = [p for p in points if p.error]
+    assert [(p.length, p.seconds) for p in failed] == [(256, None), (256, None)]
+    assert "OutOfMemoryError: could not allocate 4 GiB" in failed[0].error
+    assert all(p.seconds > 0 and p.peak_mb > 0 for p in points if p.length == 64)
+    from transformer_zoo.report import scaling_tables
+
+    assert "failed" in scaling_tables(points) and "t at n = 256 (OutOfMemoryError" in scaling_tables(points)
+
+
 def test_stretched_tiles_each_sequence_to_the_length():
     batch = {"src": torch.tensor([[5, 6, 7], [8, 9, 0]]), "src_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
              "targets": torch.tensor([1, 2])}
@@ -105,6 +133,7 @@ def test_compare_reports_time_and_memory_against_length(tmp_path, monkeypatch):
     [
         ({"task": "digits"}, "scaling.task 'digits' is not one of the spec's tasks"),
         ({"references": ["maths"]}, "unknown attention kind 'maths'; did you mean 'math'"),
+        ({"references": ["sliding-window"]}, "references \\['sliding-window'\\] are not full attention kinds"),
         ({"lengths": [0]}, "scaling.lengths.0: Input should be greater than or equal to 1"),
     ],
 )

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field, model_validator
 
+from . import __version__
 from .api import _read, load_config, validate
 from .core.errors import ConfigError
 from .core.options import Options, Task
@@ -226,14 +227,19 @@ def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_d
     task = options.build()
     configs = {label: config for label, config in runs if config.task.kind == options.kind}
     models = [(label, model_config_for(config, task)) for label, config in configs.items()]
+    if not models:
+        print(f"scaling: no variant ran on {options.kind}; nothing to measure")
+        return []
+    device = resolve_device(next(iter(configs.values())).device)
     key = {"spec": spec.scaling.model_dump(mode="json"), "task": options.model_dump(mode="json"),
-           "models": [[label, config.model_dump(mode="json")] for label, config in models]}
+           "models": [[label, config.model_dump(mode="json")] for label, config in models],
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "torch": torch.__version__, "transformer_zoo": __version__, "threads": torch.get_num_threads()}
     path = out_dir / "scaling.json"
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("key") == key:
             return [ScalingPoint.model_validate(p) for p in saved["points"]]
-    device = resolve_device(next(iter(configs.values())).device) if configs else "cpu"
     points = measure_scaling(models, task, spec.scaling, device)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "points": [p.model_dump() for p in points]}))

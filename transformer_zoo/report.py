@@ -151,7 +151,8 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
     for variant, attention in models:
         for mode in MODES:
             cells = [at.get((variant, attention, mode, n)) for n in lengths]
-            text = [f"{c.seconds * 1e3:,.1f} ms, {c.peak_mb:,.1f} MiB" if c else "n/a" for c in cells]
+            text = [("failed" if c.error else f"{c.seconds * 1e3:,.1f} ms, {c.peak_mb:,.1f} MiB") if c else "n/a"
+                    for c in cells]
             lines.append(f"| {names[variant, attention]} | {MODE_NAMES[mode]} | " + " | ".join(text) + " |")
     twins = [(v, a) for v, a in models if a != "as configured"]
     if twins:
@@ -163,8 +164,11 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
                 for n in lengths:
                     mine, full = at.get((variant, "as configured", mode, n)), at.get((variant, attention, mode, n))
                     cells.append(f"{mine.seconds / full.seconds:.2f}x time, {mine.peak_mb / full.peak_mb:.2f}x memory"
-                                 if mine and full and full.seconds and full.peak_mb else "n/a")
+                                 if mine and full and full.seconds and full.peak_mb and mine.seconds else "n/a")
                 lines.append(f"| {variant} vs [{attention}] | {MODE_NAMES[mode]} | " + " | ".join(cells) + " |")
+    failed = [p for p in points if p.error and p.mode == MODES[0]]
+    if failed:
+        lines += ["", "Failed: " + "; ".join(f"{_model(p)} at n = {p.length} ({p.error})" for p in failed) + "."]
     return "\n".join(lines)
 
 
@@ -174,7 +178,8 @@ def plot_scaling(points: list[ScalingPoint], path: Path) -> None:
     models = list(dict.fromkeys(_model(p) for p in points))
     for column, mode in enumerate(MODES):
         for name in models:
-            mine = sorted((p for p in points if p.mode == mode and _model(p) == name), key=lambda p: p.length)
+            mine = sorted((p for p in points if p.mode == mode and _model(p) == name and not p.error),
+                          key=lambda p: p.length)
             style = "--" if "[" in name else "-"
             axes[0, column].plot([p.length for p in mine], [p.seconds * 1e3 for p in mine], style, marker="o", label=name)
             axes[1, column].plot([p.length for p in mine], [p.peak_mb for p in mine], style, marker="o", label=name)
@@ -221,7 +226,7 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
                   "A variant whose self-attention is not full is also measured with each full kind in its place "
                   "(in brackets: `sdpa` runs PyTorch's fused kernels, `math` writes out the n x n weights). "
                   "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
-                  "(weights excluded), counted exactly.", "",
+                  "(weights excluded), counted exactly on CPU, by the allocator on CUDA.", "",
                   scaling_tables(results.scaling), "", "![time and memory against length](scaling.png)", ""]
     if results.skipped:
         lines += ["## Not run", ""] + [f"- {s.variant} on {s.task}: {s.reason}" for s in results.skipped] + [""]

@@ -11,6 +11,7 @@ so the ratios show what the sparse kernel saves.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -43,9 +44,11 @@ class ScalingSpec(Options):
 
     @field_validator("references")
     @classmethod
-    def _registered(cls, kinds: list[str]) -> list[str]:
-        for kind in kinds:
-            get_registry().component("attention", kind)  # an unknown kind raises, naming the registered ones
+    def _full_kinds(cls, kinds: list[str]) -> list[str]:
+        sparse = [kind for kind in kinds if not is_full(kind)]  # an unknown kind raises, naming the registered ones
+        if sparse:
+            full = sorted(k for k in get_registry().components("attention") if is_full(k))
+            raise ValueError(f"references {sparse} are not full attention kinds; use some of {full}")
         return kinds
 
 
@@ -56,17 +59,20 @@ class ScalingPoint(BaseModel):
     attention: str = Field(description="'as configured', or the full attention kind of a twin")
     length: int = Field(description="tokens per sequence")
     mode: str = Field(description="'forward' (inference, no gradients) or 'train' (forward and backward)")
-    seconds: float = Field(description="median wall time of one pass")
-    peak_mb: float = Field(description="peak memory of the tensors the pass created (weights not counted), in MiB")
+    seconds: float | None = Field(description="median wall time of one pass (None: it failed)")
+    peak_mb: float | None = Field(
+        description="peak memory of the tensors the pass created (weights not counted), in MiB (None: it failed)")
+    error: str | None = Field(None, description="why the pass failed (out of memory, say), if it did")
 
 
 class PeakMemory(TorchDispatchMode):
     """The peak bytes of tensor storage alive at once among the storages created while active.
 
     Every operator's outputs are watched: a storage no input shares is new, counted until it is
-    freed. The figure is exact, the same on every run and device, and excludes what existed
-    before (weights, inputs); allocator caching and a fused kernel's private workspace are
-    not seen.
+    freed. The figure is exact and the same on every run, and excludes what existed before
+    (weights, inputs). Not seen: allocator caching, a fused kernel's private workspace, storage
+    grown in place (``resize_``, ``out=``), and what a higher-order operator such as an eager
+    FlexAttention call allocates (it refuses to run under a dispatch mode).
     """
 
     def __init__(self) -> None:
@@ -74,28 +80,35 @@ class PeakMemory(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self._watched: set[int] = set()
+        self._lock = threading.Lock()  # storages may be freed on an autograd worker thread
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if _has_storage(t)}
         for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
+            if _has_storage(tensor):
                 self._watch(tensor.untyped_storage(), inputs)
         return out
 
     def _watch(self, storage: torch.UntypedStorage, inputs: set[int]) -> None:
         key = id(storage)
-        if key in inputs or key in self._watched:
-            return
-        size = storage.nbytes()
-        self._watched.add(key)
-        self.live += size
-        self.peak = max(self.peak, self.live)
+        with self._lock:
+            if key in inputs or key in self._watched:
+                return
+            size = storage.nbytes()
+            self._watched.add(key)
+            self.live += size
+            self.peak = max(self.peak, self.live)
         weakref.finalize(storage, self._free, key, size)
 
     def _free(self, key: int, size: int) -> None:
-        self._watched.discard(key)
-        self.live -= size
+        with self._lock:
+            self._watched.discard(key)
+            self.live -= size
+
+
+def _has_storage(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.layout == torch.strided
 
 
 def attention_kinds(config: VariantConfig) -> set[str]:
@@ -108,12 +121,21 @@ def attention_kinds(config: VariantConfig) -> set[str]:
     return kinds
 
 
+def is_full(kind: str) -> bool:
+    """Whether the attention kind lets every query see every key the mask allows."""
+    return get_registry().component("attention", kind).full
+
+
 def twin(config: VariantConfig, kind: str) -> VariantConfig:
-    """``config`` with every self-attention of kind ``kind`` (other options unchanged)."""
+    """``config`` with every self-attention of kind ``kind``, keeping a ``bias`` option where
+    both kinds have one (other options of the old kind do not apply to the new one)."""
     data = config.model_dump(mode="json")
+    fields = get_registry().component("attention", kind).model_fields
     for side in ("encoder", "decoder"):
         if data.get(side):
-            data[side]["attention"] = {"kind": kind}
+            attention = data[side]["attention"]
+            first = attention[0] if isinstance(attention, list) else attention
+            data[side]["attention"] = {"kind": kind, **{k: v for k, v in first.items() if k == "bias" and k in fields}}
     return load_config(data)
 
 
@@ -128,19 +150,28 @@ def stretched(batch: dict[str, torch.Tensor], length: int) -> dict[str, torch.Te
     return out
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # warm-up: first-call allocations and lazy initialisation
-    times = []
-    for _ in range(repeats):
+def _median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+    def timed() -> float:
         start = time.perf_counter()
         fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    timed()  # warm-up: first-call allocations, lazy initialisation, compilation
+    return statistics.median(timed() for _ in range(repeats))
 
 
-def _peak_mb(fn: Callable[[], Any]) -> float:
+def _peak_mb(fn: Callable[[], Any], device: torch.device) -> float:
+    """On CUDA, the allocator's peak above what was allocated before (the kernels CUDA picks
+    cannot all run under :class:`PeakMemory`); elsewhere, :class:`PeakMemory`'s exact count."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
     with PeakMemory() as tracker:
         fn()
     return tracker.peak / 2**20
@@ -162,7 +193,7 @@ def measure(model: torch.nn.Module, task: Any, length: int, spec: ScalingSpec, d
         task.loss(model, batch).backward()
 
     model.eval()  # no dropout: both modes do the same arithmetic on every repeat
-    return {mode: (_median_seconds(fn, spec.repeats), _peak_mb(fn)) for mode, fn in zip(MODES, (forward, train))}
+    return {mode: (_median_seconds(fn, spec.repeats, device), _peak_mb(fn, device)) for mode, fn in zip(MODES, (forward, train))}
 
 
 def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: ScalingSpec,
@@ -179,7 +210,7 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
         if getattr(config, "max_len", longest) < longest:
             config = load_config(config, {"max_len": longest})
         jobs.append((label, "as configured", config))
-        if not attention_kinds(config) <= set(spec.references):  # a full-attention model is a reference itself
+        if not all(is_full(kind) for kind in attention_kinds(config)):  # a full-attention model is a reference itself
             jobs += [(label, kind, twin(config, kind)) for kind in spec.references]
     points = []
     bar = tqdm(total=len(jobs) * len(spec.lengths), desc="scaling", unit="point", disable=not progress)
@@ -188,9 +219,15 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
         model = config.build().to(device)
         for length in spec.lengths:
             bar.set_postfix_str(f"{label} [{attention}] n={length}")
-            for mode, (seconds, peak) in measure(model, task, length, spec, device).items():
+            try:
+                measured = {mode: (*figures, None) for mode, figures in measure(model, task, length, spec, device).items()}
+            except RuntimeError as exc:  # out of memory, say: keep the other points
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                bar.write(f"scaling: {label} [{attention}] at n={length} failed ({reason})")
+                measured = {mode: (None, None, reason) for mode in MODES}
+            for mode, (seconds, peak, error) in measured.items():
                 points.append(ScalingPoint(variant=label, attention=attention, length=length, mode=mode,
-                                           seconds=seconds, peak_mb=peak))
+                                           seconds=seconds, peak_mb=peak, error=error))
             bar.update()
     bar.close()
     return points

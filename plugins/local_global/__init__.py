@@ -35,6 +35,8 @@ from transformer_zoo.registry import hookimpl
 class _Sparse(AttentionOptions):
     """Options every sparse kind shares."""
 
+    full: ClassVar[bool] = False
+
     kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
         "auto", description="auto: dense for short inputs, compiled FlexAttention on CUDA, else chunked")
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
@@ -55,10 +57,12 @@ class SlidingWindow(_Sparse):
     dilation: int = Field(1, ge=1, description="gap between the keys of the window (Longformer's dilation; 1: none)")
 
     def check(self, *, max_len: int) -> None:
-        if self.window * self.dilation >= max_len:
-            spans = f"window={self.window}" + (f" x dilation={self.dilation}" if self.dilation > 1 else "")
-            raise ValueError(f"{self.kind} {spans} is not smaller than max_len={max_len}: that is full attention; "
-                             "use kind: sdpa, or a window below max_len")
+        if self.dilation == 1 and self.window >= max_len:
+            raise ValueError(f"{self.kind} window={self.window} is not smaller than max_len={max_len}: that is full "
+                             "attention; use kind: sdpa, or a window below max_len")
+        if self.dilation >= max_len:
+            raise ValueError(f"{self.kind} dilation={self.dilation} is not smaller than max_len={max_len}: each query "
+                             "would see only itself; use a dilation below max_len")
 
     def pattern(self) -> Pattern:
         return Pattern(window=self.window, dilation=self.dilation)
@@ -138,6 +142,7 @@ class _EncoderOnly(SparseAttention):
 class MemoryCompressed(AttentionOptions):
     """Keys and values shortened by a strided convolution of kernel and stride ``compression`` (Liu 2018)."""
 
+    full: ClassVar[bool] = False
     kind: Literal["memory-compressed"] = "memory-compressed"
     compression: int = Field(3, ge=2, description="kernel and stride of the convolution (3 in the paper)")
     bias: bool = Field(True, description="bias on the query, key, value and output projections")

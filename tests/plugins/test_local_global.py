@@ -162,13 +162,31 @@ def test_dmca_decodes_the_same_with_and_without_the_cache():
         ({"kind": "block-sparse", "block": 128}, "block=128 divides max_len=512 into 4 blocks, but each block sees 5"),
         ({"kind": "block-local", "block": 1024}, "block=1024 is not smaller than max_len=512"),
         ({"kind": "sliding-window", "window": 0}, "window"),
-        ({"kind": "sliding-window", "window": 100, "dilation": 6},
-         "sliding-window window=100 x dilation=6 is not smaller than max_len=512"),
+        ({"kind": "sliding-window", "window": 4, "dilation": 512},
+         "sliding-window dilation=512 is not smaller than max_len=512: each query would see only itself"),
     ],
 )
 def test_bad_patterns_are_refused(attention, message):
     with pytest.raises(ConfigError, match=message):
         tz.load_config("transformer-tiny", {"encoder": {"attention": attention}})
+
+
+def test_a_dilated_window_may_reach_past_max_len():
+    config = tz.load_config("transformer-tiny", {"encoder": {"attention": {"kind": "sliding-window", "window": 100,
+                                                                           "dilation": 6}}})
+    assert config.encoder.attention.dilation == 6, "201 of 512 keys at most: sparse, not full attention"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"window": 4, "dilation": 0}, "dilation must be >= 1"),
+    ({"block": 16, "dilation": 2}, "dilation is for a band"),
+    ({"window": 4, "random_blocks": 1}, "random_blocks are blocks of keys"),
+])
+def test_patterns_that_the_kernels_cannot_agree_on_are_refused(fields, message):
+    from transformer_zoo.core.local_attention import Pattern
+
+    with pytest.raises(ValueError, match=message):
+        Pattern(**fields)
 
 
 def test_block_sparse_in_a_decoder_is_refused():
