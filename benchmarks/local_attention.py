@@ -25,15 +25,17 @@ import torch
 import torch.nn.functional as F
 
 from transformer_zoo.core.attention import attention_math
-from transformer_zoo.core.local_attention import Pattern, chunked_attention
+from transformer_zoo.core.local_attention import Pattern, chunked_attention, flex_attention_kernel
 from transformer_zoo.scaling import PeakMemory
 
 METHODS = ("sdpa", "math", "sliding-window", "dilated", "block-local", "local-global", "block-sparse")
+FLEX = "flex-sliding-window"  # compiled FlexAttention with the sliding window's block mask; forward only on CPU
 
 
 def pattern(method: str, window: int) -> Pattern | None:
     return {
         "sliding-window": Pattern(window=window),
+        FLEX: Pattern(window=window),
         "dilated": Pattern(window=window // 2, dilation=2),
         "block-local": Pattern(block=window),
         "local-global": Pattern(window=window, global_positions=(0,)),
@@ -53,6 +55,8 @@ def _measure(args: tuple[str, int, int, int, bool, int]) -> dict:
             out = F.scaled_dot_product_attention(q, k, v)
         elif method == "math":
             out, _ = attention_math(q, k, v)
+        elif method == FLEX:
+            out = flex_attention_kernel(q, k, v, p)
         else:
             out = chunked_attention(q, k, v, p)
         if backward:
@@ -67,10 +71,13 @@ def _measure(args: tuple[str, int, int, int, bool, int]) -> dict:
         times.append(time.perf_counter() - start)
         q.grad = k.grad = v.grad = None
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # kB -> MB
-    with PeakMemory() as tensors, torch.set_grad_enabled(backward):
-        run()
+    tensor_mb = None
+    if method != FLEX:  # FlexAttention is a higher-order operator, which a dispatch mode cannot watch
+        with PeakMemory() as tensors, torch.set_grad_enabled(backward):
+            run()
+        tensor_mb = tensors.peak / 2**20
     return {"method": method, "n": n, "pass": "forward+backward" if backward else "forward",
-            "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensors.peak / 2**20}
+            "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensor_mb}
 
 
 def main() -> None:
@@ -80,15 +87,17 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=(*METHODS, FLEX),
+                        help=f"{FLEX} (compiled FlexAttention) is not in the default list: it compiles in each process")
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--plot", help="write a PNG of memory and time against length")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    jobs = [(m, n, args.heads, args.window, b, args.repeats) for n in args.lengths for m in args.methods
-            for b in ([False, True] if args.backward else [False])]
+    passes = [False, True] if args.backward else [False]
+    jobs = [(m, n, args.heads, args.window, b, args.repeats) for n in args.lengths for m in args.methods for b in passes
+            if not (b and m == FLEX)]  # FlexAttention has no CPU backward
     jobs += [(m, n, args.heads, args.window, b, args.repeats) for n in args.long for m in args.methods
-             if m not in ("sdpa", "math") for b in ([False, True] if args.backward else [False])]
+             if m not in ("sdpa", "math") for b in passes if not (b and m == FLEX)]
     rows = []
     context = multiprocessing.get_context("spawn")
     with context.Pool(1, maxtasksperchild=1) as pool:  # one fresh process per measurement: its own peak memory
@@ -96,7 +105,7 @@ def main() -> None:
             rows.append(row)
             if not args.json:
                 print(f"{row['method']:>15} n={row['n']:>6} {row['pass']:>17}: {1e3 * row['seconds']:10.1f} ms "
-                      f"{row['tensor_mb']:9.1f} MiB tensors {row['peak_mb']:9.1f} MB resident", flush=True)
+                      f"{row['tensor_mb'] or float('nan'):9.1f} MiB tensors {row['peak_mb']:9.1f} MB resident", flush=True)
     reference = {(r["n"], r["pass"]): r["seconds"] for r in rows if r["method"] == "sdpa"}
     for row in rows:
         if (row["n"], row["pass"]) in reference:

@@ -13,6 +13,7 @@ kernels compute the same result:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -60,13 +61,13 @@ class Pattern:
         if self.random_blocks and not self.block:
             raise ValueError("random_blocks are blocks of keys: they need block > 0")
 
-    # ---- the rule ---------------------------------------------------------------------------
+    # ---- the rule (out-of-place ops only: FlexAttention compiles it) --------------------------
     def is_global(self, pos: Tensor) -> Tensor:
         hit = torch.zeros_like(pos, dtype=torch.bool)
         for g in self.global_positions:
-            hit |= pos == g
+            hit = hit | (pos == g)
         if self.global_every:
-            hit |= pos % self.global_every == 0
+            hit = hit | (pos % self.global_every == 0)
         return hit
 
     def random_table(self, n_blocks: int, device: torch.device | None = None) -> Tensor:
@@ -86,14 +87,14 @@ class Pattern:
             qb, kb = q // self.block, k // self.block
             see = qb == kb
             if self.causal:
-                see |= kb == qb - 1
+                see = see | (kb == qb - 1)
             elif self.window:
-                see |= (qb - kb).abs() <= self.window  # neighbouring blocks (block-sparse)
+                see = see | ((qb - kb).abs() <= self.window)  # neighbouring blocks (block-sparse)
         else:
             gap = q - k
             see = gap.abs() <= self.reach()
             if self.dilation > 1:
-                see &= gap % self.dilation == 0
+                see = see & (gap % self.dilation == 0)
         if self.random_blocks:
             if table is None:
                 table = self.random_table(math.ceil(length / self.block), q.device)  # (nb, r)
@@ -307,21 +308,18 @@ def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, pad
         return see if padding is None else see & padding[b, kv_idx]
 
     batch = None if padding is None else q.size(0)
-    block_mask = create_block_mask(mask_mod, batch, None, q_len, k_len, device=q.device)
-    attend = _compiled_flex() if compiled else flex_attention
+    # Compiled, the block mask is built block by block; eager, it evaluates all n x n pairs.
+    make_mask, attend = _compiled_flex() if compiled else (create_block_mask, flex_attention)
+    block_mask = make_mask(mask_mod, batch, None, q_len, k_len, device=q.device)
     return attend(q, k, v, block_mask=block_mask)
 
 
-_COMPILED = None
-
-
+@functools.cache
 def _compiled_flex():
-    global _COMPILED
-    if _COMPILED is None:
-        from torch.nn.attention.flex_attention import flex_attention
+    """``torch.compile``-d ``create_block_mask`` and ``flex_attention``, compiled once per process."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        _COMPILED = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED
+    return torch.compile(create_block_mask), torch.compile(flex_attention, dynamic=False)
 
 
 KERNELS = ("auto", "chunked", "flex", "dense")

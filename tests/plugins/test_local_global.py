@@ -77,6 +77,19 @@ def test_flex_kernel_equals_full_attention_under_the_mask(kind):
     torch.testing.assert_close(out, full_attention(q, k, v, mask[None, None]), atol=1e-5, rtol=1e-5)
 
 
+def test_compiled_flex_kernel_on_cpu_equals_the_chunked_kernel():
+    """What ``kernel: flex`` runs for CPU inference: compiled block mask and attention."""
+    p = pattern("local-global")
+    q, k, v = (t.detach() for t in qkv(150))
+    padding = torch.ones(2, 150, dtype=torch.bool)
+    padding[1, 120:] = False
+    with torch.no_grad():
+        out = flex_attention_kernel(q, k, v, p, padding)
+    expected = chunked_attention(q, k, v, p, padding)
+    torch.testing.assert_close(out[0], expected[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[1, :, :120], expected[1, :, :120], atol=1e-5, rtol=1e-5)  # padding rows differ
+
+
 @pytest.mark.parametrize("kind", ["local-global", "dilated"])
 def test_a_cached_query_sees_what_it_would_see_in_the_full_sequence(kind):
     p = pattern(kind, causal=True)
