@@ -5,8 +5,9 @@ patch embeddings and 2-D positions.
   Networks", section 3: ``o = gamma * v(softmax(f(x)^T g(x)) h(x)) + x`` over all ``H * W``
   positions, with ``gamma`` starting at 0 so the block starts as the identity.
 - :class:`Local2dPattern` and :func:`local_2d_attention`: Parmar et al. 2018, "Image
-  Transformer", section 3.2: the grid is cut into query blocks, and each block attends to a
-  memory block that extends it by a margin on every side.
+  Transformer", section 3.3: the grid is cut into query blocks, and each block attends to a
+  memory block around it. The paper generates pixels in order, so its memory extends the block
+  up, left and right only; this is the non-causal form for encoders, extended on every side.
 - :class:`PatchEmbedding`: Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words": non-
   overlapping patches, each projected linearly to ``d_model``.
 - :class:`Sinusoidal2d` and :class:`Learned2d`: a position for each grid cell, half of the
@@ -44,13 +45,17 @@ class SelfAttention2d(nn.Module):
 
     Args:
         channels: ``C`` of the feature maps.
-        reduction: ``C / C-bar``, 8 in the paper.
+        reduction: ``C / C-bar``, 8 in the paper; must divide ``channels``.
+
+    The convolutions have biases, as in the authors' code (the paper writes ``W x``); the key's
+    bias has no effect on the softmax. Returns ``(output, weights)`` like every attention here.
     """
 
     def __init__(self, channels: int, reduction: int = 8) -> None:
         super().__init__()
-        if channels < reduction:
-            raise ValueError(f"channels={channels} is smaller than reduction={reduction}; use reduction <= channels")
+        if reduction < 1 or channels % reduction:
+            raise ValueError(f"reduction={reduction} must be a positive divisor of channels={channels} "
+                             f"(C-bar = C / reduction channels for queries, keys and values)")
         inner = channels // reduction
         self.channels = channels
         self.key = nn.Conv2d(channels, inner, 1)  # f
@@ -66,7 +71,8 @@ class SelfAttention2d(nn.Module):
         b, _, h, w = x.shape
         q, k, v = (conv(x).flatten(2).transpose(1, 2) for conv in (self.query, self.key, self.value))  # (B, HW, C')
         if need_weights:
-            weights = torch.softmax(q @ k.transpose(1, 2), dim=-1)  # (B, HW, HW)
+            # unscaled scores can pass float16's range: softmax in float32
+            weights = torch.softmax(q.float() @ k.float().transpose(1, 2), dim=-1).to(q.dtype)  # (B, HW, HW)
             attended = weights @ v
         else:
             weights = None
@@ -93,7 +99,8 @@ class Local2dPattern:
     def __post_init__(self) -> None:
         for name in ("grid", "query_block", "memory"):
             value = getattr(self, name)
-            if len(value) != 2 or min(value) < (0 if name == "memory" else 1):
+            pair = isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value)
+            if not pair or min(value) < (0 if name == "memory" else 1):
                 raise ValueError(f"{name} must be two {'non-negative' if name == 'memory' else 'positive'} "
                                  f"integers (rows, columns), got {value}")
         if any(b > g for b, g in zip(self.query_block, self.grid)):
@@ -114,8 +121,12 @@ def local_2d_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Local2dPattern,
     """Each query block against its own memory block only: ``(B, Hd, H*W, Dh)`` in and out.
 
     The grid is padded to whole query blocks and by the memory margin; padding keys are masked.
-    Memory grows as O(n * m) for ``m`` cells per memory block, not O(n^2).
+    Memory grows as O(n * m) for ``m`` cells per memory block, not O(n^2). Pass ``dropout=0``
+    in eval mode.
     """
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k and v must all be (batch, heads, positions, head_dim); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)} and {tuple(v.shape)}")
     batch, heads, n, dim = q.shape
     (height, width), (bh, bw), (mh, mw) = pattern.grid, pattern.query_block, pattern.memory
     if n != height * width:
@@ -152,7 +163,7 @@ class PatchEmbedding(nn.Module):
 
     def __init__(self, image_size: tuple[int, int], channels: int, patch: int, d_model: int) -> None:
         super().__init__()
-        if image_size[0] % patch or image_size[1] % patch:
+        if patch < 1 or image_size[0] % patch or image_size[1] % patch:
             raise ValueError(f"patch={patch} does not divide the image size {image_size}; use a divisor of both sides")
         self.image_size, self.channels, self.patch = tuple(image_size), channels, patch
         self.grid = (image_size[0] // patch, image_size[1] // patch)
@@ -180,16 +191,23 @@ def sinusoid_2d(grid: tuple[int, int], d_model: int, base: float = 10000.0) -> T
     return torch.cat([encode(rows), encode(cols)], dim=-1)
 
 
+def _check_grid_tokens(x: Tensor, grid: tuple[int, int], d_model: int) -> None:
+    if x.dim() != 3 or x.shape[1:] != (grid[0] * grid[1], d_model):
+        raise ValueError(f"expected a {grid[0]}x{grid[1]} grid of tokens, (batch, {grid[0] * grid[1]}, {d_model}); "
+                         f"got {tuple(x.shape)}")
+
+
 class Sinusoidal2d(nn.Module):
     """Fixed 2-D sinusoids added to a grid of tokens ``(B, H*W, D)``."""
 
     def __init__(self, grid: tuple[int, int], d_model: int, base: float = 10000.0) -> None:
         super().__init__()
-        self.grid = tuple(grid)
+        self.grid, self.d_model = tuple(grid), d_model
         self.register_buffer("table", sinusoid_2d(self.grid, d_model, base), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.table[: x.size(1)].to(x.dtype)
+        _check_grid_tokens(x, self.grid, self.d_model)
+        return x + self.table.to(x.dtype)
 
 
 class Learned2d(nn.Module):
@@ -199,12 +217,13 @@ class Learned2d(nn.Module):
         super().__init__()
         if d_model % 2:
             raise ValueError(f"learned 2-D positions need an even d_model (half rows, half columns), got {d_model}")
-        self.grid = tuple(grid)
+        self.grid, self.d_model = tuple(grid), d_model
         self.rows = nn.Parameter(torch.randn(grid[0], d_model // 2) * 0.02)
         self.cols = nn.Parameter(torch.randn(grid[1], d_model // 2) * 0.02)
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_grid_tokens(x, self.grid, self.d_model)
         height, width = self.grid
         table = torch.cat([self.rows[:, None].expand(height, width, -1), self.cols[None].expand(height, width, -1)], -1)
-        return x + table.reshape(height * width, -1)[: x.size(1)].to(x.dtype)
+        return x + table.reshape(height * width, -1).to(x.dtype)
 

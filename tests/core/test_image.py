@@ -54,7 +54,8 @@ def test_sagan_block_is_the_papers_formula():
 
 
 @pytest.mark.parametrize(("grid", "block", "memory"), [((7, 9), (2, 3), (1, 2)), ((8, 8), (4, 4), (0, 0)),
-                                                        ((6, 5), (1, 5), (2, 0))])
+                                                        ((6, 5), (1, 5), (2, 0)), ((5, 7), (2, 3), (1, 1)),
+                                                        ((3, 4), (1, 1), (10, 10))])
 def test_local_2d_equals_full_attention_under_the_2d_mask(grid, block, memory):
     pattern = Local2dPattern(grid=grid, query_block=block, memory=memory)
     torch.manual_seed(0)
@@ -67,8 +68,10 @@ def test_local_2d_equals_full_attention_under_the_2d_mask(grid, block, memory):
     for mine, theirs in zip(torch.autograd.grad((out * grad).sum(), (q, k, v)),
                             torch.autograd.grad((expected * grad).sum(), (q, k, v))):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
-    if memory != (0, 0) or block != grid:
+    if any(b + 2 * m < g for b, m, g in zip(block, memory, grid)):  # a memory block smaller than the grid
         assert not mask.all(), "the pattern is local"
+    else:
+        assert mask.all(), "a margin past the grid sees everything"
 
 
 def test_local_2d_mask_is_the_query_block_grown_by_the_memory_margin():
@@ -83,6 +86,8 @@ def test_local_2d_mask_is_the_query_block_grown_by_the_memory_margin():
     ({"grid": (4, 4), "query_block": (5, 1), "memory": (0, 0)}, "query_block \\(5, 1\\) is larger than the grid"),
     ({"grid": (4, 4), "query_block": (0, 1), "memory": (0, 0)}, "query_block must be two positive integers"),
     ({"grid": (4, 4), "query_block": (2, 2), "memory": (-1, 0)}, "memory must be two non-negative integers"),
+    ({"grid": (4, 4), "query_block": 2, "memory": (1, 1)}, "query_block must be two positive integers"),
+    ({"grid": (4, 4), "query_block": (2, 2), "memory": (1.5, 0)}, "memory must be two non-negative integers"),
 ])
 def test_bad_local_2d_patterns_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -102,6 +107,18 @@ def test_images_of_the_wrong_shape_name_the_expected_shape():
         SelfAttention2d(16)(torch.rand(2, 8, 4, 4))
     with pytest.raises(ValueError, match="patch=3 does not divide the image size"):
         PatchEmbedding((8, 8), channels=1, patch=3, d_model=16)
+    with pytest.raises(ValueError, match="reduction=8 must be a positive divisor of channels=12"):
+        SelfAttention2d(12)
+
+
+def test_2d_sinusoids_are_the_transformers_per_axis():
+    d, half = 16, 8
+    table = sinusoid_2d((3, 4), d).view(3, 4, d)
+    i = torch.arange(half // 2, dtype=torch.float32)
+    for row, col in [(0, 0), (2, 3), (1, 2)]:
+        for value, part in ((row, table[row, col, :half]), (col, table[row, col, half:])):
+            angle = value / 10000 ** (2 * i / half)  # PE(pos, 2i) = sin(pos / 10000^(2i / d_axis))
+            torch.testing.assert_close(part, torch.cat([angle.sin(), angle.cos()]))
 
 
 def test_2d_positions_encode_row_and_column_separately():
@@ -114,3 +131,15 @@ def test_2d_positions_encode_row_and_column_separately():
     learned = Learned2d((3, 4), 16)(x)[0].view(3, 4, 16)
     assert torch.equal(learned[1, 0, :8], learned[1, 2, :8]) and torch.equal(learned[0, 1, 8:], learned[2, 1, 8:])
     assert sum(p.numel() for p in Learned2d((3, 4), 16).parameters()) == (3 + 4) * 8
+    for module in (Sinusoidal2d((3, 4), 16), Learned2d((3, 4), 16)):
+        with pytest.raises(ValueError, match=r"expected a 3x4 grid of tokens, \(batch, 12, 16\); got \(1, 6, 16\)"):
+            module(torch.zeros(1, 6, 16))
+
+
+def test_sagan_weights_in_half_precision_do_not_overflow():
+    block = SelfAttention2d(64).half()
+    with torch.no_grad():
+        block.gamma.fill_(1.0)
+    x = torch.randn(1, 64, 4, 4).half() * 150
+    out, weights = block(x, need_weights=True)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
