@@ -218,6 +218,7 @@ class VariantConfig(Options):
     """
 
     family: ClassVar[str] = ""
+    inputs: ClassVar[str] = "tokens"  # what forward() reads: token ids (src, tgt) or an image
 
     variant: str = Field(description="the registered variant this config started from")
 

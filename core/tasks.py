@@ -46,6 +46,7 @@ class Task:
 
     objective: ClassVar[str] = ""
     metric: ClassVar[str] = ""
+    images: ClassVar[bool] = False  # batches also hold "image" (B, C, H, W), for image models
     options: Any = None
 
     @property
@@ -75,13 +76,28 @@ class Task:
         """Why a model config cannot do this task, or None if it can."""
         return None
 
+    def image_overrides(self) -> dict[str, Any]:
+        """What :meth:`model_overrides` is to token models, for image models (``inputs = "image"``):
+        the image size, channels and classes."""
+        return {}
+
+    def model_inputs(self, model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The part of a batch the model's forward reads: the image for an image model, the
+        token ids and masks otherwise."""
+        config = getattr(model, "config", None)
+        if getattr(config, "inputs", "tokens") == "image":
+            if "image" not in batch:
+                raise ValueError(f"variant {config.variant!r} reads images, and task {self.name!r} has none; "
+                                 "train it on an image task such as digits")
+            return {"image": batch["image"]}
+        return {k: v for k, v in batch.items() if k not in ("targets", "image")}
+
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         """A batch of examples to model inputs and ``targets``."""
         raise NotImplementedError
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        inputs = {k: v for k, v in batch.items() if k != "targets"}
-        return model.loss(model(**inputs), batch["targets"])
+        return model.loss(model(**self.model_inputs(model, batch)), batch["targets"])
 
     def tokens_in(self, batch: dict[str, Tensor]) -> int:
         """Tokens the model reads for one batch (throughput)."""
@@ -113,7 +129,7 @@ class Task:
         attention can be looked at too.
         """
         device = next(model.parameters()).device
-        return {k: v.to(device) for k, v in self.collate([row]).items() if k != "targets"}
+        return {k: v.to(device) for k, v in self.model_inputs(model, self.collate([row])).items()}
 
 
 class Seq2SeqTask(Task):
@@ -238,7 +254,7 @@ class ClassificationTask(Task):
         right = 0
         for start in range(0, len(data), batch_size):
             batch = self.collate([data[i] for i in range(start, min(start + batch_size, len(data)))])
-            logits = model(batch["src"].to(device), src_mask=batch["src_mask"].to(device)).logits
+            logits = model(**{k: v.to(device) for k, v in self.model_inputs(model, batch).items()}).logits
             right += int((logits.argmax(-1).cpu() == batch["targets"]).sum())
         model.train(was_training)
         return {"accuracy": right / max(len(data), 1)}

@@ -23,6 +23,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.bert": "transformer_zoo.plugins.bert",
     "tzoo.universal-transformer": "transformer_zoo.plugins.universal_transformer",
     "tzoo.local-global": "transformer_zoo.plugins.local_global",
+    "tzoo.image": "transformer_zoo.plugins.image",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 

@@ -14,6 +14,9 @@ def example_batch(model: EncoderDecoder) -> tuple[dict, tuple[int, ...], torch.T
     """Inputs for a tiny forward pass, the logits' documented shape, and targets for the loss."""
     config = model.config
     batch, src_len, tgt_len = 2, 5, 4
+    if config.inputs == "image":
+        image = torch.rand(batch, config.channels, *config.image_size)
+        return {"image": image}, (batch, config.num_classes), torch.randint(0, config.num_classes, (batch,))
     src = torch.randint(1, config.vocab_size, (batch, src_len))
     out_vocab = config.output_vocab_size
     if model.architecture == "encoder-decoder":

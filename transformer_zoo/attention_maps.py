@@ -72,6 +72,9 @@ def attention_maps(run_dir: str | os.PathLike, *, text: str | None = None, examp
         out: the folder for the PNGs (default: ``RUN_DIR/attention``).
     """
     config, task, model = load_run(run_dir)
+    if getattr(model.config, "inputs", "tokens") == "image":
+        raise ValueError(f"tzoo attention draws token-by-token maps; {model.config.variant!r} reads images, "
+                         "whose attention is over pixels: get it from model(image, need_weights=True)")
     inputs = task.example_inputs(model, example_row(task, text, example))
     output = model(**inputs, need_weights=True)
     src = task.token_strings(inputs["src"][0].tolist()) if "src" in inputs else None

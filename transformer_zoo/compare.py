@@ -204,7 +204,7 @@ def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: i
     test = task.dataset("test")
     rows = [test[i] for i in range(min(examples, len(test)))]
     device = next(model.parameters()).device
-    inputs = {k: v.to(device) for k, v in task.collate(rows).items() if k != "targets"}
+    inputs = {k: v.to(device) for k, v in task.model_inputs(model, task.collate(rows)).items()}
     out = model(**inputs)
     maps = {k.removesuffix("_ponder_time"): v for k, v in out.extras.items() if k.endswith("ponder_time")}
     if not maps:

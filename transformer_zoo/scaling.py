@@ -182,7 +182,7 @@ def measure(model: torch.nn.Module, task: Any, length: int, spec: ScalingSpec, d
     test = task.dataset("test")
     rows = [test[i % len(test)] for i in range(spec.batch_size)]
     batch = {k: v.to(device) for k, v in stretched(task.collate(rows), length).items()}
-    inputs = {k: v for k, v in batch.items() if k != "targets"}
+    inputs = task.model_inputs(model, batch)
 
     def forward() -> None:
         with torch.no_grad():
@@ -207,6 +207,9 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
     longest = max(spec.lengths)
     jobs = []
     for label, config in models:
+        if getattr(config, "inputs", "tokens") != "tokens":
+            print(f"scaling: {label} reads images, not sequences of a length; not measured")
+            continue
         if getattr(config, "max_len", longest) < longest:
             config = load_config(config, {"max_len": longest})
         jobs.append((label, "as configured", config))

@@ -87,10 +87,14 @@ def model_config_for(config: TrainConfig, task) -> VariantConfig:
         ValueError: the variant cannot do the task (before anything is built).
     """
     model = load_config({"variant": config.model} if isinstance(config.model, str) else config.model)
-    reason = task.unfit_reason(model)
+    images = getattr(model, "inputs", "tokens") == "image"
+    if images and not task.images:
+        reason = "the model reads images, and this task has none (image tasks: digits)"
+    else:
+        reason = None if images else task.unfit_reason(model)
     if reason:
         raise ValueError(f"variant {model.variant!r} cannot do task {config.task.kind!r}: {reason}")
-    return load_config(model, task.model_overrides())
+    return load_config(model, task.image_overrides() if images else task.model_overrides())
 
 
 def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) -> dict[str, torch.Tensor]:

@@ -9,10 +9,11 @@ image as a sequence of pixels.
 from __future__ import annotations
 
 import functools
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import datasets
 import numpy as np
+import torch
 from pydantic import Field
 
 from transformer_zoo.core.options import TaskOptions
@@ -36,11 +37,18 @@ class DigitsTask(ClassificationTask):
     """The digits images as pixel-token sequences (``src``) and image arrays (``image``)."""
 
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
+    images: ClassVar[bool] = True
     vocab_size = FIRST_TOKEN + LEVELS
     num_classes = 10
 
     def __init__(self, options: Digits) -> None:
         self.options = options
+
+    def image_overrides(self) -> dict[str, Any]:
+        return {"image_size": (8, 8), "channels": 1, "num_classes": self.num_classes}
+
+    def collate(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return {**super().collate(rows), "image": torch.tensor([r["image"] for r in rows], dtype=torch.float32)}
 
     @functools.cache
     def dataset(self, split: str) -> datasets.Dataset:

@@ -1,0 +1,79 @@
+"""The image family: ViT, the Image Transformer's local 2-D attention and SAGAN blocks in a
+classifier, trained on scikit-learn's digits; image models refuse token tasks and bad images."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_zoo as tz
+from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.train import TrainConfig, model_config_for, train
+
+
+def train_digits(name: str, steps: int, lr: float, tmp_path) -> float:
+    config = TrainConfig.model_validate({"model": name, "task": "digits", "steps": steps, "batch_size": 64, "lr": lr,
+                                         "warmup_steps": steps // 10, "seed": 0})
+    return train(config, tmp_path / name, progress=False)["metrics"]["test"]["accuracy"]
+
+
+@pytest.mark.parametrize(("name", "steps", "lr"), [("sagan-classifier-tiny", 300, 0.003), ("vit-tiny", 800, 0.002)])
+def test_image_models_learn_digits(name, steps, lr, tmp_path):
+    """The issue's bar: at least 95% test accuracy on digits within the test's CPU budget."""
+    assert train_digits(name, steps, lr, tmp_path) >= 0.95
+
+
+def test_image_models_refuse_token_tasks():
+    config = TrainConfig.model_validate({"model": "vit-tiny", "task": "listops", "steps": 1})
+    with pytest.raises(ValueError, match="variant 'vit-tiny' cannot do task 'listops': the model reads images"):
+        model_config_for(config, config.task.build())
+
+
+def test_digits_fixes_the_image_models_size_and_classes():
+    config = TrainConfig.model_validate({"model": {"variant": "vit-tiny", "image_size": [16, 16], "num_classes": 3},
+                                         "task": "digits", "steps": 1})
+    fitted = model_config_for(config, config.task.build())
+    assert fitted.image_size == (8, 8) and fitted.num_classes == 10 and fitted.channels == 1
+
+
+def test_image_transformer_attends_locally_on_the_pixel_grid():
+    model = tz.build_model("image-transformer-tiny").eval()
+    weights = model(torch.rand(1, 1, 8, 8), need_weights=True).attentions["encoder"][0]["self"][0, 0]  # (64, 64)
+    seen = weights[3 * 8 + 5].view(8, 8) > 0  # pixel (3, 5): query block rows 2-3, columns 4-5, margin 2
+    expected = torch.zeros(8, 8, dtype=torch.bool)
+    expected[0:6, 2:8] = True
+    assert torch.equal(seen, expected)
+
+
+def test_sagan_classifier_returns_each_blocks_attention_over_its_feature_map():
+    model = tz.build_model("sagan-classifier-tiny").eval()
+    out = model(torch.rand(2, 1, 8, 8), need_weights=True)
+    assert out.attentions["stage0"][0]["self"].shape == (2, 1, 64, 64)  # 8x8 map
+    assert out.attentions["stage1"][0]["self"].shape == (2, 1, 16, 16)  # 4x4 map after the stride
+    blocks = [m for m in tz.build_model("sagan-classifier-tiny").modules() if type(m).__name__ == "SelfAttention2d"]
+    assert len(blocks) == 2 and all(b.gamma.item() == 0 for b in blocks), "SAGAN blocks start as the identity"
+
+
+@pytest.mark.parametrize("name", ["vit-tiny", "image-transformer-tiny", "sagan-classifier-tiny"])
+def test_images_of_the_wrong_shape_name_the_expected_one(name):
+    model = tz.build_model(name)
+    with pytest.raises(ValueError, match=r"expected images of shape \(batch, 1, 8, 8\), got \(2, 3, 8, 8\)"):
+        model(torch.rand(2, 3, 8, 8))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"patch": 3}, "patch=3 does not divide image_size=\\[8, 8\\]"),
+    ({"encoder": {"attention": {"kind": "local-2d"}}}, "use pooling: mean"),
+    ({"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "grid": [2, 2]}}},
+     "encoder.attention.grid \\[2, 2\\] is not the patch grid \\[4, 4\\]"),
+])
+def test_bad_image_configs_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        tz.load_config("vit-tiny", overrides)
+
+
+def test_bad_sagan_configs_are_refused():
+    with pytest.raises(ConfigError, match="attention_at \\[2\\] names no stage; stages are 0..1"):
+        tz.load_config("sagan-classifier-tiny", {"attention_at": [2]})
+    with pytest.raises(ConfigError, match="reduction=8 does not divide stage 0's width 12"):
+        tz.load_config("sagan-classifier-tiny", {"widths": [12, 64]})
