@@ -213,6 +213,8 @@ def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: i
     one = task.example_inputs(model, rows[0])
     first = {k.removesuffix("_ponder_time"): v[0] for k, v in model(**one).extras.items() if k.endswith("ponder_time")}
     labels = {"encoder": "src", "decoder": "tgt"}
+    if any(labels.get(stack, "src") not in one for stack in first):  # an image model: no tokens to label
+        return means, None
     tokens = {stack: task.token_strings(one[labels.get(stack, "src")][0].tolist()) for stack in first}
     plot_ponder(first, tokens, run_dir / "ponder.png")
     return means, str(Path("runs") / run_dir.name / "ponder.png")

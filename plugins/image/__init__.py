@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core.attention import MultiHeadAttention, attention_math
@@ -46,7 +46,8 @@ class Local2dAttention(MultiHeadAttention):
 
     ``kernel``: ``blocked`` (:func:`~transformer_zoo.core.image.local_2d_attention`, memory
     O(n * m)), ``dense`` (SDPA under the explicit 2-D mask) or ``auto``: dense up to
-    ``dense_up_to`` positions, where it is faster on CPU (measured: 16x at 8x8, 0.6x at 32x32).
+    ``dense_up_to`` positions, where it is faster on CPU (measured on a training step: 16x faster
+    at 8x8, 5x slower at 64x64).
     """
 
     def __init__(self, d_model: int, n_heads: int, pattern: Local2dPattern, *, kernel: str = "auto",
@@ -78,12 +79,18 @@ class Local2dOptions(AttentionOptions):
 
     full: ClassVar[bool] = False
     kind: Literal["local-2d"] = "local-2d"
-    query_block: Pair = Field((2, 2), description="rows and columns of a query block")
-    memory: Pair = Field((1, 1), description="rows and columns the memory block extends its query block by, each side")
-    grid: Pair | None = Field(None, description="rows and columns of the token grid; image models fill it in")
+    query_block: tuple[PositiveInt, PositiveInt] = Field((2, 2), description="rows and columns of a query block")
+    memory: tuple[NonNegativeInt, NonNegativeInt] = Field(
+        (1, 1), description="rows and columns the memory block extends its query block by, each side")
+    grid: tuple[PositiveInt, PositiveInt] | None = Field(
+        None, description="rows and columns of the token grid; leave null: an image model sets it when it builds")
     kernel: Literal["auto", "blocked", "dense"] = Field(
         "auto", description="auto: dense (SDPA under the 2-D mask) up to 512 positions, blocked above")
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
+
+    def check(self, *, max_len: int) -> None:  # called for token models only
+        raise ValueError("local-2d attention runs over a grid of image patches: use it in an image model "
+                         "(vit-tiny, image-transformer-tiny), which knows the grid")
 
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
         if self.grid is None:
@@ -154,22 +161,29 @@ class ImageEncoderConfig(VariantConfig):
             raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         if self.positional == "sinusoidal-2d" and self.d_model % 4:
             raise ValueError(f"sinusoidal-2d positions need d_model divisible by 4, got {self.d_model}")
+        if self.positional == "learned-2d" and self.d_model % 2:
+            raise ValueError(f"learned-2d positions need an even d_model (half rows, half columns), got {self.d_model}")
         for index in range(self.encoder.layers):
             attention = self.encoder.attention_at(index)
             if isinstance(attention, Local2dOptions):
                 if self.pooling == "cls":
                     raise ValueError("local-2d attention runs over the patch grid, which a class token is not on; "
                                      "use pooling: mean")
-                if attention.grid is None:
-                    attention.grid = self.grid
-                elif tuple(attention.grid) != self.grid:
+                if attention.grid is not None and tuple(attention.grid) != self.grid:
                     raise ValueError(f"encoder.attention.grid {list(attention.grid)} is not the patch grid "
-                                     f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}")
+                                     f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}; "
+                                     "leave grid null and the model sets it")
+                try:
+                    Local2dPattern(grid=self.grid, query_block=tuple(attention.query_block), memory=tuple(attention.memory))
+                except ValueError as error:
+                    raise ValueError(f"encoder.attention: {error}") from None
         return self
 
     def build(self) -> ImageEncoder:
         def layer(index: int = 0) -> TransformerLayer:
             attention = self.encoder.attention_at(index)
+            if isinstance(attention, Local2dOptions):
+                attention = attention.model_copy(update={"grid": self.grid})  # derived, so not kept in the config
             return TransformerLayer(
                 attention.build(d_model=self.d_model, n_heads=self.n_heads, dropout=self.dropout),
                 self.ffn.build(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout),

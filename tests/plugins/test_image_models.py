@@ -29,11 +29,32 @@ def test_image_models_refuse_token_tasks():
         model_config_for(config, config.task.build())
 
 
-def test_digits_fixes_the_image_models_size_and_classes():
-    config = TrainConfig.model_validate({"model": {"variant": "vit-tiny", "image_size": [16, 16], "num_classes": 3},
-                                         "task": "digits", "steps": 1})
+@pytest.mark.parametrize("name", ["vit-tiny", "image-transformer-tiny"])
+def test_digits_fixes_the_image_models_size_and_classes(name):
+    model = {"variant": name, "image_size": [16, 16], "channels": 3, "num_classes": 3}
+    config = TrainConfig.model_validate({"model": model, "task": "digits", "steps": 1})
     fitted = model_config_for(config, config.task.build())
     assert fitted.image_size == (8, 8) and fitted.num_classes == 10 and fitted.channels == 1
+    assert fitted.build()(torch.rand(2, 1, 8, 8)).logits.shape == (2, 10)
+
+
+def test_the_local_2d_grid_follows_the_image_size():
+    config = tz.load_config("image-transformer-tiny", {"image_size": [12, 16]})
+    assert config.encoder.attention.grid is None, "derived when the model is built, not stored"
+    assert config.build()(torch.rand(1, 1, 12, 16)).logits.shape == (1, 10)
+
+
+def test_local_2d_kernels_agree_inside_the_model():
+    dense = tz.build_model("image-transformer-tiny", encoder={"attention": {"kind": "local-2d", "kernel": "dense"}})
+    blocked = tz.build_model("image-transformer-tiny", encoder={"attention": {"kind": "local-2d", "kernel": "blocked"}})
+    blocked.load_state_dict(dense.state_dict())
+    image = torch.rand(3, 1, 8, 8)
+    torch.testing.assert_close(blocked(image).logits, dense(image).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_local_2d_in_a_token_model_is_refused():
+    with pytest.raises(ConfigError, match="local-2d attention runs over a grid of image patches"):
+        tz.load_config("transformer-tiny", {"encoder": {"attention": "local-2d"}})
 
 
 def test_image_transformer_attends_locally_on_the_pixel_grid():
@@ -66,6 +87,9 @@ def test_images_of_the_wrong_shape_name_the_expected_one(name):
     ({"encoder": {"attention": {"kind": "local-2d"}}}, "use pooling: mean"),
     ({"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "grid": [2, 2]}}},
      "encoder.attention.grid \\[2, 2\\] is not the patch grid \\[4, 4\\]"),
+    ({"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "query_block": [8, 2]}}},
+     "query_block \\(8, 2\\) is larger than the grid \\(4, 4\\)"),
+    ({"d_model": 65, "n_heads": 5}, "learned-2d positions need an even d_model"),
 ])
 def test_bad_image_configs_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
