@@ -126,16 +126,21 @@ class ImageEncoder(ZooModel):
         return loss if output.aux_loss is None else loss + output.aux_loss
 
 
-class ImageEncoderConfig(VariantConfig):
-    """A Transformer encoder over image patches (ViT), or over pixels with local 2-D attention."""
+class ImageConfig(VariantConfig):
+    """What every model of the family reads and predicts; an image task sets these fields."""
 
     family: ClassVar[str] = "image-attention"
     inputs: ClassVar[str] = "image"
 
-    variant: str = Field("vit-tiny", description="the registered variant this config started from")
     image_size: Pair = Field((8, 8), description="image height and width, in pixels")
     channels: int = Field(1, ge=1, description="image channels")
     num_classes: int = Field(10, ge=2, description="classes of the head")
+
+
+class ImageEncoderConfig(ImageConfig):
+    """A Transformer encoder over image patches (ViT), or over pixels with local 2-D attention."""
+
+    variant: str = Field("vit-tiny", description="the registered variant this config started from")
     patch: int = Field(2, ge=1, description="side of a square patch (1: every pixel is a token)")
     d_model: int = Field(64, ge=1, description="model width")
     n_heads: int = Field(4, ge=1, description="attention heads; must divide d_model")
@@ -241,16 +246,10 @@ class SaganClassifier(ZooModel):
         return nn.functional.cross_entropy(output.logits, targets)
 
 
-class SaganClassifierConfig(VariantConfig):
+class SaganClassifierConfig(ImageConfig):
     """A small convolutional classifier with SAGAN self-attention blocks (Zhang et al. 2018)."""
 
-    family: ClassVar[str] = "image-attention"
-    inputs: ClassVar[str] = "image"
-
     variant: str = Field("sagan-classifier-tiny", description="the registered variant this config started from")
-    image_size: Pair = Field((8, 8), description="image height and width, in pixels")
-    channels: int = Field(1, ge=1, description="image channels")
-    num_classes: int = Field(10, ge=2, description="classes of the head")
     widths: list[int] = Field([32, 64], min_length=1, description="channels of each convolution stage")
     attention_at: list[int] = Field([0, 1], description="stages followed by a SAGAN block (0 is the first)")
     reduction: int = Field(8, ge=1, description="query/key/value channels are width / reduction (8 in the paper)")
