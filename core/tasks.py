@@ -209,7 +209,7 @@ class Seq2SeqTask(Task):
         output = self.decode(model, [row["src"]], max_new_tokens=4 * len(row["src"]) + 8)[0]
         batch = self.collate([{"src": row["src"], "tgt": output}])
         device = next(model.parameters()).device
-        return {k: v.to(device) for k, v in batch.items() if k != "targets"}
+        return {k: v.to(device) for k, v in self.model_inputs(model, batch).items()}
 
 
 class ClassificationTask(Task):
@@ -381,7 +381,7 @@ class MaskedLMTask(Task):
     def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
         device = next(model.parameters()).device
         batch = self.collate([row], generator=torch.Generator().manual_seed(0))
-        return {k: v.to(device) for k, v in batch.items() if k != "targets"}
+        return {k: v.to(device) for k, v in self.model_inputs(model, batch).items()}
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 32) -> dict[str, float]:

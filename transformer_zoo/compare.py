@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, model_validator
 from . import __version__
 from .api import _read, load_config, validate
 from .core.errors import ConfigError
+from .core.model import atomic_write
 from .core.options import Options, Task
 from .scaling import ScalingPoint, ScalingSpec, measure_scaling
 from .train import TrainConfig, model_config_for, resolve_device, train
@@ -235,17 +236,15 @@ def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_d
     device = resolve_device(next(iter(configs.values())).device)
     key = {"spec": spec.scaling.model_dump(mode="json"), "task": options.model_dump(mode="json"),
            "models": [[label, config.model_dump(mode="json")] for label, config in models],
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "torch": torch.__version__, "transformer_zoo": __version__, "threads": torch.get_num_threads()}
+           "device": str(device), "machine": machine(), "transformer_zoo": __version__}
     path = out_dir / "scaling.json"
     if path.is_file():
         saved = json.loads(path.read_text())
         if saved.get("key") == key:
             return [ScalingPoint.model_validate(p) for p in saved["points"]]
     points = measure_scaling(models, task, spec.scaling, device)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "points": [p.model_dump() for p in points]}))
-    tmp.replace(path)
+    text = json.dumps({"key": key, "points": [p.model_dump() for p in points]})
+    atomic_write(path, lambda tmp: tmp.write_text(text))
     return points
 
 

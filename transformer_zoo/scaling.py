@@ -113,12 +113,8 @@ def _has_storage(value: Any) -> bool:
 
 def attention_kinds(config: VariantConfig) -> set[str]:
     """The self-attention kinds of the config's stacks."""
-    data, kinds = config.model_dump(mode="json"), set()
-    for side in ("encoder", "decoder"):
-        if data.get(side):
-            attention = data[side]["attention"]
-            kinds |= {a["kind"] for a in (attention if isinstance(attention, list) else [attention])}
-    return kinds
+    stacks = [s for s in (getattr(config, "encoder", None), getattr(config, "decoder", None)) if s is not None]
+    return {stack.attention_at(i).kind for stack in stacks for i in range(stack.layers)}
 
 
 def is_full(kind: str) -> bool:
