@@ -143,3 +143,10 @@ def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
         _, task, model = load_run(tmp_path / str(steps))
         flops[steps] = training_flops_per_token(model, task, config)
     assert 1.5 < flops[4] / flops[2] < 2.0, flops  # the head and embeddings do not grow with steps
+
+
+def test_default_spec_measures_the_local_global_family_against_full_attention_at_long_lengths():
+    spec = load_spec()
+    assert "local-global-encoder-tiny" in spec.variants
+    assert spec.scaling is not None and spec.scaling.task == "listops"
+    assert max(spec.scaling.lengths) >= 4096 and {"sdpa", "math"} <= set(spec.scaling.references)
