@@ -37,10 +37,38 @@ def atomic_write(path: Path, write: Any) -> None:
         raise
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One optimizer of a training step: the parameters it updates and its own settings.
+
+    Most models train all their parameters on one loss (one phase, ``model``). A GAN has two,
+    each with its own optimizer, run in turn on every step: the discriminator, then the
+    generator. The task's ``loss(model, batch, phase)`` gives each phase's loss.
+
+    Attributes:
+        name: passed to the task's loss, and used in checkpoints and learning curves.
+        parameters: what this phase's optimizer updates; the others are frozen during its step.
+        lr_scale: the phase's learning rate as a multiple of the run's ``lr``.
+        betas: Adam's betas; None: the optimizer's defaults.
+        weight_decay: None: the run's ``weight_decay``.
+    """
+
+    name: str
+    parameters: tuple[nn.Parameter, ...]
+    lr_scale: float = 1.0
+    betas: tuple[float, float] | None = None
+    weight_decay: float | None = None
+
+
 class ZooModel(nn.Module):
     """Base of every model the zoo builds: it knows its config and can save itself."""
 
     config: Any = None  # the validated config, set by ``transformer_zoo.build_model``
+
+    def phases(self) -> list[Phase]:
+        """The optimizers of a training step, in the order they step: by default one, over
+        every parameter."""
+        return [Phase("model", tuple(self.parameters()))]
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).

@@ -96,7 +96,9 @@ class Task:
         """A batch of examples to model inputs and ``targets``."""
         raise NotImplementedError
 
-    def loss(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], phase: str = "model") -> Tensor:
+        """The loss of one batch, for the model's training ``phase`` (see
+        :meth:`~transformer_zoo.core.model.ZooModel.phases`; most models have one)."""
         return model.loss(model(**self.model_inputs(model, batch)), batch["targets"])
 
     def tokens_in(self, batch: dict[str, Tensor]) -> int:

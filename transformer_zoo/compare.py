@@ -190,7 +190,8 @@ def training_flops_per_token(model: torch.nn.Module, task: Any, config: TrainCon
     model.train()
     batch = _batch(task, task.dataset("train"), 0, config, next(model.parameters()).device)
     with FlopCounterMode(display=False) as counter:
-        task.loss(model, batch).backward()
+        for phase in model.phases():
+            task.loss(model, batch, phase.name).backward()
     return counter.get_total_flops() / max(task.tokens_in(batch), 1)
 
 

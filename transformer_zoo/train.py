@@ -9,6 +9,7 @@ resumed from step k sees exactly the batches an uninterrupted run sees.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -105,12 +106,14 @@ def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) 
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _save_checkpoint(run_dir: Path, model, optimizer, scheduler, step: int, history: list) -> None:
+def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, step: int, history: list) -> None:
     """Write the checkpoint into a fresh folder, then swap it in; the old one survives a crash."""
     final, tmp, old = run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.tmp", run_dir / f".{CHECKPOINT}.old"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+    states = {"optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
+              "schedulers": {name: scheduler.state_dict() for name, scheduler in schedulers.items()}}
+    torch.save(states, tmp / "optimizer.pt")
     state = {"step": step, "rng": torch.get_rng_state().tolist(), "history": history}
     (tmp / "state.json").write_text(json.dumps(state))
     shutil.rmtree(old, ignore_errors=True)
@@ -118,6 +121,36 @@ def _save_checkpoint(run_dir: Path, model, optimizer, scheduler, step: int, hist
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _optimizers(model, config: TrainConfig) -> tuple[list, dict, dict]:
+    """The model's phases, with an AdamW optimizer and a learning-rate schedule for each."""
+    phases = model.phases()
+    names = [phase.name for phase in phases]
+    if len(set(names)) != len(names) or not phases:
+        raise ValueError(f"{type(model).__name__}.phases() must name one or more phases, each once; got {names}")
+    optimizers, schedulers = {}, {}
+    for phase in phases:
+        settings = {} if phase.betas is None else {"betas": phase.betas}
+        optimizers[phase.name] = torch.optim.AdamW(
+            phase.parameters, lr=config.lr * phase.lr_scale,
+            weight_decay=config.weight_decay if phase.weight_decay is None else phase.weight_decay, **settings)
+        schedulers[phase.name] = LambdaLR(optimizers[phase.name], lambda step: lr_factor(step, config))
+    return phases, optimizers, schedulers
+
+
+@contextlib.contextmanager
+def _only(parameters, model):
+    """Freeze every parameter of ``model`` but ``parameters`` (no gradient is computed for them)."""
+    keep = {id(p) for p in parameters}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in keep]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
 
 
 def _latest_checkpoint(run_dir: Path) -> Path | None:
@@ -153,15 +186,15 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
     model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = LambdaLR(optimizer, lambda step: lr_factor(step, config))
+    phases, optimizers, schedulers = _optimizers(model, config)
 
     start, history = 0, []
     if checkpoint is not None:
         safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(device))
         states = torch.load(checkpoint / "optimizer.pt", map_location=device, weights_only=True)
-        optimizer.load_state_dict(states["optimizer"])
-        scheduler.load_state_dict(states["scheduler"])
+        for name in optimizers:
+            optimizers[name].load_state_dict(states["optimizers"][name])
+            schedulers[name].load_state_dict(states["schedulers"][name])
         state = json.loads((checkpoint / "state.json").read_text())
         start, history = state["step"], state["history"]
         torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
@@ -175,34 +208,41 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
         for step in range(start, end):
             batch = _batch(task, train_data, step, config, device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16 and device.type == "cuda"):
-                loss = task.loss(model, batch)
-            if not torch.isfinite(loss):
-                raise TrainingDiverged(
-                    f"loss became {loss.item()} at step {step + 1}; the last good checkpoint is kept in "
-                    f"{run_dir / CHECKPOINT}; lower lr (now {config.lr}) or set grad_clip"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            scheduler.step()
+            losses = {}
+            for phase in phases:
+                with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16 and device.type == "cuda"):
+                        loss = task.loss(model, batch, phase.name)
+                    if not torch.isfinite(loss):
+                        raise TrainingDiverged(
+                            f"{phase.name} loss became {loss.item()} at step {step + 1}; the last good checkpoint is "
+                            f"kept in {run_dir / CHECKPOINT}; lower lr (now {config.lr}) or set grad_clip"
+                        )
+                    optimizers[phase.name].zero_grad(set_to_none=True)
+                    loss.backward()
+                    if config.grad_clip is not None:
+                        torch.nn.utils.clip_grad_norm_(phase.parameters, config.grad_clip)
+                    optimizers[phase.name].step()
+                    schedulers[phase.name].step()
+                losses[phase.name] = loss.item()
+            loss = losses[phases[0].name]  # the headline loss; every phase's is in the curve too
             tokens += task.tokens_in(batch)
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
-                history.append({"step": done, "loss": loss.item(), "lr": scheduler.get_last_lr()[0]})
+                phase_losses = {f"loss_{name}": value for name, value in losses.items()} if len(phases) > 1 else {}
+                history.append({"step": done, "loss": loss, **phase_losses,
+                                "lr": schedulers[phases[0].name].get_last_lr()[0]})
             if config.eval_every and done % config.eval_every == 0 and done != config.steps:
                 history.append({"step": done, **{f"test_{k}": v for k, v in task.evaluate(model, "test").items()}})
             if config.checkpoint_every and done % config.checkpoint_every == 0:
-                _save_checkpoint(run_dir, model, optimizer, scheduler, done, history)
+                _save_checkpoint(run_dir, model, optimizers, schedulers, done, history)
             rate = tokens / (time.perf_counter() - started)
-            bar.update(bar_task, completed=done, status=f"loss {loss.item():.3f}  {rate:,.0f} tok/s")
+            bar.update(bar_task, completed=done, status=f"loss {loss:.3f}  {rate:,.0f} tok/s")
             if config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds:
                 end = done  # the time budget is spent: finish as if this were the last step
                 break
     elapsed = time.perf_counter() - started
-    _save_checkpoint(run_dir, model, optimizer, scheduler, end, history)
+    _save_checkpoint(run_dir, model, optimizers, schedulers, end, history)
     if stop_after is not None and end < config.steps:
         return {"step": end, "stopped": True}
     metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
