@@ -21,7 +21,7 @@ from .decoding import beam_search, greedy_decode
 PAD, BOS, EOS = 0, 1, 2
 CLS = BOS  # classification tasks start each sequence with this id; the head pools it
 
-LOWER_IS_BETTER = frozenset({"perplexity", "loss"})
+LOWER_IS_BETTER = frozenset({"perplexity", "loss", "frechet_distance"})
 """Metric names where a smaller value is better; every other metric is better when larger."""
 
 
@@ -47,6 +47,8 @@ class Task:
     objective: ClassVar[str] = ""
     metric: ClassVar[str] = ""
     images: ClassVar[bool] = False  # batches also hold "image" (B, C, H, W), for image models
+    image_objective: ClassVar[str] = "image-classification"  # what an image model must be for, to train on it
+    baseline: ClassVar[str] = "Majority-class baseline"  # what :meth:`baselines` scores, for reports
     options: Any = None
 
     @property
@@ -74,6 +76,14 @@ class Task:
 
     def unfit_reason(self, config: Any) -> str | None:
         """Why a model config cannot do this task, or None if it can."""
+        return None
+
+    def image_unfit_reason(self, config: Any) -> str | None:
+        """What :meth:`unfit_reason` is to token models, for image models."""
+        if not self.images:
+            return "the model reads images, and this task has none (image tasks: digits, digits-generation)"
+        if config.objective != self.image_objective:
+            return f"the model is for {config.objective}, and this task is {self.image_objective}"
         return None
 
     def image_overrides(self) -> dict[str, Any]:
@@ -109,8 +119,14 @@ class Task:
         raise NotImplementedError
 
     def baselines(self, split: str) -> dict[str, float]:
-        """Scores on ``split`` of a trivial predictor (the majority class), for reports to compare against."""
+        """Scores on ``split`` of a reference predictor (by default, the majority class; see
+        :attr:`baseline`), for reports to compare against."""
         return {}
+
+    def plot_samples(self, model: nn.Module, path: Path) -> Path | None:
+        """Draw what a trained model generates into ``path`` (PNG) and return it; None for a task
+        that generates nothing to look at."""
+        return None
 
     def save_assets(self, directory: Path) -> None:
         """Write what the task derived from its data (a trained tokenizer) into a run folder,

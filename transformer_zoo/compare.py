@@ -74,6 +74,7 @@ class RunRecord(BaseModel):
         {}, description="models with a recurrent stack: mean steps per real test position, by stack (fixed without ACT)"
     )
     ponder_plot: str | None = Field(None, description="a heat map of one test example's ponder times, relative to the report")
+    samples_plot: str | None = Field(None, description="a generation task: a grid of samples, relative to the report")
 
 
 class Skipped(BaseModel):
@@ -92,8 +93,9 @@ class CompareResults(BaseModel):
     runs: list[RunRecord] = Field(description="one record per run")
     skipped: list[Skipped] = Field(description="pairs not run, with the reason")
     baselines: dict[str, dict[str, float]] = Field(
-        {}, description="by task: test scores of a trivial predictor (the majority class), where the task has one"
+        {}, description="by task: test scores of a reference predictor (the majority class), where the task has one"
     )
+    baseline_names: dict[str, str] = Field({}, description="by task: what its baseline is")
     scaling: list[ScalingPoint] = Field([], description="time and memory against sequence length, when the spec asks")
 
 
@@ -166,12 +168,14 @@ def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     _, task, trained = load_run(run_dir)
     flops = training_flops_per_token(trained, task, config)
     ponder, plot = ponder_summary(trained, task, Path(run_dir))
+    samples = task.plot_samples(trained, Path(run_dir) / "samples.png")
     record = RunRecord(
         variant=label, family=type(model).family or model.variant, task=config.task.kind, seed=config.seed,
         parameters=summary["parameters"], flops_per_token=flops,
         train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak,
         steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
         metrics=summary["metrics"], curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
+        samples_plot=None if samples is None else str(Path("runs") / Path(run_dir).name / samples.name),
     ).model_dump()
     record_path.write_text(json.dumps(record))
     return record
@@ -277,9 +281,11 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults:
             records.append(RunRecord.model_validate(record))
             print(f"[{i}/{len(jobs)}] {record['variant']} on {record['task']} (seed {record['seed']}): "
                   f"{record['metric']} {record['metrics']['test'][record['metric']]:.3f}")
-    baselines = {options.kind: options.build().baselines("test") for options in spec.tasks}
+    tasks = {options.kind: options.build() for options in spec.tasks}
+    baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
     results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), runs=records, skipped=skipped,
                              baselines={kind: scores for kind, scores in baselines.items() if scores},
+                             baseline_names={kind: task.baseline for kind, task in tasks.items() if baselines[kind]},
                              scaling=scaling_points(spec, runs, out_dir))
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)

@@ -202,18 +202,21 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())
     lines += [f"Machine: {machine}.", "", "Spec:", "", "```yaml", yaml.safe_dump(results.spec, sort_keys=False).rstrip(), "```", ""]
     lines += ["Every run had the same data, seed and budget. Values are means over seeds (± standard deviation); "
-              "the best of each metric (lowest perplexity, highest otherwise), throughput, memory and time is "
+              "the best of each metric (lowest perplexity or Frechet distance, highest otherwise), throughput, memory and time is "
               "in bold. FLOPs per token are those of one training step (forward and backward) on one batch, "
               "counted by PyTorch's FlopCounterMode, per token read.", ""]
     for task, runs in _by(records, lambda r: r.task).items():
         lines += [f"## {task}", "", task_table(runs), ""]
         if task in results.baselines:
             scores = ", ".join(f"test {name} {value:.3f}" for name, value in results.baselines[task].items())
-            lines += [f"Majority-class baseline: {scores}.", ""]
+            lines += [f"{results.baseline_names.get(task, 'Baseline')}: {scores}.", ""]
         curve = out_dir / f"curves-{task}.png"
         plot_curves(runs, task, curve)
         lines += [f"![{task} learning curves]({curve.name})", ""]
         for record in runs:
+            if record.samples_plot and record.seed == runs[0].seed:
+                lines += [f"Samples of {record.variant} (seed {record.seed}), a row per class:", "",
+                          f"![{record.variant} samples on {task}]({record.samples_plot})", ""]
             if record.ponder_plot and record.seed == runs[0].seed:
                 lines += [f"Ponder time of {record.variant} (seed {record.seed}) on one test example:", "",
                           f"![{record.variant} ponder time on {task}]({record.ponder_plot})", ""]

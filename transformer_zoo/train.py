@@ -89,10 +89,7 @@ def model_config_for(config: TrainConfig, task) -> VariantConfig:
     """
     model = load_config({"variant": config.model} if isinstance(config.model, str) else config.model)
     images = getattr(model, "inputs", "tokens") == "image"
-    if images and not task.images:
-        reason = "the model reads images, and this task has none (image tasks: digits)"
-    else:
-        reason = None if images else task.unfit_reason(model)
+    reason = task.image_unfit_reason(model) if images else task.unfit_reason(model)
     if reason:
         raise ValueError(f"variant {model.variant!r} cannot do task {config.task.kind!r}: {reason}")
     return load_config(model, task.image_overrides() if images else task.model_overrides())

@@ -8,7 +8,7 @@ so they train on tasks that have images (``digits``). The building blocks are in
 
 Presets, sized for 8x8 digits: ``vit-tiny`` (2x2 patches, full attention), ``image-transformer-tiny``
 (every pixel a token, ``local-2d`` attention) and ``sagan-classifier-tiny`` (two convolution
-stages, each followed by a SAGAN block).
+stages, each followed by a SAGAN block). The GAN, ``sagan-gan``, is in :mod:`.gan`.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ class ImageConfig(VariantConfig):
 
     family: ClassVar[str] = "image-attention"
     inputs: ClassVar[str] = "image"
+    objective: ClassVar[str] = "image-classification"  # what an image task must ask for to train it
 
     image_size: Pair = Field((8, 8), description="image height and width, in pixels")
     channels: int = Field(1, ge=1, description="image channels")
@@ -276,6 +277,8 @@ def tzoo_components():
 
 @hookimpl
 def tzoo_variants():
+    from .gan import SaganGanConfig  # it builds on ImageConfig, above
+
     return [
         Variant(name="vit-tiny", config=ImageEncoderConfig, defaults={},
                 description="ViT for 8x8 images: 2x2 patches, 4 pre-norm layers, d 64, class token, learned 2-D positions"),
@@ -286,4 +289,6 @@ def tzoo_variants():
                 description="Image Transformer encoder for 8x8 images: every pixel a token, local 2-D attention"),
         Variant(name="sagan-classifier-tiny", config=SaganClassifierConfig,
                 description="convolutional classifier for 8x8 images with a SAGAN block after each of 2 stages"),
+        Variant(name="sagan-gan", config=SaganGanConfig,
+                description="class-conditional SAGAN for 8x8 images: spectral norm, hinge loss, attention in G and D"),
     ]

@@ -6,6 +6,7 @@ from transformer_zoo.registry import hookimpl
 
 from .algorithmic import Addition, Copy, Reverse, Sort
 from .digits import Digits
+from .digits_generation import DigitsGeneration
 from .listops import ListOps
 from .text import TextLM, TextMLM
 from .translation import Translation
@@ -13,4 +14,4 @@ from .translation import Translation
 
 @hookimpl
 def tzoo_tasks():
-    return [Copy, Reverse, Sort, Addition, ListOps, Digits, TextLM, TextMLM, Translation]
+    return [Copy, Reverse, Sort, Addition, ListOps, Digits, DigitsGeneration, TextLM, TextMLM, Translation]
