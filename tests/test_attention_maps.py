@@ -1,4 +1,5 @@
-"""tzoo attention: one PNG per stack and layer, from typed input or a dataset example."""
+"""tzoo attention: one PNG per stack and layer, from typed input or a dataset example; for image
+models, one PNG per query pixel."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 import matplotlib.image
 import pytest
+import torch
 
 from transformer_zoo.cli import main
 from transformer_zoo.train import load_train_config, train
@@ -68,3 +70,63 @@ def test_bad_input_is_one_clear_message(runs, capsys, args, message):
 def test_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["attention", str(tmp_path), "--input", "1"]) == 2
     assert "not a finished run folder" in capsys.readouterr().err
+
+
+# ---- image models: overlays for a query pixel ---------------------------------------------
+@pytest.fixture(scope="module")
+def image_runs(tmp_path_factory):
+    """A ViT and a SAGAN classifier on digits, and a SAGAN GAN on digits-generation, two steps each."""
+    root = tmp_path_factory.mktemp("image-runs")
+    models = {"vit": ("vit-tiny", "digits"), "sagan": ("sagan-classifier-tiny", "digits"),
+              "gan": ("sagan-gan", "digits-generation")}
+    for name, (variant, task) in models.items():
+        train(load_train_config({"model": variant, "task": task, "steps": 2, "batch_size": 8}), root / name,
+              progress=False)
+    return root
+
+
+@pytest.mark.parametrize("name, blocks", [("vit", 4), ("sagan", 2), ("gan", 1)])
+def test_image_models_draw_a_query_pixels_attention_over_the_image(image_runs, capsys, tmp_path, name, blocks):
+    paths = run_json(capsys, "attention", str(image_runs / name), "--example", "test:0", "--query", "1,2",
+                     "--query", "6,5", "--out", str(tmp_path))
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["query-1-2.png", "query-6-5.png"]
+    figure = matplotlib.image.imread(paths[0])
+    assert figure.shape[0] == pytest.approx(2.2 * 110 * blocks, rel=0.05), "a row per attention block"
+    defaults = run_json(capsys, "attention", str(image_runs / name), "--example", "test:0")
+    assert [p.rsplit("/", 1)[1] for p in defaults] == ["query-2-2.png", "query-4-4.png", "query-6-6.png"]
+
+
+def test_the_grid_of_each_kind_of_image_attention_is_found():
+    from transformer_zoo.attention_maps import image_grid
+
+    assert image_grid(17, (8, 8)) == (1, (4, 4))  # ViT, 2x2 patches and a class token
+    assert image_grid(64, (8, 8)) == (0, (8, 8))  # pixels, or a full-size feature map
+    assert image_grid(16, (8, 8)) == (0, (4, 4))  # a feature map at half the size
+    assert image_grid(8, (8, 16)) == (0, (2, 4))
+    with pytest.raises(ValueError, match="10 attended positions do not tile a 8x8 image"):
+        image_grid(10, (8, 8))
+
+
+def test_the_overlay_is_the_query_cells_row_of_weights():
+    from transformer_zoo.attention_maps import query_weights
+
+    weights = torch.rand(2, 17, 17)  # two heads, a class token and a 4x4 grid of patches on an 8x8 image
+    grid = query_weights(weights, (5, 2), (8, 8))  # pixel (5, 2) is in patch (2, 1): token 1 + 2 * 4 + 1
+    assert torch.equal(grid, weights[:, 10, 1:].view(2, 4, 4))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--query", "8,0"], "--query 8,0 is outside the 8x8 image; rows are 0 to 7, columns 0 to 7"),
+        (["--query", "3"], "expected a pixel as ROW,COL such as 3,4"),
+    ],
+)
+def test_bad_queries_are_refused(image_runs, capsys, args, message):
+    assert main(["attention", str(image_runs / "vit"), "--example", "test:0", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_query_on_a_token_model_is_refused(runs, capsys):
+    assert main(["attention", str(runs / "listops"), "--example", "test:0", "--query", "1,1"]) == 2
+    assert "--query picks pixels of an image model" in capsys.readouterr().err

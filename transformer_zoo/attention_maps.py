@@ -1,9 +1,16 @@
-"""Attention maps of a trained model: one PNG per stack and layer, a grid of its heads.
+"""Attention maps of a trained model.
 
-Rows of a grid are the layer's attention blocks (self-attention; cross-attention in a decoder),
-columns are heads; each cell shows, for every query token (rows of the cell), how much weight
-it gives each key token (columns). For a seq2seq task the model first writes its own output,
-so the decoder's maps show where it looked while writing it.
+Token models: one PNG per stack and layer, a grid of its heads. Rows of a grid are the layer's
+attention blocks (self-attention; cross-attention in a decoder), columns are heads; each cell
+shows, for every query token (rows of the cell), how much weight it gives each key token
+(columns). For a seq2seq task the model first writes its own output, so the decoder's maps show
+where it looked while writing it.
+
+Image models: one PNG per query pixel, as in the SAGAN paper's figure 5. The first column is
+the image with the query marked; the others overlay, for each attention block (rows) and head
+(columns), the weights that query gives every position of the block's grid (patches, pixels or
+a feature map, stretched over the image). A generator's maps are over an image it draws for the
+example's class.
 """
 
 from __future__ import annotations
@@ -60,9 +67,99 @@ def _plot_layer(blocks: dict[str, torch.Tensor], labels: dict[str, tuple[list[st
     plt.close(fig)
 
 
+def image_grid(keys: int, size: tuple[int, int]) -> tuple[int, tuple[int, int]]:
+    """Where ``keys`` attended positions lie on an image of ``size`` (height, width): how many
+    come first off the grid (a class token), and the grid's (rows, columns), each cell covering
+    the same number of pixels."""
+    height, width = size
+    for offset in (0, 1):
+        for rows in range(1, height + 1):
+            cells = keys - offset
+            if height % rows == 0 and cells % rows == 0 and cells // rows and width % (cells // rows) == 0 \
+                    and height // rows == width // (cells // rows):
+                return offset, (rows, cells // rows)
+    raise ValueError(f"{keys} attended positions do not tile a {height}x{width} image")
+
+
+def query_weights(weights: torch.Tensor, query: tuple[int, int], size: tuple[int, int]) -> torch.Tensor:
+    """The weights ``(heads, rows, cols)`` that the grid cell holding pixel ``query`` gives each
+    cell of its grid, from a block's ``(heads, queries, keys)`` weights over an image of ``size``."""
+    (height, width), keys = size, weights.size(-1)
+    offset, (rows, cols) = image_grid(keys, size)
+    if weights.size(-2) != keys:
+        raise ValueError(f"expected self-attention weights over {keys} positions, got {tuple(weights.shape)}")
+    cell = offset + query[0] * rows // height * cols + query[1] * cols // width
+    return weights[:, cell, offset:].reshape(-1, rows, cols)
+
+
+def parse_query(text: str) -> tuple[int, int]:
+    """``ROW,COL`` to a pixel, for ``--query``."""
+    row, _, col = text.partition(",")
+    if not (row.strip().isdigit() and col.strip().isdigit()):
+        raise ValueError(f"--query {text!r}: expected a pixel as ROW,COL such as 3,4")
+    return int(row), int(col)
+
+
+def _plot_overlays(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: tuple[int, int], title: str,
+                   path: Path) -> None:
+    """One query pixel's attention in every block, over ``image`` ``(C, H, W)``."""
+    height, width = image.shape[-2:]
+    picture = image.float().cpu()
+    picture = picture[0] if picture.size(0) == 1 else picture.permute(1, 2, 0).clamp(0, 1)
+    heads = max(w.size(0) for w in blocks.values())
+    fig, axes = plt.subplots(len(blocks), heads + 1, figsize=(2.2 * (heads + 1), 2.2 * len(blocks)), squeeze=False)
+    extent = (-0.5, width - 0.5, height - 0.5, -0.5)
+    for row, (name, weights) in enumerate(blocks.items()):  # weights (heads, queries, keys)
+        grids = query_weights(weights, query, (height, width))
+        for col in range(heads + 1):
+            ax = axes[row, col]
+            ax.imshow(picture.numpy(), cmap="gray_r", extent=extent)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if col == 0:
+                ax.plot(query[1], query[0], "o", color="red", markersize=6)
+                ax.set_ylabel(name, fontsize=7)
+            elif col <= weights.size(0):
+                ax.imshow(grids[col - 1].float().cpu().numpy(), cmap="inferno", alpha=0.65, extent=extent, vmin=0.0)
+                ax.plot(query[1], query[0], "o", color="cyan", markersize=4)
+                ax.set_title(f"head {col}", fontsize=7)
+            else:
+                ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _image_maps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], queries: list[tuple[int, int]] | None,
+                title: str, out: Path) -> list[Path]:
+    output = model(**inputs, need_weights=True)
+    image = (inputs["image"] if "image" in inputs else output.logits)[0]  # a generator's own drawing
+    height, width = image.shape[-2:]
+    queries = queries or [(height // 4, width // 4), (height // 2, width // 2), (3 * height // 4, 3 * width // 4)]
+    for row, col in queries:
+        if not (0 <= row < height and 0 <= col < width):
+            raise ValueError(f"--query {row},{col} is outside the {height}x{width} image; rows are 0 to {height - 1}, "
+                             f"columns 0 to {width - 1}")
+    blocks = {}
+    for stack, layers in output.attentions.items():
+        for i, layer in enumerate(layers):
+            for name, weights in layer.items():
+                label = stack if len(layers) == 1 else f"{stack} layer {i + 1}"
+                blocks[label if name == "self" else f"{label} {name}"] = weights[0]  # (heads, queries, keys)
+    if not blocks:
+        raise ValueError(f"{model.config.variant!r} has no attention blocks to draw")
+    paths = []
+    for query in queries:
+        path = out / f"query-{query[0]}-{query[1]}.png"
+        _plot_overlays(image, blocks, query, f"{title}: attention of pixel {query}", path)
+        paths.append(path)
+    return paths
+
+
 @torch.no_grad()
 def attention_maps(run_dir: str | os.PathLike, *, text: str | None = None, example: str | None = None,
-                   out: str | os.PathLike | None = None) -> list[Path]:
+                   out: str | os.PathLike | None = None, queries: list[tuple[int, int]] | None = None) -> list[Path]:
     """Draw the attention of a finished run's model on one example; returns the PNG paths.
 
     Args:
@@ -70,18 +167,24 @@ def attention_maps(run_dir: str | os.PathLike, *, text: str | None = None, examp
         text: typed input, in the task's own notation (``tzoo list --kind task`` describes it).
         example: ``SPLIT:INDEX`` of the task's data instead of ``text``.
         out: the folder for the PNGs (default: ``RUN_DIR/attention``).
+        queries: image models: the query pixels ``(row, column)`` to draw (default: three on the
+            diagonal, at a quarter, half and three quarters of the size).
     """
     config, task, model = load_run(run_dir)
-    if getattr(model.config, "inputs", "tokens") == "image":
-        raise ValueError(f"tzoo attention draws token-by-token maps; {model.config.variant!r} reads images, "
-                         "whose attention is over pixels: get it from model(image, need_weights=True)")
+    images = getattr(model.config, "inputs", "tokens") == "image"
+    if queries and not images:
+        raise ValueError(f"--query picks pixels of an image model; {model.config.variant!r} reads tokens, and its "
+                         "maps show every query token")
+    torch.manual_seed(0)  # a generator draws from noise: the same picture every time
     inputs = task.example_inputs(model, example_row(task, text, example))
+    out = Path(out) if out is not None else Path(run_dir) / "attention"
+    out.mkdir(parents=True, exist_ok=True)
+    if images:
+        return _image_maps(model, inputs, queries, f"{config.task.kind}, {model.config.variant}", out)
     output = model(**inputs, need_weights=True)
     src = task.token_strings(inputs["src"][0].tolist()) if "src" in inputs else None
     tgt = task.token_strings(inputs["tgt"][0].tolist()) if "tgt" in inputs else None
     labels = {"encoder": {"self": (src, src)}, "decoder": {"self": (tgt, tgt), "cross": (tgt, src)}}
-    out = Path(out) if out is not None else Path(run_dir) / "attention"
-    out.mkdir(parents=True, exist_ok=True)
     paths = []
     for stack, layers in output.attentions.items():
         for i, blocks in enumerate(layers):

@@ -100,9 +100,11 @@ def _evaluate(args: argparse.Namespace) -> Any:
 
 
 def _attention(args: argparse.Namespace) -> Any:
-    from .attention_maps import attention_maps
+    from .attention_maps import attention_maps, parse_query
 
-    return [str(p) for p in attention_maps(args.run_dir, text=args.input, example=args.example, out=args.out)]
+    queries = [parse_query(q) for q in args.query]
+    return [str(p) for p in attention_maps(args.run_dir, text=args.input, example=args.example, out=args.out,
+                                           queries=queries)]
 
 
 def _compare(args: argparse.Namespace) -> Any:
@@ -155,11 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_evaluate)
 
-    p = sub.add_parser("attention", help="attention maps of a trained run on one example, as PNG grids of heads")
+    p = sub.add_parser("attention", help="attention maps of a trained run on one example: grids of heads, or overlays on an image")
     p.add_argument("run_dir", type=Path, help="a run folder written by tzoo train")
     p.add_argument("--input", help="the example as text, in the task's notation (e.g. '3 1 4' for reverse)")
     p.add_argument("--example", metavar="SPLIT:INDEX", help="an example of the task's data instead, e.g. test:0")
     p.add_argument("--out", type=Path, help="folder for the PNGs (default: RUN_DIR/attention)")
+    p.add_argument("--query", action="append", default=[], metavar="ROW,COL",
+                   help="image models: a query pixel whose attention to draw over the image (repeatable)")
     p.add_argument("--json", action="store_true", help="print the written paths as JSON")
     p.set_defaults(run=_attention)
 

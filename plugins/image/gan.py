@@ -246,9 +246,9 @@ class SaganGanConfig(ImageConfig):
     def _check(self) -> SaganGanConfig:
         scale = 2 ** (len(self.generator_widths) - 1)
         if self.image_size[0] % scale or self.image_size[1] % scale:
-            raise ValueError(f"{len(self.generator_widths) - 1} generator blocks double the size {len(self.generator_widths) - 1} "
-                             f"times, which image_size {list(self.image_size)} is not a multiple of {scale} to allow; "
-                             "use fewer generator_widths")
+            blocks = len(self.generator_widths) - 1
+            raise ValueError(f"the generator's {blocks} blocks double the size {blocks} times, so image_size must be a "
+                             f"multiple of {scale} on each side, got {list(self.image_size)}; use fewer generator_widths")
         for name, widths, offset in (("generator", self.generator_widths, 1), ("discriminator", self.discriminator_widths, 0)):
             blocks = len(widths) - offset
             at = getattr(self, f"{name}_attention")
