@@ -107,10 +107,17 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
            for _, config in runs}
     assert ran == families, "every family runs on at least one task"
     assert [(s.variant, s.task) for s in skipped] == [
-        ("bert-tiny", "reverse"), ("local-global-encoder-tiny", "reverse"),  # no decoder for seq2seq
-        ("vit-tiny", "reverse"), ("vit-tiny", "listops"),  # image models need images
+        ("transformer-tiny", "digits-generation"),  # generation needs an image generator
+        ("bert-tiny", "reverse"), ("bert-tiny", "digits-generation"),  # and seq2seq a decoder
+        ("universal-transformer-tiny", "digits-generation"),
+        ("local-global-encoder-tiny", "reverse"), ("local-global-encoder-tiny", "digits-generation"),
+        ("vit-tiny", "reverse"), ("vit-tiny", "listops"), ("vit-tiny", "digits-generation"),  # image models need images
         ("sagan-classifier-tiny", "reverse"), ("sagan-classifier-tiny", "listops"),
+        ("sagan-classifier-tiny", "digits-generation"),
+        ("sagan-gan", "reverse"), ("sagan-gan", "listops"), ("sagan-gan", "digits"),  # a generator, not a classifier
     ]
+    gan = next(config for label, config in runs if label == "sagan-gan")
+    assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size) == (4e-4, "constant", 0, 64), "the GAN's recipe"
 
 
 def test_lower_is_better_for_perplexity():
@@ -150,3 +157,25 @@ def test_default_spec_measures_the_local_global_family_against_full_attention_at
     assert "local-global-encoder-tiny" in spec.variants
     assert spec.scaling is not None and spec.scaling.task == "listops"
     assert max(spec.scaling.lengths) >= 4096 and {"sdpa", "math"} <= set(spec.scaling.references)
+
+
+def test_a_generation_task_reports_its_real_image_baseline_and_a_grid_of_samples(tmp_path):
+    gan = {"variant": "sagan-gan", "generator_widths": [16, 16, 8], "discriminator_widths": [8, 16, 16], "reduction": 4}
+    spec = load_spec({"name": "gan", "variants": [gan], "tasks": ["digits-generation"], "steps": 2,
+                      "train": {"batch_size": 8, "lr": 0.1}, "task_train": {"digits-generation": {"lr": 4e-4}}})
+    results = compare(spec, tmp_path)
+    (run,) = results.runs
+    assert json.loads((tmp_path / run.samples_plot).parent.joinpath("train.json").read_text())["lr"] == 4e-4
+    assert {"loss_discriminator", "loss_generator"} <= set(run.curve[-1])
+    assert run.metric == "frechet_distance" and run.flops_per_token > 0
+    real = results.baselines["digits-generation"]
+    text = (tmp_path / "report.md").read_text()
+    assert (f"Real training images, scored as samples: test classifier_accuracy {real['classifier_accuracy']:.3f}, "
+            f"test frechet_distance {real['frechet_distance']:.3f}.") in text
+    assert f"![{run.variant} samples on digits-generation]({run.samples_plot})" in text
+    assert (tmp_path / run.samples_plot).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_task_train_must_name_tasks_of_the_spec():
+    with pytest.raises(tz.ConfigError, match=r"task_train names \['digits'\], which are not among the spec's tasks"):
+        small_spec(task_train={"digits": {"lr": 0.1}})

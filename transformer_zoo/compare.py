@@ -41,12 +41,17 @@ class CompareSpec(Options):
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
     seeds: list[int] = Field([0], min_length=1, description="seeds; every variant and task runs once per seed")
     train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
+    task_train: dict[str, dict[str, Any]] = Field(
+        {}, description="by task kind: training options for the runs on that task, over 'train' (a GAN's recipe)")
     scaling: ScalingSpec | None = Field(
         None, description="also measure time and memory against sequence length of the variants on one task")
 
     @model_validator(mode="after")
     def _scaling_task(self) -> CompareSpec:
         kinds = [task.kind for task in self.tasks]
+        unknown = sorted(set(self.task_train) - set(kinds))
+        if unknown:
+            raise ValueError(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
         if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
             raise ValueError(f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them")
         return self
@@ -126,9 +131,9 @@ def plan(spec: CompareSpec) -> tuple[list[tuple[str, TrainConfig]], list[Skipped
             for seed in spec.seeds:
                 config = validate(
                     TrainConfig,
-                    {**spec.train, "model": variant, "task": task_options, "steps": spec.steps,
-                     "max_seconds": spec.seconds, "seed": seed},
-                    "compare spec 'train' options",
+                    {**spec.train, **spec.task_train.get(task_options.kind, {}), "model": variant, "task": task_options,
+                     "steps": spec.steps, "max_seconds": spec.seconds, "seed": seed},
+                    "compare spec 'train' and 'task_train' options",
                 )
                 try:
                     model_config_for(config, task)

@@ -136,3 +136,15 @@ def test_bad_labels_images_and_configs_are_refused():
         tz.load_config("sagan-gan", {"generator_attention": [2]})
     with pytest.raises(ValueError, match=r"must be a multiple of 16 on each side, got \[8, 8\]"):
         tz.load_config("sagan-gan", {"generator_widths": [8, 8, 8, 8, 8]})
+
+
+def test_sagan_gan_learns_to_draw_digits_of_the_class_asked_for(tmp_path):
+    """800 steps of the paper's recipe. Measured with seed 0 on a 2-core CPU: 92.8% accuracy and a
+    distance of 10.6 (at 3000 steps, 98.6% and 3.5). Real training images score 99.4% and 1.1,
+    and the untrained generator 11% and 413. The bounds leave room for another CPU's rounding,
+    which a GAN's training amplifies."""
+    config = TrainConfig(model="sagan-gan", task={"kind": "digits-generation"}, steps=800, batch_size=64, lr=4e-4,
+                         warmup_steps=0, schedule="constant", grad_clip=None, seed=0)
+    scores = train(config, tmp_path, progress=False)["metrics"]["test"]
+    assert scores["classifier_accuracy"] >= 0.7, scores
+    assert scores["frechet_distance"] <= 20.0, scores
