@@ -82,8 +82,9 @@ class Task:
         """What :meth:`unfit_reason` is to token models, for image models."""
         if not self.images:
             return "the model reads images, and this task has none (image tasks: digits, digits-generation)"
-        if config.objective != self.image_objective:
-            return f"the model is for {config.objective}, and this task is {self.image_objective}"
+        objective = getattr(config, "objective", "image-classification")
+        if objective != self.image_objective:
+            return f"the model is for {objective}, and this task is {self.image_objective}"
         return None
 
     def image_overrides(self) -> dict[str, Any]:

@@ -170,7 +170,7 @@ def test_a_generation_task_reports_its_real_image_baseline_and_a_grid_of_samples
     assert run.metric == "frechet_distance" and run.flops_per_token > 0
     real = results.baselines["digits-generation"]
     text = (tmp_path / "report.md").read_text()
-    assert (f"Real training images, scored as samples: test classifier_accuracy {real['classifier_accuracy']:.3f}, "
+    assert (f"Real digits (the classifier on the test images; training images against them): test classifier_accuracy {real['classifier_accuracy']:.3f}, "
             f"test frechet_distance {real['frechet_distance']:.3f}.") in text
     assert f"![{run.variant} samples on digits-generation]({run.samples_plot})" in text
     assert (tmp_path / run.samples_plot).read_bytes()[:4] == b"\x89PNG"

@@ -38,13 +38,42 @@ def test_resumed_run_ends_with_the_same_weights(tmp_path):
     assert all(torch.equal(a[k], fresh[k]) for k in a), "the same seed gives the same run"
 
 
+def test_a_checkpoint_of_the_single_optimizer_layout_resumes_exactly(tmp_path):
+    """Checkpoints written before models had phases hold {"optimizer", "scheduler"}."""
+    config = small_config()
+    train(config, tmp_path / "straight", progress=False)
+    train(config, tmp_path / "old", progress=False, stop_after=5)
+    path = tmp_path / "old" / "checkpoint" / "optimizer.pt"
+    states = torch.load(path, weights_only=True)
+    torch.save({"optimizer": states["optimizers"]["model"], "scheduler": states["schedulers"]["model"]}, path)
+    train(config, tmp_path / "old", progress=False)
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "old")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_of_other_phases_is_refused_with_a_way_out(tmp_path):
+    config = small_config()
+    train(config, tmp_path, progress=False, stop_after=2)
+    path = tmp_path / "checkpoint" / "optimizer.pt"
+    torch.save({"optimizers": {"generator": {}}, "schedulers": {"generator": {}}}, path)
+    with pytest.raises(ValueError, match=r"optimizers for the phases \['generator'\], and the model trains in "
+                                         r"\['model'\]; .* start over \(--restart\)"):
+        train(config, tmp_path, progress=False)
+
+
+def test_a_task_written_before_phases_still_trains(tmp_path, monkeypatch):
+    real_loss = Seq2SeqTask.loss
+    monkeypatch.setattr(Seq2SeqTask, "loss", lambda self, model, batch: real_loss(self, model, batch))
+    assert train(small_config(steps=2), tmp_path, progress=False)["step"] == 2
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     calls = {"n": 0}
     real_loss = Seq2SeqTask.loss
 
-    def loss(self, model, batch, phase="model"):
+    def loss(self, model, batch):
         calls["n"] += 1
-        value = real_loss(self, model, batch, phase)
+        value = real_loss(self, model, batch)
         return value * float("nan") if calls["n"] == 6 else value
 
     monkeypatch.setattr(Seq2SeqTask, "loss", loss)

@@ -171,9 +171,9 @@ def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
     from .train import load_run
 
     _, task, trained = load_run(run_dir)
-    flops = training_flops_per_token(trained, task, config)
     ponder, plot = ponder_summary(trained, task, Path(run_dir))
     samples = task.plot_samples(trained, Path(run_dir) / "samples.png")
+    flops = training_flops_per_token(trained, task, config)  # last: a training step moves batch-norm statistics
     record = RunRecord(
         variant=label, family=type(model).family or model.variant, task=config.task.kind, seed=config.seed,
         parameters=summary["parameters"], flops_per_token=flops,
@@ -194,13 +194,18 @@ def training_flops_per_token(model: torch.nn.Module, task: Any, config: TrainCon
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .train import _batch
+    from .train import _batch, _only
 
     model.train()
     batch = _batch(task, task.dataset("train"), 0, config, next(model.parameters()).device)
+    phases = model.phases()
     with FlopCounterMode(display=False) as counter:
-        for phase in model.phases():
-            task.loss(model, batch, phase.name).backward()
+        if len(phases) == 1:
+            task.loss(model, batch).backward()
+        else:
+            for phase in phases:
+                with _only(phase.parameters, model):  # as training runs it: no gradient for the other phases
+                    task.loss(model, batch, phase.name).backward()
     return counter.get_total_flops() / max(task.tokens_in(batch), 1)
 
 

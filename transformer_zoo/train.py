@@ -121,11 +121,20 @@ def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, s
 
 
 def _optimizers(model, config: TrainConfig) -> tuple[list, dict, dict]:
-    """The model's phases, with an AdamW optimizer and a learning-rate schedule for each."""
+    """The model's phases, with an AdamW optimizer and a learning-rate schedule for each.
+
+    Raises:
+        ValueError: the phases are unnamed, named twice, or do not train every trainable
+            parameter exactly once.
+    """
     phases = model.phases()
     names = [phase.name for phase in phases]
     if len(set(names)) != len(names) or not phases:
         raise ValueError(f"{type(model).__name__}.phases() must name one or more phases, each once; got {names}")
+    trained = [id(p) for phase in phases for p in phase.parameters if p.requires_grad]
+    if len(set(trained)) != len(trained) or set(trained) != {id(p) for p in model.parameters() if p.requires_grad}:
+        raise ValueError(f"{type(model).__name__}.phases() {names} must train every trainable parameter of the model "
+                         "exactly once: one phase's parameters may not be in another, and none may be left out")
     optimizers, schedulers = {}, {}
     for phase in phases:
         settings = {} if phase.betas is None else {"betas": phase.betas}
@@ -134,6 +143,20 @@ def _optimizers(model, config: TrainConfig) -> tuple[list, dict, dict]:
             weight_decay=config.weight_decay if phase.weight_decay is None else phase.weight_decay, **settings)
         schedulers[phase.name] = LambdaLR(optimizers[phase.name], lambda step: lr_factor(step, config))
     return phases, optimizers, schedulers
+
+
+def _load_optimizers(path: Path, optimizers: dict, schedulers: dict, device: torch.device) -> None:
+    states = torch.load(path, map_location=device, weights_only=True)
+    if "optimizer" in states and len(optimizers) == 1:  # written before models had phases
+        name = next(iter(optimizers))
+        states = {"optimizers": {name: states["optimizer"]}, "schedulers": {name: states["scheduler"]}}
+    saved = sorted(states.get("optimizers", {}))
+    if saved != sorted(optimizers):
+        raise ValueError(f"the checkpoint in {path.parent} has optimizers for the phases {saved}, and the model trains "
+                         f"in {sorted(optimizers)}; resume with the model it was written by, or start over (--restart)")
+    for name in optimizers:
+        optimizers[name].load_state_dict(states["optimizers"][name])
+        schedulers[name].load_state_dict(states["schedulers"][name])
 
 
 @contextlib.contextmanager
@@ -188,10 +211,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     start, history = 0, []
     if checkpoint is not None:
         safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(device))
-        states = torch.load(checkpoint / "optimizer.pt", map_location=device, weights_only=True)
-        for name in optimizers:
-            optimizers[name].load_state_dict(states["optimizers"][name])
-            schedulers[name].load_state_dict(states["schedulers"][name])
+        _load_optimizers(checkpoint / "optimizer.pt", optimizers, schedulers, device)
         state = json.loads((checkpoint / "state.json").read_text())
         start, history = state["step"], state["history"]
         torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
@@ -209,7 +229,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
             for phase in phases:
                 with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16 and device.type == "cuda"):
-                        loss = task.loss(model, batch, phase.name)
+                        # a task written before phases existed takes (model, batch)
+                        loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(model, batch)
                     if not torch.isfinite(loss):
                         raise TrainingDiverged(
                             f"{phase.name} loss became {loss.item()} at step {step + 1}; the last good checkpoint is "

@@ -249,6 +249,12 @@ class SaganGanConfig(ImageConfig):
             blocks = len(self.generator_widths) - 1
             raise ValueError(f"the generator's {blocks} blocks double the size {blocks} times, so image_size must be a "
                              f"multiple of {scale} on each side, got {list(self.image_size)}; use fewer generator_widths")
+        down = 2 ** (len(self.discriminator_widths) - 1)
+        if self.image_size[0] % down or self.image_size[1] % down:
+            blocks = len(self.discriminator_widths) - 1
+            raise ValueError(f"the discriminator's blocks after the first halve the size {blocks} times, so image_size "
+                             f"must be a multiple of {down} on each side, got {list(self.image_size)}; "
+                             "use fewer discriminator_widths")
         for name, widths, offset in (("generator", self.generator_widths, 1), ("discriminator", self.discriminator_widths, 0)):
             blocks = len(widths) - offset
             at = getattr(self, f"{name}_attention")

@@ -63,7 +63,15 @@ def test_quickstart_runs_without_an_output_folder() -> None:
 
 
 def test_every_example_config_is_checked() -> None:
-    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted([*MODEL_CONFIGS, *TRAIN_CONFIGS])
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted([*MODEL_CONFIGS, *TRAIN_CONFIGS, "train-sagan-gan.yaml"])
+
+
+def test_the_gan_training_config_is_the_papers_recipe() -> None:
+    config = load_train_config(CONFIGS / "train-sagan-gan.yaml")
+    assert config.task.kind == "digits-generation" and config.model == "sagan-gan"
+    assert (config.lr, config.warmup_steps, config.schedule, config.grad_clip) == (4e-4, 0, "constant", None)
+    d, g = tz.build_model(config.model).phases()
+    assert config.lr * d.lr_scale == 4e-4 and config.lr * g.lr_scale == 1e-4
 
 
 @pytest.mark.parametrize("name", sorted(MODEL_CONFIGS))

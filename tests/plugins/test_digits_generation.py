@@ -17,7 +17,7 @@ from transformer_zoo.plugins.tasks.digits_generation import (
     score_images,
     train_digits_classifier,
 )
-from transformer_zoo.train import TrainConfig, model_config_for
+from transformer_zoo.train import TrainConfig, load_train_config, model_config_for
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +49,25 @@ def test_frechet_distance_matches_the_formula_with_scipy_sqrtm():
     cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
     expected = ((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(cov_a + cov_b - 2 * scipy.linalg.sqrtm(cov_a @ cov_b).real)
     assert frechet_distance(torch.from_numpy(a), torch.from_numpy(b)) == pytest.approx(expected, rel=1e-6)
-    assert frechet_distance(torch.from_numpy(a), torch.from_numpy(a)) == pytest.approx(0.0, abs=1e-6)
+    shift = np.array([3.0, 0, 0, 4.0, 0, 0])  # same covariance: the distance is |shift|^2 = 25
+    assert frechet_distance(torch.from_numpy(a), torch.from_numpy(a + shift)) == pytest.approx(25.0, rel=1e-6)
+    singular = np.c_[a[:, :3], np.zeros((400, 3))]  # dead features, as a ReLU network has
+    assert frechet_distance(torch.from_numpy(singular), torch.from_numpy(singular + shift)) == pytest.approx(25.0, rel=1e-6)
 
 
 def test_real_images_score_near_perfect_and_noise_far_from_it(task):
     images, labels = _test_set(task)
     real = task.baselines("test")
-    assert real["classifier_accuracy"] >= 0.97 and real["frechet_distance"] < 3.0
+    assert real["classifier_accuracy"] >= 0.97 and real["frechet_distance"] < 3.0  # real digits: the reference
     noise = score_images(torch.rand_like(images), labels, images)
     assert noise["classifier_accuracy"] < 0.3 and noise["frechet_distance"] > 20 * real["frechet_distance"]
     wrong_class = score_images(images, (labels + 1) % 10, images)
     assert wrong_class["classifier_accuracy"] < 0.05 and wrong_class["frechet_distance"] == pytest.approx(0, abs=1e-6)
+
+
+def test_another_split_is_refused_because_the_classifier_has_seen_its_test_images():
+    with pytest.raises(tz.ConfigError, match="leave seed at 0"):
+        load_train_config({"model": "sagan-gan", "task": {"kind": "digits-generation", "seed": 1}})
 
 
 def test_only_image_generators_train_on_it_and_generators_only_on_it(task):
