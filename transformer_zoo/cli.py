@@ -87,9 +87,15 @@ def _schema(args: argparse.Namespace) -> Any:
 def _train(args: argparse.Namespace) -> Any:
     from .train import load_train_config, train
 
+    import torch.distributed as dist
+
     config = load_train_config(args.config, args.set)
     run_dir = args.out or Path("runs") / Path(args.config).stem
-    summary = train(config, run_dir, resume=not args.restart, progress=not args.json)
+    try:
+        summary = train(config, run_dir, resume=not args.restart, progress=not args.json)
+    finally:
+        if dist.is_initialized():  # launched by torchrun
+            dist.destroy_process_group()
     return {"run_dir": str(run_dir), **summary}
 
 
@@ -202,6 +208,8 @@ def _main(argv: Sequence[str] | None) -> int:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
         return 2
     _warn_load_errors(err)
+    if isinstance(result, dict) and result.get("rank", 0) != 0:
+        return 0  # one of torchrun's other processes: process 0 reports
     if args.command == "schema" or args.json:
         print(json.dumps(result, indent=2))
     elif args.command == "list":

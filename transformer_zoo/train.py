@@ -24,6 +24,7 @@ from pydantic import Field
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.optim.lr_scheduler import LambdaLR
 
+from . import distributed
 from .api import _read, build_model, load_config, merge, parse_overrides, validate
 from .core.errors import ConfigError
 from .core.options import Options, Task, VariantConfig
@@ -193,20 +194,38 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         progress: show a progress bar with loss and throughput.
         stop_after: stop (after checkpointing) once this step is reached, as an interruption would.
     """
+    here = distributed.world()  # one process, or one of those torchrun started
+    if here.size > 1 and config.batch_size % here.size:
+        raise ValueError(f"batch_size {config.batch_size} is the global batch, split over {here.size} processes; "
+                         f"use a multiple of {here.size}")
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
     device = resolve_device(config.device)
+    if device.type == "cuda" and here.size > 1:
+        device = torch.device("cuda", here.local_rank)
+        torch.cuda.set_device(device)
     checkpoint = _latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
         task = config.task.with_assets(run_dir).build()
     else:
         task = config.task.build()
-        task.save_assets(run_dir)
+    if here.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+        if checkpoint is None:
+            task.save_assets(run_dir)
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
     model.to(device).train()
     phases, optimizers, schedulers = _optimizers(model, config)
+    if here.size > 1 and len(phases) > 1:
+        raise ValueError(f"{model.config.variant!r} trains in phases {[p.name for p in phases]}; training over "
+                         "several processes is for one-phase models: run it in one process")
+    trainee = distributed.replicate(model, device) if here.size > 1 else model  # what the task calls
+
+    def save(step: int) -> None:
+        if here.main:
+            _save_checkpoint(run_dir, model, optimizers, schedulers, step, history)
+        distributed.barrier(here)
 
     start, history = 0, []
     if checkpoint is not None:
@@ -220,18 +239,19 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     end = config.steps if stop_after is None else min(config.steps, stop_after)
     tokens, started = 0, time.perf_counter()
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TextColumn("{task.fields[status]}"), TimeRemainingColumn(), disable=not progress, transient=True)
+                   TextColumn("{task.fields[status]}"), TimeRemainingColumn(), disable=not (progress and here.main),
+                   transient=True)
     with bar:
         bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
         for step in range(start, end):
-            batch = _batch(task, train_data, step, config, device)
+            batch = distributed.shard(_batch(task, train_data, step, config, device), here)
             losses = {}
             for phase in phases:
                 with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16 and device.type == "cuda"):
                         # a task written before phases existed takes (model, batch)
-                        loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(model, batch)
-                    if not torch.isfinite(loss):
+                        loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(trainee, batch)
+                    if distributed.any_true(not torch.isfinite(loss), here, device):
                         raise TrainingDiverged(
                             f"{phase.name} loss became {loss.item()} at step {step + 1}; the last good checkpoint is "
                             f"kept in {run_dir / CHECKPOINT}; lower lr (now {config.lr}) or set grad_clip"
@@ -244,25 +264,29 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
                     schedulers[phase.name].step()
                 losses[phase.name] = loss.item()
             loss = losses[phases[0].name]  # the headline loss; every phase's is in the curve too
-            tokens += task.tokens_in(batch)
+            tokens += task.tokens_in(batch) * here.size
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
+                loss = distributed.mean(loss, here, device)  # the global batch's
                 phase_losses = {f"loss_{name}": value for name, value in losses.items()} if len(phases) > 1 else {}
                 history.append({"step": done, "loss": loss, **phase_losses,
                                 "lr": schedulers[phases[0].name].get_last_lr()[0]})
             if config.eval_every and done % config.eval_every == 0 and done != config.steps:
                 history.append({"step": done, **{f"test_{k}": v for k, v in task.evaluate(model, "test").items()}})
             if config.checkpoint_every and done % config.checkpoint_every == 0:
-                _save_checkpoint(run_dir, model, optimizers, schedulers, done, history)
+                save(done)
             rate = tokens / (time.perf_counter() - started)
             bar.update(bar_task, completed=done, status=f"loss {loss:.3f}  {rate:,.0f} tok/s")
-            if config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds:
+            spent = config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds
+            if distributed.any_true(spent, here, device):  # every process stops at the same step
                 end = done  # the time budget is spent: finish as if this were the last step
                 break
     elapsed = time.perf_counter() - started
-    _save_checkpoint(run_dir, model, optimizers, schedulers, end, history)
+    save(end)
     if stop_after is not None and end < config.steps:
         return {"step": end, "stopped": True}
+    if not here.main:
+        return {"step": end, "rank": here.rank}
     metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
     summary = {
         "step": end,

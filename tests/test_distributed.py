@@ -1,0 +1,82 @@
+"""Data-parallel training: two gloo processes under torchrun follow one process's loss curve."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import safetensors.torch
+import torch
+
+import transformer_zoo as tz
+from transformer_zoo.train import load_train_config, train
+
+CONFIG = {
+    "model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.0,
+              "encoder": {"layers": 2}},
+    "task": {"kind": "listops", "train_size": 200, "test_size": 20, "max_length": 24},
+    "steps": 8, "batch_size": 8, "lr": 0.003, "warmup_steps": 2, "log_every": 1, "checkpoint_every": 4,
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(tmp_path, config: dict, out, processes: int = 2) -> subprocess.CompletedProcess:
+    path = tmp_path / f"{out.name}.json"
+    path.write_text(json.dumps(config))
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
+               f"--master-port={free_port()}", "-m", "transformer_zoo", "train", str(path), "--out", str(out), "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on a 2-core machine
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def weights(folder):
+    return safetensors.torch.load_file(str(folder / "model" / "model.safetensors"))
+
+
+def test_two_gloo_processes_follow_the_curve_of_one_with_the_same_global_batch(tmp_path):
+    result = torchrun(tmp_path, CONFIG, tmp_path / "ddp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)  # process 0 alone reports
+    single = train(load_train_config(CONFIG), tmp_path / "one", progress=False)
+
+    ddp_curve = [h["loss"] for h in summary["history"] if "loss" in h]
+    one_curve = [h["loss"] for h in single["history"] if "loss" in h]
+    assert len(ddp_curve) == len(one_curve) == 8
+    assert one_curve[0] != one_curve[-1], "the curve moves: the comparison is not of constants"
+    torch.testing.assert_close(torch.tensor(ddp_curve), torch.tensor(one_curve), rtol=1e-4, atol=1e-5)
+    assert weights(tmp_path / "ddp").keys() == weights(tmp_path / "one").keys()
+    # the checkpoint is the plain model, for one device; compared by outputs, because a key bias has
+    # no gradient but rounding noise, which Adam turns into steps of either sign
+    ddp, one = (tz.from_pretrained(tmp_path / name / "model").eval() for name in ("ddp", "one"))
+    assert ddp.config == one.config
+    task = load_train_config(CONFIG).task.build()
+    batch = task.collate([task.dataset("test")[i] for i in range(20)])
+    with torch.no_grad():
+        torch.testing.assert_close(ddp(src=batch["src"], src_mask=batch["src_mask"]).logits,
+                                   one(src=batch["src"], src_mask=batch["src_mask"]).logits, rtol=1e-4, atol=1e-4)
+    assert summary["metrics"]["test"]["accuracy"] == pytest.approx(single["metrics"]["test"]["accuracy"])
+
+
+def test_a_global_batch_that_does_not_split_evenly_is_refused(tmp_path):
+    result = torchrun(tmp_path, {**CONFIG, "batch_size": 7, "steps": 1}, tmp_path / "odd")
+    assert result.returncode != 0
+    assert "batch_size 7 is the global batch, split over 2 processes; use a multiple of 2" in result.stderr
+
+
+def test_each_process_keeps_its_own_rows_of_the_global_batch():
+    from transformer_zoo.distributed import World, shard
+
+    batch = {"src": torch.arange(16).view(8, 2), "targets": torch.arange(8)}
+    parts = [shard(batch, World(rank=r, size=2)) for r in range(2)]
+    assert torch.equal(torch.cat([p["targets"] for p in parts]), batch["targets"])
+    assert torch.equal(parts[1]["src"], batch["src"][4:]) and len(parts[0]["targets"]) == 4
+    assert torch.equal(shard(batch, World())["src"], batch["src"])  # one process keeps the whole batch

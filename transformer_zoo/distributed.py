@@ -1,0 +1,89 @@
+"""Data-parallel training over processes, launched by ``torchrun``.
+
+``torchrun --nproc-per-node N -m transformer_zoo train CONFIG`` starts N copies of ``tzoo
+train``; each reads its rank from the environment torchrun sets. Every process draws the same
+global batch of ``batch_size`` examples (the batch a single process would draw), keeps its own
+slice of ``batch_size / N`` rows, and trains a copy of the model wrapped in
+:class:`~torch.nn.parallel.DistributedDataParallel`, which averages the gradients. Process 0
+writes the run folder (checkpoints hold the plain model, loadable on one device) and evaluates.
+
+With a loss that is a mean over examples (classification), N processes follow the same curve
+as one process with the same global batch, up to float rounding. A token loss averaged over
+each slice's own tokens weighs the slices equally instead of the tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the training processes."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Whether this process writes the run folder and evaluates."""
+        return self.rank == 0
+
+
+def world() -> World:
+    """The processes torchrun started (the process group is set up on first use: NCCL on CUDA,
+    gloo on CPU); a world of one when not launched by torchrun."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size == 1:
+        return World()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+class Replica(DistributedDataParallel):
+    """DistributedDataParallel that lends its model's attributes (``config``, ``loss``), so a task
+    uses it as it uses the model; calling it runs the forward that synchronises gradients."""
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.module, name)
+
+
+def replicate(model: nn.Module, device: torch.device) -> Replica:
+    # some variants leave parameters out of some losses (a pooler, halting units)
+    return Replica(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+
+
+def shard(batch: dict[str, Tensor], here: World) -> dict[str, Tensor]:
+    """This process's rows of a global batch."""
+    rows = next(iter(batch.values())).size(0) // here.size
+    return {k: v[here.rank * rows : (here.rank + 1) * rows] for k, v in batch.items()}
+
+
+def mean(value: float, here: World, device: torch.device) -> float:
+    """The mean of ``value`` over the processes."""
+    if here.size == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    return total.item() / here.size
+
+
+def any_true(flag: bool, here: World, device: torch.device) -> bool:
+    """Whether ``flag`` holds in any process (so that all stop together)."""
+    return mean(float(flag), here, device) > 0
+
+
+def barrier(here: World) -> None:
+    if here.size > 1:
+        dist.barrier()
