@@ -35,8 +35,11 @@ CONFIGS = {
 def pair(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     """Hugging Face's BertModel (sdpa) and ours, with the same weights."""
     torch.manual_seed(0)
-    config = transformers.BertConfig(**CONFIGS[name], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    reference = transformers.BertModel(config, attn_implementation="sdpa")
+    config = transformers.BertConfig(**CONFIGS[name], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                     attn_implementation="sdpa")
+    reference = transformers.BertModel(config)
+    if reference.config._attn_implementation != "sdpa":
+        raise SystemExit(f"transformers chose {reference.config._attn_implementation!r} attention, not sdpa")
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ours says that it has no head weights: the encoder is what is timed
         reference.save_pretrained(folder)
