@@ -100,3 +100,28 @@ def test_console_script_reports_errors_without_traceback():
     assert result.returncode == 2
     assert "unknown norm kind 'groupnorm'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bench_lists_the_benchmarks_and_runs_one_with_a_json_record(tmp_path, capsys):
+    from transformer_zoo.bench import BENCHMARKS
+
+    assert main(["bench", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [row["benchmark"] for row in listed] == list(BENCHMARKS)
+    out = tmp_path / "decoding.json"
+    assert main(["bench", "decoding", "--new-tokens", "8", "--d-model", "32", "--layers", "1", "--repeats", "1",
+                 "--json", str(out)]) == 0
+    assert "speed-up" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["machine"]["torch"] and record["speedup"] > 0 and record["args"]["new_tokens"] == 8
+    assert main(["bench", "nope"]) == 2
+    assert "no benchmark 'nope'; benchmarks: transformer, bert" in capsys.readouterr().err
+
+
+def test_every_benchmark_script_runs_the_package_code():
+    from pathlib import Path
+
+    from transformer_zoo.bench import BENCHMARKS
+
+    scripts = {p.stem for p in (Path(__file__).parent.parent / "benchmarks").glob("*.py")}
+    assert scripts == {module for module, _ in BENCHMARKS.values()}

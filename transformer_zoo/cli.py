@@ -122,6 +122,15 @@ def _compare(args: argparse.Namespace) -> Any:
     return {"report": str(out / "report.md"), **results.model_dump(mode="json")}
 
 
+def _bench(args: argparse.Namespace) -> Any:
+    from .bench import BENCHMARKS, run
+
+    if args.name is None:
+        return [{"benchmark": name, "measures": text} for name, (_, text) in BENCHMARKS.items()]
+    run(args.name, args.args)
+    return None
+
+
 def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
     if not rows:
         console.print(f"no {title} match")
@@ -179,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 
+    p = sub.add_parser("bench", help="run a benchmark against its reference (no name: list them)",
+                       description="Run a benchmark: it prints a table, and writes JSON with --json PATH. "
+                                   "Arguments after the name go to the benchmark (tzoo bench NAME --help).")
+    p.add_argument("name", nargs="?", help="the benchmark (default: list them)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    p.add_argument("--json", action="store_true", help="list as JSON")
+    p.set_defaults(run=_bench)
+
     p = sub.add_parser("schema", help="the JSON Schema of model configs, plugins' kinds included")
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for uniformity)")
     p.set_defaults(run=_schema)
@@ -210,6 +227,10 @@ def _main(argv: Sequence[str] | None) -> int:
     _warn_load_errors(err)
     if isinstance(result, dict) and result.get("rank", 0) != 0:
         return 0  # one of torchrun's other processes: process 0 reports
+    if args.command == "bench":
+        if result is not None:
+            print(json.dumps(result, indent=2)) if args.json else _print_rows(console, result, "benchmarks")
+        return 0
     if args.command == "schema" or args.json:
         print(json.dumps(result, indent=2))
     elif args.command == "list":

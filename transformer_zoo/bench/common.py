@@ -1,7 +1,10 @@
-"""Shared by the benchmarks: paired timing, so that two functions see the same machine load."""
+"""Shared by the benchmarks: paired timing, so that two functions see the same machine load,
+and the JSON record each writes."""
 
 from __future__ import annotations
 
+import json
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -19,3 +22,14 @@ def paired_medians(ours: Callable[[], object], reference: Callable[[], object], 
             fn()
             bucket.append(time.perf_counter() - start)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+def write_json(path: str, record: dict) -> None:
+    """Write a benchmark's results to ``path``, with the machine and versions they were measured on."""
+    import torch
+
+    machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+               "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    with open(path, "w") as f:
+        json.dump({"machine": machine, **record}, f, indent=2)

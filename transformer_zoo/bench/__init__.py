@@ -1,0 +1,28 @@
+"""Benchmarks: each measures ours against a named reference in one process (timed alternately,
+so that both see the same machine load), prints a table, and with ``--json PATH`` writes its
+results with the machine they were measured on.
+
+``tzoo bench NAME [ARGS]`` runs one; ``python benchmarks/MODULE.py [ARGS]`` is the same code.
+docs/benchmarks.md holds the latest figures and the commands that produced them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "transformer": ("transformer_step", "training step and inference of transformer against torch.nn.Transformer"),
+    "bert": ("bert_hf", "bert against transformers' BertModel (sdpa), same weights (needs transformers)"),
+    "decoding": ("decoding", "greedy decoding with the key/value cache against without"),
+    "attention-kernels": ("local_attention", "math, SDPA, FlexAttention and the sparse kernels, time and memory by length"),
+    "throughput": ("throughput", "training and inference throughput of every registered variant at one size"),
+    "ut-act": ("ut_act", "Universal Transformer with ACT against a fixed number of steps"),
+    "sagan-gan": ("sagan_gan", "sagan-gan against the same GAN without attention, on digits-generation"),
+}
+
+
+def run(name: str, argv: list[str]) -> None:
+    """Run benchmark ``name`` with command-line arguments ``argv``."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"no benchmark {name!r}; benchmarks: {', '.join(BENCHMARKS)}")
+    importlib.import_module(f"{__name__}.{BENCHMARKS[name][0]}").main(argv)

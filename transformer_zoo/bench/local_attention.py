@@ -1,0 +1,145 @@
+"""Time and peak memory of the sparse attention kernels against full attention, by length.
+
+For each length n and each method, one fresh process allocates q, k, v ``(1, heads, n, 64)``,
+runs the forward (or forward and backward) pass ``--repeats`` times and reports the median
+time, the exact peak of the tensors one pass creates (:class:`~transformer_zoo.scaling.PeakMemory`)
+and the growth of the process's peak resident memory over what the inputs took. Full attention is
+measured twice: ``sdpa`` (PyTorch's fused kernel, which does not store the n x n matrix on
+CPU) and ``math`` (the formula written out, which does). The time ratio of each method
+against ``sdpa`` at the same length is printed; a plot of memory and time against length is
+written with ``--plot``.
+
+    python benchmarks/local_attention.py [--lengths 1024 4096 16384 --window 256 --repeats 3 --plot out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from transformer_zoo.core.attention import attention_math
+from transformer_zoo.core.local_attention import Pattern, chunked_attention, flex_attention_kernel
+from transformer_zoo.scaling import PeakMemory
+
+from .common import write_json
+
+METHODS = ("sdpa", "math", "sliding-window", "dilated", "block-local", "local-global", "block-sparse")
+FLEX = "flex-sliding-window"  # compiled FlexAttention with the sliding window's block mask; forward only on CPU
+
+
+def pattern(method: str, window: int) -> Pattern | None:
+    return {
+        "sliding-window": Pattern(window=window),
+        FLEX: Pattern(window=window),
+        "dilated": Pattern(window=window // 2, dilation=2),
+        "block-local": Pattern(block=window),
+        "local-global": Pattern(window=window, global_positions=(0,)),
+        "block-sparse": Pattern(block=64, window=1, global_positions=tuple(range(64)), random_blocks=2),
+    }.get(method)
+
+
+def _measure(args: tuple[str, int, int, int, bool, int]) -> dict:
+    method, n, heads, window, backward, repeats = args
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, 64, requires_grad=backward) for _ in range(3))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    p = pattern(method, window)
+
+    def run():
+        if method == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v)
+        elif method == "math":
+            out, _ = attention_math(q, k, v)
+        elif method == FLEX:
+            out = flex_attention_kernel(q, k, v, p)
+        else:
+            out = chunked_attention(q, k, v, p)
+        if backward:
+            out.sum().backward()
+        return out
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with torch.set_grad_enabled(backward):
+            run()
+        times.append(time.perf_counter() - start)
+        q.grad = k.grad = v.grad = None
+    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # kB -> MB
+    tensor_mb = None
+    if method != FLEX:  # FlexAttention is a higher-order operator, which a dispatch mode cannot watch
+        with PeakMemory() as tensors, torch.set_grad_enabled(backward):
+            run()
+        tensor_mb = tensors.peak / 2**20
+    return {"method": method, "n": n, "pass": "forward+backward" if backward else "forward",
+            "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensor_mb}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--long", type=int, nargs="*", default=[65536], help="lengths for the chunked kernels only")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=(*METHODS, FLEX),
+                        help=f"{FLEX} (compiled FlexAttention) is not in the default list: it compiles in each process")
+    parser.add_argument("--backward", action="store_true", help="also time forward+backward")
+    parser.add_argument("--plot", help="write a PNG of memory and time against length")
+    parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    passes = [False, True] if args.backward else [False]
+    jobs = [(m, n, args.heads, args.window, b, args.repeats) for n in args.lengths for m in args.methods for b in passes
+            if not (b and m == FLEX)]  # FlexAttention has no CPU backward
+    jobs += [(m, n, args.heads, args.window, b, args.repeats) for n in args.long for m in args.methods
+             if m not in ("sdpa", "math") for b in passes if not (b and m == FLEX)]
+    rows = []
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1, maxtasksperchild=1) as pool:  # one fresh process per measurement: its own peak memory
+        for row in pool.imap(_measure, jobs):
+            rows.append(row)
+            print(f"{row['method']:>15} n={row['n']:>6} {row['pass']:>17}: {1e3 * row['seconds']:10.1f} ms "
+                  f"{row['tensor_mb'] or float('nan'):9.1f} MiB tensors {row['peak_mb']:9.1f} MB resident", flush=True)
+    reference = {(r["n"], r["pass"]): r["seconds"] for r in rows if r["method"] == "sdpa"}
+    for row in rows:
+        if (row["n"], row["pass"]) in reference:
+            row["time_vs_sdpa"] = row["seconds"] / reference[(row["n"], row["pass"])]
+    print("\ntime against sdpa at the same length:")
+    for row in rows:
+        if "time_vs_sdpa" in row and row["method"] != "sdpa":
+            print(f"{row['method']:>15} n={row['n']:>6} {row['pass']:>17}: {row['time_vs_sdpa']:.3f}")
+    if args.json:
+        write_json(args.json, {"args": vars(args), "rows": rows})
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    shown = "forward+backward" if any(r["pass"] == "forward+backward" for r in rows) else "forward"
+    for method in dict.fromkeys(r["method"] for r in rows):
+        points = sorted((r["n"], r["tensor_mb"], r["seconds"]) for r in rows if r["method"] == method and r["pass"] == shown)
+        axes[0].plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+        axes[1].plot([p[0] for p in points], [p[2] for p in points], marker="o", label=method)
+    axes[0].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="peak tensor memory (MiB)",
+                title=f"memory, {shown}")
+    axes[1].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="time (s)", title=f"time, {shown}")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Throughput of every registered variant at one common size, against ``transformer`` at that size.
+
+Token models are built with ``d_model`` 256, 4 heads, ``d_ff`` 1024, 2 layers in each stack they
+have and a vocabulary of 1000 (where the config has those fields), and read random batches of
+``--batch`` x ``--length`` tokens; presets that differ only in size become the same model and
+are measured once. Image models keep their own size (8x8 images), and their tokens are pixels.
+Reported: tokens per second of a training step (forward, backward, AdamW; each phase of a GAN)
+and of inference, and the time of each against the ``transformer`` row (timed alternately).
+
+    python benchmarks/throughput.py [--batch 8 --length 128 --repeats 5 --json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+import transformer_zoo as tz
+
+from .common import paired_medians, write_json
+
+COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}
+
+
+def common_config(name: str, length: int):
+    """The variant at the common size, or as it is for a model without those fields."""
+    config = tz.load_config(name)
+    fields = type(config).model_fields
+    overrides = {k: v for k, v in COMMON.items() if k in fields}
+    for stack in ("encoder", "decoder"):
+        if getattr(config, stack, None) is not None and hasattr(getattr(config, stack), "layers"):
+            overrides[stack] = {"layers": 2}
+    if "max_len" in fields:
+        overrides["max_len"] = max(length, config.max_len)
+    if "tgt_vocab_size" in fields and config.tgt_vocab_size is not None:
+        overrides["tgt_vocab_size"] = COMMON["vocab_size"]
+    return tz.load_config(config, overrides)
+
+
+def workload(model: torch.nn.Module, batch: int, length: int) -> tuple[Callable, Callable, int]:
+    """A training step, an inference pass, and the tokens each reads."""
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    if getattr(config, "objective", "") == "image-generation":
+        images = torch.rand(batch, config.channels, *config.image_size, generator=generator)
+        labels = torch.randint(config.num_classes, (batch,), generator=generator)
+
+        def train() -> None:
+            for phase in model.phases():
+                model.adversarial_loss(images, labels, phase.name).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return train, lambda: model(labels), images[:, 0].numel()
+    if getattr(config, "inputs", "tokens") == "image":
+        inputs = {"image": torch.rand(batch, config.channels, *config.image_size, generator=generator)}
+        targets = torch.randint(config.num_classes, (batch,), generator=generator)
+        tokens = inputs["image"][:, 0].numel()
+    else:
+        ids = torch.randint(4, COMMON["vocab_size"], (batch, length), generator=generator)
+        inputs = {"src": ids, "tgt": ids} if model.architecture == "encoder-decoder" else {"src": ids}
+        head = config.head
+        if head.kind == "sequence-classification":
+            targets = torch.randint(head.num_classes, (batch,), generator=generator)
+        else:
+            targets = torch.randint(4, config.output_vocab_size, (batch, length), generator=generator)
+        tokens = sum(v.numel() for v in inputs.values())
+
+    def train() -> None:
+        model.loss(model(**inputs), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return train, lambda: model(**inputs), tokens
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--variants", nargs="+", help="names to measure (default: every registered variant)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    reference = tz.build_model(common_config("transformer-base", args.length))
+    ref_train, ref_infer, _ = workload(reference, args.batch, args.length)
+    rows, seen = [], {}
+    for name in args.variants or tz.list_variants():
+        config = common_config(name, args.length)
+        key = config.model_dump_json(exclude={"variant"})
+        if key in seen:
+            print(f"{name:>30}: the same model as {seen[key]} at this size")
+            continue
+        seen[key] = name
+        model = tz.build_model(config)
+        train, infer, tokens = workload(model, args.batch, args.length)
+        row = {"variant": name, "parameters": sum(p.numel() for p in model.parameters()), "tokens": tokens}
+        model.train(), reference.train()
+        ours, ref = paired_medians(train, ref_train, args.repeats, warmup=1)
+        row.update(train_tokens_per_s=tokens / ours, train_vs_transformer=ours / ref)
+        model.eval(), reference.eval()
+        with torch.no_grad():
+            ours, ref = paired_medians(infer, ref_infer, args.repeats, warmup=1)
+        row.update(inference_tokens_per_s=tokens / ours, inference_vs_transformer=ours / ref)
+        rows.append(row)
+        print(f"{name:>30}: {row['parameters']:>11,} params  train {row['train_tokens_per_s']:>9,.0f} tok/s "
+              f"({row['train_vs_transformer']:.2f}x transformer's time)  inference {row['inference_tokens_per_s']:>9,.0f} "
+              f"tok/s ({row['inference_vs_transformer']:.2f}x)", flush=True)
+    if args.json:
+        write_json(args.json, {"args": vars(args), "common": COMMON, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

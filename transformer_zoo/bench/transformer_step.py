@@ -1,0 +1,82 @@
+"""Training step and inference time of the ``transformer`` family against torch.nn.Transformer.
+
+Both run the same shapes in the same process, timed alternately, and the ratio of medians is
+reported (ours / reference; below 1.0 means faster). Only the encoder-decoder stacks are
+compared: the reference has no embeddings or head, so ours are fed the same embedded inputs.
+
+    python benchmarks/transformer_step.py [--d-model 256 --layers 3 --batch 16 --length 64 --repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+import transformer_zoo as tz
+from transformer_zoo.core.masks import AttentionMask
+
+from .common import paired_medians, write_json
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    d, ff = args.d_model, 4 * args.d_model
+
+    ours = tz.build_model(
+        "transformer", d_model=d, n_heads=args.heads, d_ff=ff, dropout=0.1,
+        encoder={"layers": args.layers}, decoder={"layers": args.layers},
+    )
+    ref = nn.Transformer(d, args.heads, args.layers, args.layers, ff, dropout=0.1, batch_first=True)
+    ref.encoder.norm = nn.Identity()  # the paper's post-norm stacks have no final norm; ours neither
+    ref.decoder.norm = nn.Identity()
+    src = torch.randn(args.batch, args.length, d)
+    tgt = torch.randn(args.batch, args.length, d)
+    causal = torch.ones(args.length, args.length, dtype=torch.bool).triu(1)
+
+    def ours_forward():
+        memory = ours.encoder(src).hidden
+        return ours.decoder(tgt, memory, self_mask=AttentionMask(causal=True)).hidden
+
+    def ref_forward():
+        return ref(src, tgt, tgt_mask=causal, tgt_is_causal=True)
+
+    def step(model, forward, optimizer):
+        def run():
+            optimizer.zero_grad(set_to_none=True)
+            forward().square().mean().backward()
+            optimizer.step()
+        return run
+
+    results = {}
+    ours.train(), ref.train()
+    results["train_step"] = paired_medians(
+        step(ours, ours_forward, torch.optim.AdamW(ours.parameters())),
+        step(ref, ref_forward, torch.optim.AdamW(ref.parameters())),
+        args.repeats,
+    )
+    ours.eval(), ref.eval()
+    with torch.inference_mode():
+        results["inference"] = paired_medians(ours_forward, ref_forward, args.repeats)
+
+    rows = {k: {"ours_ms": a * 1e3, "torch_ms": b * 1e3, "ratio": a / b} for k, (a, b) in results.items()}
+    print(f"transformer vs torch.nn.Transformer, d={d} heads={args.heads} layers={args.layers}+{args.layers} "
+          f"batch={args.batch} length={args.length}, {torch.get_num_threads()} threads, median of {args.repeats}")
+    for name, row in rows.items():
+        print(f"  {name:<11} ours {row['ours_ms']:8.2f} ms   torch {row['torch_ms']:8.2f} ms   ratio {row['ratio']:.2f}")
+    if args.json:
+        write_json(args.json, {"args": vars(args), "results": rows})
+
+
+if __name__ == "__main__":
+    main()
