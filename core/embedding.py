@@ -18,7 +18,7 @@ def check_token_ids(ids: Tensor, vocab_size: int, name: str = "token ids") -> No
         raise ValueError(f"{name} are empty (shape {tuple(ids.shape)}); give at least one token per sequence")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"{name} must be integers (torch.long), got dtype {ids.dtype}")
-    if ids.numel():
+    if ids.numel() and not torch.compiler.is_compiling():  # reading values would break a compiled graph
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high

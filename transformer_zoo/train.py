@@ -23,6 +23,7 @@ import torch
 from pydantic import Field
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.flop_counter import FlopCounterMode
 
 from . import distributed
 from .api import _read, build_model, load_config, merge, parse_overrides, validate
@@ -48,6 +49,9 @@ class TrainConfig(Options):
     seed: int = Field(0, description="seed of initialisation, batch order and dropout")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train; auto: cuda when available")
     bf16: bool = Field(True, description="bfloat16 autocast on CUDA (ignored on CPU)")
+    compile: bool = Field(False, description="train the model through torch.compile (the first steps pay for compiling)")
+    peak_tflops: float | None = Field(
+        None, gt=0, description="the device's peak TFLOP/s, for model FLOPs utilisation; null: known GPUs' bf16 peak")
     eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps; 0: only at the end")
     checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0: only at the end")
     log_every: int = Field(10, ge=1, description="record the training loss every N steps")
@@ -185,6 +189,20 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 70.0}
+"""Dense bfloat16 tensor-core peaks (no sparsity) by device name, from the vendors' data sheets."""
+
+
+def peak_tflops(config: TrainConfig, device: torch.device) -> float | None:
+    """The peak MFU is measured against: ``config.peak_tflops``, else a known GPU's bf16 peak."""
+    if config.peak_tflops is not None:
+        return config.peak_tflops
+    if device.type != "cuda" or not config.bf16:
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
 def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = True, progress: bool = True,
           stop_after: int | None = None) -> dict[str, Any]:
     """Train ``config.model`` on ``config.task``; returns the run summary (also in ``summary.json``).
@@ -221,6 +239,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         raise ValueError(f"{model.config.variant!r} trains in phases {[p.name for p in phases]}; training over "
                          "several processes is for one-phase models: run it in one process")
     trainee = distributed.replicate(model, device) if here.size > 1 else model  # what the task calls
+    if config.compile:
+        trainee = torch.compile(trainee)  # attributes (config, loss) still reach the model
 
     def save(step: int) -> None:
         if here.main:
@@ -246,11 +266,16 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         for step in range(start, end):
             batch = distributed.shard(_batch(task, train_data, step, config, device), here)
             losses = {}
+            counting = step == start  # the first step is counted, eagerly, for MFU
+            counter = FlopCounterMode(display=False)
+            if counting:
+                counter.__enter__()
+            caller = model if counting and config.compile and here.size == 1 else trainee
             for phase in phases:
                 with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16 and device.type == "cuda"):
                         # a task written before phases existed takes (model, batch)
-                        loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(trainee, batch)
+                        loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(caller, batch)
                     if distributed.any_true(not torch.isfinite(loss), here, device):
                         raise TrainingDiverged(
                             f"{phase.name} loss became {loss.item()} at step {step + 1}; the last good checkpoint is "
@@ -263,6 +288,9 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
                     optimizers[phase.name].step()
                     schedulers[phase.name].step()
                 losses[phase.name] = loss.item()
+            if counting:
+                counter.__exit__(None, None, None)
+                step_flops = counter.get_total_flops() * here.size  # every process's share of the global batch
             loss = losses[phases[0].name]  # the headline loss; every phase's is in the curve too
             tokens += task.tokens_in(batch) * here.size
             done = step + 1
@@ -288,12 +316,17 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     if not here.main:
         return {"step": end, "rank": here.rank}
     metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
+    flops_per_second = step_flops * (end - start) / max(elapsed, 1e-9) if end > start else None
+    peak = peak_tflops(config, device)
     summary = {
         "step": end,
         "train_seconds": elapsed,
         "metrics": metrics,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_tokens_per_second": tokens / max(elapsed, 1e-9),
+        "train_flops_per_step": step_flops if end > start else None,
+        "train_tflops_per_second": None if flops_per_second is None else flops_per_second / 1e12,
+        "mfu": None if flops_per_second is None or peak is None else flops_per_second / (peak * 1e12 * here.size),
         "history": history,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
