@@ -131,8 +131,12 @@ def test_a_time_budget_ends_training_early_and_still_evaluates(tmp_path):
 
 def test_a_compiled_run_follows_the_eager_curve_and_reports_its_flops(tmp_path):
     model = {**SMALL_MODEL, "dropout": 0.0, "encoder": {"layers": 1}, "decoder": {"layers": 1}}
+    from torch._dynamo.utils import counters
+
     eager = train(small_config(model=model, steps=3, log_every=1, peak_tflops=0.5), tmp_path / "eager", progress=False)
+    counters.clear()
     compiled = train(small_config(model=model, steps=3, log_every=1, compile=True), tmp_path / "compiled", progress=False)
+    assert counters["stats"]["unique_graphs"] > 0, "the model was really compiled"
     curve = [[h["loss"] for h in run["history"]] for run in (eager, compiled)]
     torch.testing.assert_close(torch.tensor(curve[0]), torch.tensor(curve[1]), rtol=1e-4, atol=1e-5)
     assert eager["train_flops_per_step"] == compiled["train_flops_per_step"] > 0  # counted eagerly, the same step

@@ -44,7 +44,8 @@ def world() -> World:
     if size == 1:
         return World()
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        # gloo for CPU tensors (a run with device: cpu, and CPU-side book-keeping), NCCL for CUDA ones
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
     return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 
 
@@ -61,7 +62,9 @@ class Replica(DistributedDataParallel):
 
 def replicate(model: nn.Module, device: torch.device) -> Replica:
     # some variants leave parameters out of some losses (a pooler, halting units)
-    return Replica(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+    # buffers are not broadcast: each process keeps its own batch-norm statistics, process 0's are saved
+    return Replica(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True,
+                   broadcast_buffers=False)
 
 
 def shard(batch: dict[str, Tensor], here: World) -> dict[str, Tensor]:

@@ -189,8 +189,10 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10G": 70.0}
-"""Dense bfloat16 tensor-core peaks (no sparsity) by device name, from the vendors' data sheets."""
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0,
+                    "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10G": 70.0}
+"""Dense bfloat16 tensor-core peaks (no sparsity) by device name, from the vendors' data sheets;
+the first key found in the device's name wins, so the more specific names come first."""
 
 
 def peak_tflops(config: TrainConfig, device: torch.device) -> float | None:
@@ -226,21 +228,20 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         task = config.task.with_assets(run_dir).build()
     else:
         task = config.task.build()
+    torch.manual_seed(config.seed)
+    model = build_model(model_config_for(config, task))
+    model.to(device).train()
+    phases, optimizers, schedulers = _optimizers(model, config)
+    if len(phases) > 1 and (here.size > 1 or config.compile):
+        raise ValueError(f"{model.config.variant!r} trains in phases {[p.name for p in phases]}; training over "
+                         "several processes and compile: true are for one-phase models: run it in one process, eager")
     if here.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
         if checkpoint is None:
             task.save_assets(run_dir)
-    torch.manual_seed(config.seed)
-    model = build_model(model_config_for(config, task))
-    model.to(device).train()
-    phases, optimizers, schedulers = _optimizers(model, config)
-    if here.size > 1 and len(phases) > 1:
-        raise ValueError(f"{model.config.variant!r} trains in phases {[p.name for p in phases]}; training over "
-                         "several processes is for one-phase models: run it in one process")
-    trainee = distributed.replicate(model, device) if here.size > 1 else model  # what the task calls
-    if config.compile:
-        trainee = torch.compile(trainee)  # attributes (config, loss) still reach the model
+    eager = distributed.replicate(model, device) if here.size > 1 else model  # what the task calls
+    trainee = torch.compile(eager) if config.compile else eager  # attributes (config, loss) still reach the model
 
     def save(step: int) -> None:
         if here.main:
@@ -264,32 +265,36 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     with bar:
         bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
         for step in range(start, end):
+            if here.size > 1:  # every process draws the same global batch (masking included), then its own dropout
+                torch.manual_seed(config.seed * 1_000_003 + step)
             batch = distributed.shard(_batch(task, train_data, step, config, device), here)
+            if here.size > 1:
+                torch.manual_seed((config.seed * 1_000_003 + step) * 1009 + 1 + here.rank)
             losses = {}
-            counting = step == start  # the first step is counted, eagerly, for MFU
-            counter = FlopCounterMode(display=False)
+            # the first step is counted, eagerly: a compiled module called under the counter would never compile
+            counting = step == start
+            counter = FlopCounterMode(display=False) if counting else contextlib.nullcontext()
+            caller = eager if counting else trainee
+            with counter:
+                for phase in phases:
+                    with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
+                        bf16 = config.bf16 and device.type == "cuda"
+                        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                            # a task written before phases existed takes (model, batch)
+                            loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(caller, batch)
+                        if distributed.any_true(not torch.isfinite(loss), here, device):
+                            raise TrainingDiverged(
+                                f"{phase.name} loss became {loss.item()} at step {step + 1}; the last good checkpoint is "
+                                f"kept in {run_dir / CHECKPOINT}; lower lr (now {config.lr}) or set grad_clip"
+                            )
+                        optimizers[phase.name].zero_grad(set_to_none=True)
+                        loss.backward()
+                        if config.grad_clip is not None:
+                            torch.nn.utils.clip_grad_norm_(phase.parameters, config.grad_clip)
+                        optimizers[phase.name].step()
+                        schedulers[phase.name].step()
+                    losses[phase.name] = loss.item()
             if counting:
-                counter.__enter__()
-            caller = model if counting and config.compile and here.size == 1 else trainee
-            for phase in phases:
-                with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
-                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16 and device.type == "cuda"):
-                        # a task written before phases existed takes (model, batch)
-                        loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(caller, batch)
-                    if distributed.any_true(not torch.isfinite(loss), here, device):
-                        raise TrainingDiverged(
-                            f"{phase.name} loss became {loss.item()} at step {step + 1}; the last good checkpoint is "
-                            f"kept in {run_dir / CHECKPOINT}; lower lr (now {config.lr}) or set grad_clip"
-                        )
-                    optimizers[phase.name].zero_grad(set_to_none=True)
-                    loss.backward()
-                    if config.grad_clip is not None:
-                        torch.nn.utils.clip_grad_norm_(phase.parameters, config.grad_clip)
-                    optimizers[phase.name].step()
-                    schedulers[phase.name].step()
-                losses[phase.name] = loss.item()
-            if counting:
-                counter.__exit__(None, None, None)
                 step_flops = counter.get_total_flops() * here.size  # every process's share of the global batch
             loss = losses[phases[0].name]  # the headline loss; every phase's is in the curve too
             tokens += task.tokens_in(batch) * here.size
@@ -299,14 +304,14 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
                 phase_losses = {f"loss_{name}": value for name, value in losses.items()} if len(phases) > 1 else {}
                 history.append({"step": done, "loss": loss, **phase_losses,
                                 "lr": schedulers[phases[0].name].get_last_lr()[0]})
-            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
+            if config.eval_every and done % config.eval_every == 0 and done != config.steps and here.main:
                 history.append({"step": done, **{f"test_{k}": v for k, v in task.evaluate(model, "test").items()}})
             if config.checkpoint_every and done % config.checkpoint_every == 0:
                 save(done)
             rate = tokens / (time.perf_counter() - started)
             bar.update(bar_task, completed=done, status=f"loss {loss:.3f}  {rate:,.0f} tok/s")
             spent = config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds
-            if distributed.any_true(spent, here, device):  # every process stops at the same step
+            if config.max_seconds is not None and distributed.any_true(spent, here, device):  # all stop together
                 end = done  # the time budget is spent: finish as if this were the last step
                 break
     elapsed = time.perf_counter() - started

@@ -25,4 +25,8 @@ def run(name: str, argv: list[str]) -> None:
     """Run benchmark ``name`` with command-line arguments ``argv``."""
     if name not in BENCHMARKS:
         raise ValueError(f"no benchmark {name!r}; benchmarks: {', '.join(BENCHMARKS)}")
-    importlib.import_module(f"{__name__}.{BENCHMARKS[name][0]}").main(argv)
+    try:
+        module = importlib.import_module(f"{__name__}.{BENCHMARKS[name][0]}")
+    except ImportError as exc:
+        raise ValueError(f"benchmark {name!r} needs {exc.name}, which is not installed: pip install {exc.name}") from None
+    module.main(argv)

@@ -24,12 +24,12 @@ def paired_medians(ours: Callable[[], object], reference: Callable[[], object], 
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def write_json(path: str, record: dict) -> None:
-    """Write a benchmark's results to ``path``, with the machine and versions they were measured on."""
+def write_json(path: str, record: dict, device: str = "cpu") -> None:
+    """Write a benchmark's results to ``path``, with the machine and versions they were measured on
+    (``device``: where the benchmark ran)."""
     import torch
 
     machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-               "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+               "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device}
     with open(path, "w") as f:
         json.dump({"machine": machine, **record}, f, indent=2)

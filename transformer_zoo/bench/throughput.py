@@ -3,8 +3,9 @@
 Token models are built with ``d_model`` 256, 4 heads, ``d_ff`` 1024, 2 layers in each stack they
 have and a vocabulary of 1000 (where the config has those fields), and read random batches of
 ``--batch`` x ``--length`` tokens; presets that differ only in size become the same model and
-are measured once. Image models keep their own size (8x8 images), and their tokens are pixels.
-Reported: tokens per second of a training step (forward, backward, AdamW; each phase of a GAN)
+are measured once. Image models read 8x8 images (their tokens are pixels); the image encoders
+take the common width, the convolutional ones keep their own. Reported: tokens per second of a
+training step (forward, backward, AdamW; for a GAN, each phase with the other frozen, as training runs it)
 and of inference, and the time of each against the ``transformer`` row (timed alternately).
 
     python benchmarks/throughput.py [--batch 8 --length 128 --repeats 5 --json PATH]
@@ -19,6 +20,7 @@ import torch
 
 import transformer_zoo as tz
 
+from ..train import _only
 from .common import paired_medians, write_json
 
 COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}
@@ -47,12 +49,14 @@ def workload(model: torch.nn.Module, batch: int, length: int) -> tuple[Callable,
     if getattr(config, "objective", "") == "image-generation":
         images = torch.rand(batch, config.channels, *config.image_size, generator=generator)
         labels = torch.randint(config.num_classes, (batch,), generator=generator)
+        phases = [(phase, torch.optim.AdamW(phase.parameters, lr=1e-6)) for phase in model.phases()]
 
         def train() -> None:
-            for phase in model.phases():
-                model.adversarial_loss(images, labels, phase.name).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            for phase, phase_optimizer in phases:
+                with _only(phase.parameters, model):
+                    model.adversarial_loss(images, labels, phase.name).backward()
+                phase_optimizer.step()
+                phase_optimizer.zero_grad(set_to_none=True)
 
         return train, lambda: model(labels), images[:, 0].numel()
     if getattr(config, "inputs", "tokens") == "image":
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     rows, seen = [], {}
     for name in args.variants or tz.list_variants():
         config = common_config(name, args.length)
-        key = config.model_dump_json(exclude={"variant"})
+        key = config.model_dump_json(exclude={"variant", "max_len"})  # the longest position does not change the work
         if key in seen:
             print(f"{name:>30}: the same model as {seen[key]} at this size")
             continue
