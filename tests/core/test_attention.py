@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import transformer_zoo as tz
 from transformer_zoo.core.attention import KVCache, MathAttention, MultiHeadAttention, attention_math
 from transformer_zoo.core.masks import AttentionMask
 
@@ -98,3 +99,28 @@ def test_cache_reorder_selects_rows():
 def test_heads_must_divide_width():
     with pytest.raises(ValueError, match="not divisible"):
         MultiHeadAttention(10, 3)
+
+
+@pytest.mark.parametrize("dropout, train", [(0.1, False), (0.0, True)])
+def test_the_fused_sdpa_kernel_runs_where_pytorch_has_one(dropout, train):
+    """On CPU PyTorch fuses attention in inference, and in training without attention dropout
+    (with dropout it, and torch.nn.Transformer, take the math path); the model must not force
+    the unfused path itself, with its padding and causal masks."""
+    from transformer_zoo.bench.common import sdpa_kernels
+
+    model = tz.build_model("transformer-tiny", dropout=dropout).train(train)
+    src, tgt = torch.randint(3, 100, (2, 12)), torch.randint(3, 100, (2, 9))
+    src_mask = torch.ones_like(src)
+    src_mask[0, 8:] = 0
+
+    def run():
+        with torch.set_grad_enabled(train):
+            out = model(src, tgt, src_mask=src_mask).logits
+            if train:
+                out.sum().backward()
+
+    kernels = sdpa_kernels(run)
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels, kernels
+    assert "aten::_scaled_dot_product_attention_math" not in kernels, kernels
+    if train:
+        assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in kernels

@@ -33,3 +33,14 @@ def write_json(path: str, record: dict, device: str = "cpu") -> None:
                "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device}
     with open(path, "w") as f:
         json.dump({"machine": machine, **record}, f, indent=2)
+
+
+def sdpa_kernels(fn: Callable[[], object]) -> set[str]:
+    """The kernels ``torch.nn.functional.scaled_dot_product_attention`` dispatched to while ``fn``
+    ran (profiler names such as ``aten::_scaled_dot_product_flash_attention_for_cpu``, or
+    ``aten::_scaled_dot_product_attention_math`` for the unfused fallback)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")}
