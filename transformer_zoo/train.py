@@ -262,6 +262,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                    TextColumn("{task.fields[status]}"), TimeRemainingColumn(), disable=not (progress and here.main),
                    transient=True)
+    bf16 = config.bf16 and device.type == "cuda"
     with bar:
         bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
         for step in range(start, end):
@@ -278,7 +279,6 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
             with counter:
                 for phase in phases:
                     with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
-                        bf16 = config.bf16 and device.type == "cuda"
                         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
                             # a task written before phases existed takes (model, batch)
                             loss = task.loss(model, batch, phase.name) if len(phases) > 1 else task.loss(caller, batch)

@@ -111,8 +111,12 @@ def score_images(images: Tensor, labels: Tensor, real: Tensor) -> dict[str, floa
     """The task's scores of ``images`` meant to be of classes ``labels``, against ``real`` images."""
     classifier = digits_classifier()
     features = classifier.features(images.float().cpu())
-    right = (classifier.head(features).argmax(-1) == labels.cpu()).float().mean()
-    return {"classifier_accuracy": float(right), "frechet_distance": frechet_distance(features, classifier.features(real))}
+    return {"classifier_accuracy": _accuracy(classifier.head(features), labels),
+            "frechet_distance": frechet_distance(features, classifier.features(real))}
+
+
+def _accuracy(logits: Tensor, labels: Tensor) -> float:
+    return float((logits.argmax(-1) == labels.cpu()).float().mean())
 
 
 class DigitsGeneration(TaskOptions):
@@ -177,6 +181,12 @@ class DigitsGenerationTask(Task):
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 256) -> dict[str, float]:
         """One sample per ``split`` image, of its class, scored against the real images."""
         real, labels = self._real(split)
+        return score_images(self._samples(model, labels, batch_size), labels, real)
+
+    @staticmethod
+    @torch.no_grad()
+    def _samples(model: nn.Module, labels: Tensor, batch_size: int = 256) -> Tensor:
+        """Images of classes ``labels`` on the CPU, in eval mode, from the scoring noise."""
         was_training = model.training
         model.eval()
         generator = torch.Generator().manual_seed(SAMPLE_SEED)
@@ -184,7 +194,7 @@ class DigitsGenerationTask(Task):
         samples = torch.cat([model.sample(labels[i : i + batch_size].to(device), generator).float().cpu()
                              for i in range(0, len(labels), batch_size)])
         model.train(was_training)
-        return score_images(samples, labels, real)
+        return samples
 
     def baselines(self, split: str) -> dict[str, float]:
         """Real digits' scores: the classifier's accuracy on the ``split`` images, and the Frechet
@@ -193,8 +203,9 @@ class DigitsGenerationTask(Task):
         train, train_labels = self._real("train")
         rng = np.random.default_rng(SAMPLE_SEED)
         index = torch.tensor([rng.choice(np.flatnonzero(train_labels.numpy() == y)) for y in labels.tolist()])
-        return {"classifier_accuracy": score_images(real, labels, real)["classifier_accuracy"],
-                "frechet_distance": score_images(train[index], labels, real)["frechet_distance"]}
+        with torch.no_grad():
+            accuracy = _accuracy(digits_classifier()(real), labels)
+        return {"classifier_accuracy": accuracy, "frechet_distance": score_images(train[index], labels, real)["frechet_distance"]}
 
     def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
         return {"label": torch.tensor([row["label"]], device=next(model.parameters()).device)}
@@ -204,12 +215,7 @@ class DigitsGenerationTask(Task):
         """A grid of samples, a row per class, from the scoring noise; written to ``path`` (PNG)."""
         import matplotlib.pyplot as plt
 
-        was_training = model.training
-        model.eval()
-        labels = torch.arange(self.num_classes).repeat_interleave(per_class)
-        device = next(model.parameters()).device
-        images = model.sample(labels.to(device), torch.Generator().manual_seed(SAMPLE_SEED)).float().cpu()
-        model.train(was_training)
+        images = self._samples(model, torch.arange(self.num_classes).repeat_interleave(per_class))
         grid = images[:, 0].view(self.num_classes, per_class, *images.shape[-2:])  # (classes, per class, H, W)
         grid = F.pad(grid, (1, 1, 1, 1), value=1.0).permute(0, 2, 1, 3).flatten(2).flatten(0, 1)
         fig, ax = plt.subplots(figsize=(per_class * 0.55, self.num_classes * 0.55))
