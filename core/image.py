@@ -62,7 +62,7 @@ class SelfAttention2d(nn.Module):
         self.query = nn.Conv2d(channels, inner, 1)  # g
         self.value = nn.Conv2d(channels, inner, 1)  # h
         self.out = nn.Conv2d(inner, channels, 1)  # v
-        self.gamma = nn.Parameter(torch.zeros(()))
+        self.gamma = nn.Parameter(torch.zeros(1))  # one element: a 0-d parameter cannot be sharded (FSDP)
 
     def forward(self, x: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``x`` ``(B, C, H, W)`` to ``(B, C, H, W)``, and if asked the weights ``(B, H*W, H*W)``

@@ -1,9 +1,10 @@
-"""Data-parallel training: two gloo processes under torchrun follow one process's loss curve."""
+"""Data-parallel and sharded training: two gloo processes under torchrun follow one process's loss curve."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,6 +65,34 @@ def test_two_gloo_processes_follow_the_curve_of_one_with_the_same_global_batch(t
         torch.testing.assert_close(ddp(src=batch["src"], src_mask=batch["src_mask"]).logits,
                                    one(src=batch["src"], src_mask=batch["src_mask"]).logits, rtol=1e-4, atol=1e-4)
     assert summary["metrics"]["test"]["accuracy"] == pytest.approx(single["metrics"]["test"]["accuracy"])
+
+
+def curve(summary: dict) -> torch.Tensor:
+    return torch.tensor([h["loss"] for h in summary["history"] if "loss" in h])
+
+
+def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded_or_on_one_device(tmp_path):
+    sharded = {**CONFIG, "schedule": "constant", "parallel": "fsdp"}  # constant: 8 steps are the start of 12
+    first = torchrun(tmp_path, sharded, tmp_path / "fsdp")
+    assert first.returncode == 0, first.stderr[-3000:]
+    single = train(load_train_config({**sharded, "steps": 12}), tmp_path / "one", progress=False)
+    assert len(curve(single)) == 12 and curve(single)[0] != curve(single)[-1]
+    torch.testing.assert_close(curve(json.loads(first.stdout)), curve(single)[:8], rtol=1e-4, atol=1e-5)
+
+    # the checkpoint holds the whole model and optimizer: it resumes sharded, and in one process
+    shutil.copytree(tmp_path / "fsdp", tmp_path / "alone")
+    resumed = torchrun(tmp_path, {**sharded, "steps": 12}, tmp_path / "fsdp")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    torch.testing.assert_close(curve(json.loads(resumed.stdout)), curve(single), rtol=1e-4, atol=1e-5)
+    alone = train(load_train_config({**sharded, "steps": 12}), tmp_path / "alone", progress=False)
+    torch.testing.assert_close(curve(alone), curve(single), rtol=1e-4, atol=1e-5)
+
+    task = load_train_config(CONFIG).task.build()
+    batch = task.collate([task.dataset("test")[i] for i in range(20)])
+    fsdp, one = (tz.from_pretrained(tmp_path / name / "model").eval() for name in ("fsdp", "one"))
+    with torch.no_grad():
+        torch.testing.assert_close(fsdp(src=batch["src"], src_mask=batch["src_mask"]).logits,
+                                   one(src=batch["src"], src_mask=batch["src_mask"]).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_a_global_batch_that_does_not_split_evenly_is_refused(tmp_path):

@@ -2,10 +2,13 @@
 
 ``torchrun --nproc-per-node N -m transformer_zoo train CONFIG`` starts N copies of ``tzoo
 train``; each reads its rank from the environment torchrun sets. Every process draws the same
-global batch of ``batch_size`` examples (the batch a single process would draw), keeps its own
-slice of ``batch_size / N`` rows, and trains a copy of the model wrapped in
-:class:`~torch.nn.parallel.DistributedDataParallel`, which averages the gradients. Process 0
-writes the run folder (checkpoints hold the plain model, loadable on one device) and evaluates.
+global batch of ``batch_size`` examples (the batch a single process would draw) and keeps its
+own slice of ``batch_size / N`` rows. With ``parallel: ddp`` each process trains a whole copy
+of the model in :class:`~torch.nn.parallel.DistributedDataParallel`, which averages the
+gradients; with ``parallel: fsdp`` the parameters, gradients and optimizer state are sharded
+over the processes (:func:`~torch.distributed.fsdp.fully_shard`, one unit per block of each
+stack), and each block is gathered only while it runs. Process 0 writes the run folder
+(checkpoints hold the plain model and optimizer, loadable on one device) and evaluates.
 
 With a loss that is a mean over examples (classification), N processes follow the same curve
 as one process with the same global batch, up to float rounding. A token loss averaged over
@@ -16,10 +19,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -65,6 +70,63 @@ def replicate(model: nn.Module, device: torch.device) -> Replica:
     # buffers are not broadcast: each process keeps its own batch-norm statistics, process 0's are saved
     return Replica(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True,
                    broadcast_buffers=False)
+
+
+def fully_shard(model: nn.Module, device: torch.device, here: World) -> None:
+    """Shard ``model`` in place over the processes. Each layer of a
+    :class:`~transformer_zoo.core.stack.StandardStack` is a unit, gathered for its own forward
+    and backward; the rest (embeddings, heads, a recurrent stack's shared layer, which ACT may
+    apply a different number of times in each process) is the root's unit, gathered once."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard as shard_module
+
+    from .core.stack import StandardStack
+
+    mesh = init_device_mesh(device.type, (here.size,))
+    for stack in [m for m in model.modules() if isinstance(m, StandardStack)]:
+        for layer in stack.layers:
+            shard_module(layer, mesh=mesh)
+    shard_module(model, mesh=mesh)
+
+
+def gathered(value: Any) -> Any:
+    """A sharded tensor whole (every process must call it, in the same order); anything else as is."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def gathered_weights(model: nn.Module, here: World) -> dict[str, Tensor]:
+    """The whole weights of a sharded model, on the CPU of process 0 (empty elsewhere)."""
+    whole = {}
+    for name, value in model.state_dict().items():
+        value = gathered(value)
+        if here.main:
+            whole[name] = value.detach().cpu()
+    return whole
+
+
+def gathered_optimizer(optimizer: torch.optim.Optimizer, here: World) -> dict[str, Any]:
+    """A sharded model's optimizer state in the layout of one process's, on process 0 (empty elsewhere)."""
+    state = optimizer.state_dict()
+    moments = {index: {key: gathered(value) for key, value in values.items()}
+               for index, values in sorted(state["state"].items())}
+    if not here.main:
+        return {}
+    cpu = {index: {key: value.cpu() if isinstance(value, Tensor) else value for key, value in values.items()}
+           for index, values in moments.items()}
+    return {"state": cpu, "param_groups": state["param_groups"]}
+
+
+def sharded_optimizer(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An optimizer state saved whole, cut into this process's shards of the optimizer's parameters."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    moments = {}
+    for index, values in state["state"].items():
+        like = parameters[int(index)]
+        moments[index] = {
+            key: distribute_tensor(value.to(like.device), like.device_mesh, like.placements)
+            if isinstance(like, DTensor) and isinstance(value, Tensor) and value.shape == like.shape else value
+            for key, value in values.items()}
+    return {**state, "state": moments}
 
 
 def shard(batch: dict[str, Tensor], here: World) -> dict[str, Tensor]:

@@ -49,6 +49,9 @@ class TrainConfig(Options):
     seed: int = Field(0, description="seed of initialisation, batch order and dropout")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train; auto: cuda when available")
     bf16: bool = Field(True, description="bfloat16 autocast on CUDA (ignored on CPU)")
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="on several processes (torchrun): ddp keeps a whole copy of the model in each; fsdp shards "
+        "parameters, gradients and optimizer state over them, for models too large for one device")
     compile: bool = Field(False, description="train the model through torch.compile (the first steps pay for compiling)")
     peak_tflops: float | None = Field(
         None, gt=0, description="the device's peak TFLOP/s, for model FLOPs utilisation; null: known GPUs' bf16 peak")
@@ -109,11 +112,13 @@ def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) 
 
 
 def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, step: int, history: list) -> None:
-    """Write the checkpoint into a fresh folder, then swap it in; the old one survives a crash."""
+    """Write the checkpoint into a fresh folder, then swap it in; the old one survives a crash.
+
+    ``optimizers`` holds each phase's optimizer state dict, in one process's layout."""
     final, tmp, old = run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.tmp", run_dir / f".{CHECKPOINT}.old"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    states = {"optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
+    states = {"optimizers": optimizers,
               "schedulers": {name: scheduler.state_dict() for name, scheduler in schedulers.items()}}
     torch.save(states, tmp / "optimizer.pt")
     state = {"step": step, "rng": torch.get_rng_state().tolist(), "history": history}
@@ -150,7 +155,7 @@ def _optimizers(model, config: TrainConfig) -> tuple[list, dict, dict]:
     return phases, optimizers, schedulers
 
 
-def _load_optimizers(path: Path, optimizers: dict, schedulers: dict, device: torch.device) -> None:
+def _load_optimizers(path: Path, optimizers: dict, schedulers: dict, device: torch.device, sharded: bool) -> None:
     states = torch.load(path, map_location=device, weights_only=True)
     if "optimizer" in states and len(optimizers) == 1:  # written before models had phases
         name = next(iter(optimizers))
@@ -160,7 +165,8 @@ def _load_optimizers(path: Path, optimizers: dict, schedulers: dict, device: tor
         raise ValueError(f"the checkpoint in {path.parent} has optimizers for the phases {saved}, and the model trains "
                          f"in {sorted(optimizers)}; resume with the model it was written by, or start over (--restart)")
     for name in optimizers:
-        optimizers[name].load_state_dict(states["optimizers"][name])
+        state = states["optimizers"][name]
+        optimizers[name].load_state_dict(distributed.sharded_optimizer(state, optimizers[name]) if sharded else state)
         schedulers[name].load_state_dict(states["schedulers"][name])
 
 
@@ -231,7 +237,18 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
     model.to(device).train()
+    start, history = 0, []
+    if checkpoint is not None:
+        safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(device))
+        state = json.loads((checkpoint / "state.json").read_text())
+        start, history = state["step"], state["history"]
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+    sharded = here.size > 1 and config.parallel == "fsdp"
+    if sharded:
+        distributed.fully_shard(model, device, here)  # in place: the optimizers must see the sharded parameters
     phases, optimizers, schedulers = _optimizers(model, config)
+    if checkpoint is not None:
+        _load_optimizers(checkpoint / "optimizer.pt", optimizers, schedulers, device, sharded)
     if len(phases) > 1 and (here.size > 1 or config.compile):
         raise ValueError(f"{model.config.variant!r} trains in phases {[p.name for p in phases]}; training over "
                          "several processes and compile: true are for one-phase models: run it in one process, eager")
@@ -240,21 +257,42 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
         if checkpoint is None:
             task.save_assets(run_dir)
-    eager = distributed.replicate(model, device) if here.size > 1 else model  # what the task calls
+    eager = distributed.replicate(model, device) if here.size > 1 and not sharded else model  # what the task calls
     trainee = torch.compile(eager) if config.compile else eager  # attributes (config, loss) still reach the model
+    whole = None  # a sharded model's weights gathered on process 0, on the CPU: what is saved and evaluated
+
+    def gather() -> None:
+        """Refresh ``whole`` (every process takes part; only process 0 keeps the weights)."""
+        nonlocal whole
+        weights = distributed.gathered_weights(model, here)
+        if here.main:
+            if whole is None:
+                with torch.random.fork_rng(devices=[]):  # building draws initial weights: leave training's stream alone
+                    whole = build_model(model.config)
+            whole.load_state_dict(weights)
 
     def save(step: int) -> None:
+        if sharded:
+            gather()
+            states = {name: distributed.gathered_optimizer(optimizer, here) for name, optimizer in optimizers.items()}
+        else:
+            states = {name: optimizer.state_dict() for name, optimizer in optimizers.items()}
         if here.main:
-            _save_checkpoint(run_dir, model, optimizers, schedulers, step, history)
+            _save_checkpoint(run_dir, whole if sharded else model, states, schedulers, step, history)
         distributed.barrier(here)
 
-    start, history = 0, []
-    if checkpoint is not None:
-        safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(device))
-        _load_optimizers(checkpoint / "optimizer.pt", optimizers, schedulers, device)
-        state = json.loads((checkpoint / "state.json").read_text())
-        start, history = state["step"], state["history"]
-        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+    def evaluate(split: str) -> dict[str, float] | None:
+        """The trained model's scores on ``split``, from process 0 (None elsewhere)."""
+        if sharded:
+            gather()
+        if not here.main:
+            return None
+        if not sharded:
+            return task.evaluate(model, split)
+        try:
+            return task.evaluate(whole.to(device), split)
+        finally:
+            whole.cpu()
 
     train_data = task.dataset("train")
     end = config.steps if stop_after is None else min(config.steps, stop_after)
@@ -304,8 +342,10 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
                 phase_losses = {f"loss_{name}": value for name, value in losses.items()} if len(phases) > 1 else {}
                 history.append({"step": done, "loss": loss, **phase_losses,
                                 "lr": schedulers[phases[0].name].get_last_lr()[0]})
-            if config.eval_every and done % config.eval_every == 0 and done != config.steps and here.main:
-                history.append({"step": done, **{f"test_{k}": v for k, v in task.evaluate(model, "test").items()}})
+            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
+                scores = evaluate("test")
+                if here.main:
+                    history.append({"step": done, **{f"test_{k}": v for k, v in scores.items()}})
             if config.checkpoint_every and done % config.checkpoint_every == 0:
                 save(done)
             rate = tokens / (time.perf_counter() - started)
@@ -320,6 +360,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         return {"step": end, "stopped": True}
     if not here.main:
         return {"step": end, "rank": here.rank}
+    if sharded:  # save() has just gathered the final weights
+        model = whole.to(device)
     metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
     flops_per_second = step_flops * (end - start) / max(elapsed, 1e-9) if end > start else None
     peak = peak_tflops(config, device)
