@@ -30,11 +30,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(tmp_path, config: dict, out, processes: int = 2) -> subprocess.CompletedProcess:
+def torchrun(tmp_path, config: dict, out, processes: int = 2, command: str = "train") -> subprocess.CompletedProcess:
     path = tmp_path / f"{out.name}.json"
     path.write_text(json.dumps(config))
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
-               f"--master-port={free_port()}", "-m", "transformer_zoo", "train", str(path), "--out", str(out), "--json"]
+               f"--master-port={free_port()}", "-m", "transformer_zoo", command, str(path), "--out", str(out), "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on a 2-core machine
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
@@ -93,6 +93,33 @@ def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded
     with torch.no_grad():
         torch.testing.assert_close(fsdp(src=batch["src"], src_mask=batch["src_mask"]).logits,
                                    one(src=batch["src"], src_mask=batch["src_mask"]).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_compare_on_a_torchrun_job_trains_each_run_over_the_processes(tmp_path):
+    from transformer_zoo.compare import CompareResults
+
+    model = CONFIG["model"]
+    spec = {"name": "two", "variants": [model, "sagan-gan"], "tasks": [CONFIG["task"], "digits-generation"],
+            "steps": 8, "train": {k: CONFIG[k] for k in ("batch_size", "lr", "warmup_steps", "log_every")}}
+    result = torchrun(tmp_path, spec, tmp_path / "report", command="compare")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout)["report"].endswith("report.md"), "process 0 alone reports"
+    results = CompareResults.model_validate_json((tmp_path / "report" / "results.json").read_text())
+    assert results.machine["processes"] == 2 and (tmp_path / "report" / "report.md").is_file()
+    assert [(run.task, run.steps) for run in results.runs] == [("listops", 8)]
+    gan = [s.reason for s in results.skipped if s.variant == "sagan-gan" and s.task == "digits-generation"]
+    assert gan and "trains in phases ['discriminator', 'generator'], which run in one process only" in gan[0]
+    # the run followed one process's curve with the same global batch
+    single = train(load_train_config({**CONFIG, "checkpoint_every": 0}), tmp_path / "one", progress=False)
+    torch.testing.assert_close(torch.tensor([h["loss"] for h in results.runs[0].curve if "loss" in h]), curve(single),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_a_compare_whose_batch_does_not_split_over_the_processes_is_refused_before_training(tmp_path):
+    spec = {"variants": [CONFIG["model"]], "tasks": [CONFIG["task"]], "steps": 1, "train": {"batch_size": 5}}
+    result = torchrun(tmp_path, spec, tmp_path / "odd", command="compare")
+    assert result.returncode != 0 and not (tmp_path / "odd").exists()
+    assert "batch_size 5 is each run's global batch, split over the job's 2 processes" in result.stderr
 
 
 def test_a_global_batch_that_does_not_split_evenly_is_refused(tmp_path):

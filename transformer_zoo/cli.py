@@ -85,17 +85,13 @@ def _schema(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> Any:
+    from .distributed import job
     from .train import load_train_config, train
-
-    import torch.distributed as dist
 
     config = load_train_config(args.config, args.set)
     run_dir = args.out or Path("runs") / Path(args.config).stem
-    try:
+    with job():  # one process, or one of torchrun's
         summary = train(config, run_dir, resume=not args.restart, progress=not args.json)
-    finally:
-        if dist.is_initialized():  # launched by torchrun
-            dist.destroy_process_group()
     return {"run_dir": str(run_dir), **summary}
 
 
@@ -116,9 +112,14 @@ def _attention(args: argparse.Namespace) -> Any:
 def _compare(args: argparse.Namespace) -> Any:
     from .compare import compare, load_spec
 
+    from .distributed import job, world
+
     spec = load_spec(args.spec)
     out = args.out or Path("reports") / spec.name
-    results = compare(spec, out)
+    with job():  # one process, or one of torchrun's
+        results = compare(spec, out)
+        if results is None:  # another process of a torchrun job: process 0 reports
+            return {"rank": world().rank}
     return {"report": str(out / "report.md"), **results.model_dump(mode="json")}
 
 

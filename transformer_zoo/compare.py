@@ -1,19 +1,22 @@
 """``tzoo compare``: every variant on every task, with the same data, seeds and budget.
 
 A spec lists variants x tasks x seeds and one budget. Each run trains in a process of its own
-(so its peak memory is its own) and records parameters, FLOPs per token, training tokens per
+(so its peak memory is its own); on a torchrun job every run trains over all the job's
+processes, one run after another, and process 0 writes the report. Each run records parameters, FLOPs per token, training tokens per
 second, peak memory, the task metrics, the learning curve and wall time. The report folder
 holds ``results.json`` (validated by :class:`CompareResults`), ``report.md`` and PNG plots.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import platform
 import resource
+import sys
 import time
 from importlib import resources
 from pathlib import Path
@@ -22,8 +25,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field, model_validator
 
-from . import __version__
-from .api import _read, load_config, validate
+from . import __version__, distributed
+from .api import _read, build_model, load_config, validate
 from .core.errors import ConfigError
 from .core.model import atomic_write
 from .core.options import Options, Task
@@ -69,7 +72,9 @@ class RunRecord(BaseModel):
         description="training FLOPs per token read: forward and backward of one batch, counted by torch's FlopCounterMode"
     )
     train_tokens_per_second: float = Field(description="tokens read by the model per second of training")
-    peak_memory_mb: float = Field(description="peak memory of the run: CUDA allocations on GPU, the process's resident set on CPU")
+    peak_memory_mb: float = Field(
+        description="peak memory of the run: CUDA allocations on GPU, the process's resident set on CPU (on a torchrun "
+        "job, process 0's: on CPU its peak so far, as the job's runs share the process)")
     steps: int = Field(description="optimizer steps taken")
     wall_seconds: float = Field(description="wall time of the run, evaluation included")
     metric: str = Field(description="the task's headline metric")
@@ -121,8 +126,13 @@ def _label(variant: str | dict[str, Any]) -> str:
     return variant["variant"] + ("" if not extra else " " + json.dumps(extra, sort_keys=True, separators=(",", "=")))
 
 
-def plan(spec: CompareSpec) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
-    """Every run's training config, and the pairs that cannot run; all checked before training."""
+def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
+    """Every run's training config, and the pairs that cannot run; all checked before training.
+
+    Args:
+        processes: the processes every run trains over (a torchrun job's); a model that trains
+            in several phases (a GAN) is skipped when there are more than one.
+    """
     runs, skipped = [], []
     for variant in spec.variants:
         load_config({"variant": variant} if isinstance(variant, str) else variant)  # unknown names fail here
@@ -135,8 +145,15 @@ def plan(spec: CompareSpec) -> tuple[list[tuple[str, TrainConfig]], list[Skipped
                      "steps": spec.steps, "max_seconds": spec.seconds, "seed": seed},
                     "compare spec 'train' and 'task_train' options",
                 )
+                if processes > 1 and config.batch_size % processes:
+                    raise ConfigError(f"batch_size {config.batch_size} is each run's global batch, split over the job's "
+                                      f"{processes} processes; set train.batch_size to a multiple of {processes}")
                 try:
-                    model_config_for(config, task)
+                    model = model_config_for(config, task)
+                    phases = _phases(model) if processes > 1 else []
+                    if len(phases) > 1:
+                        raise ValueError(f"{model.variant!r} trains in phases {phases}, which run in one process only; "
+                                         "compare it in a job of one process")
                 except ValueError as exc:
                     skipped.append(Skipped(variant=_label(variant), task=task_options.kind, reason=str(exc)))
                     break
@@ -146,14 +163,20 @@ def plan(spec: CompareSpec) -> tuple[list[tuple[str, TrainConfig]], list[Skipped
     return runs, skipped
 
 
+def _phases(model) -> list[str]:
+    """The names of a model config's training phases (the model is built without memory)."""
+    with torch.device("meta"):
+        return [phase.name for phase in build_model(model).phases()]
+
+
 def run_name(label: str, config: TrainConfig) -> str:
     """A folder name that is the same every time the same run is planned (so it resumes)."""
     digest = hashlib.sha1(f"{label}|{config.model_dump_json()}".encode()).hexdigest()[:8]
     return f"{config.task.kind}--{label.split(' ')[0]}--seed{config.seed}--{digest}"
 
 
-def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
-    """One run, in a process of its own."""
+def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any] | None:
+    """One run, in a process of its own (or in each of a torchrun job's: None but in process 0)."""
     label, config_data, run_dir = args
     record_path = Path(run_dir) / "record.json"
     if record_path.is_file():  # finished by an earlier, interrupted compare: keep its measurements
@@ -163,6 +186,8 @@ def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     summary = train(config, run_dir, resume=True, progress=True)
+    if "rank" in summary:  # another process of a torchrun job: process 0 measures and records
+        return None
     model = load_config(Path(run_dir, "model", "config.json"))
     if torch.cuda.is_available() and config.device != "cpu":
         peak = torch.cuda.max_memory_allocated() / 2**20
@@ -246,7 +271,7 @@ def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_d
     configs = {label: config for label, config in runs if config.task.kind == options.kind}
     models = [(label, model_config_for(config, task)) for label, config in configs.items()]
     if not models:
-        print(f"scaling: no variant ran on {options.kind}; nothing to measure")
+        print(f"scaling: no variant ran on {options.kind}; nothing to measure", file=sys.stderr)
         return []
     device = resolve_device(next(iter(configs.values())).device)
     key = {"spec": spec.scaling.model_dump(mode="json"), "task": options.model_dump(mode="json"),
@@ -271,26 +296,42 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "processes": distributed.world().size,
     }
 
 
-def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults:
-    """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``."""
+def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults | None:
+    """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``.
+
+    On a torchrun job every process calls it; process 0 writes and returns the results, the
+    others return None."""
     from .report import write_report
 
     out_dir = Path(out_dir)
-    runs, skipped = plan(spec)
+    here = distributed.world()
+    runs, skipped = plan(spec, here.size)
+    def say(message: str) -> None:  # progress goes to stderr: stdout is the command's result (--json)
+        if here.main:
+            print(message, file=sys.stderr)
+
     for item in skipped:
-        print(f"skipped {item.variant} on {item.task}: {item.reason}")
+        say(f"skipped {item.variant} on {item.task}: {item.reason}")
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config))) for label, config in runs]
-    context = multiprocessing.get_context("spawn")
     records = []
-    with context.Pool(1, maxtasksperchild=1) as pool:
-        for i, record in enumerate(pool.imap(_run, jobs), start=1):
-            records.append(RunRecord.model_validate(record))
-            print(f"[{i}/{len(jobs)}] {record['variant']} on {record['task']} (seed {record['seed']}): "
-                  f"{record['metric']} {record['metrics']['test'][record['metric']]:.3f}")
+    with contextlib.ExitStack() as stack:
+        if here.size > 1:  # the job's processes train each run together, in turn
+            done = map(_run, jobs)
+        else:
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1))
+            done = pool.imap(_run, jobs)
+        for i, record in enumerate(done, start=1):
+            if record is not None and here.main:
+                records.append(RunRecord.model_validate(record))
+                say(f"[{i}/{len(jobs)}] {record['variant']} on {record['task']} (seed {record['seed']}): "
+                    f"{record['metric']} {record['metrics']['test'][record['metric']]:.3f}")
+    if not here.main:
+        return None
     tasks = {options.kind: options.build() for options in spec.tasks}
     baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
     results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), runs=records, skipped=skipped,

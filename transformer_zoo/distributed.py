@@ -17,7 +17,9 @@ each slice's own tokens weighs the slices equally instead of the tokens.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +149,16 @@ def mean(value: float, here: World, device: torch.device) -> float:
 def any_true(flag: bool, here: World, device: torch.device) -> bool:
     """Whether ``flag`` holds in any process (so that all stop together)."""
     return mean(float(flag), here, device) > 0
+
+
+@contextlib.contextmanager
+def job() -> Iterator[None]:
+    """A command's span: the process group torchrun's processes set up is taken down at its end."""
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def barrier(here: World) -> None:

@@ -11,6 +11,7 @@ so the ratios show what the sparse kernel saves.
 from __future__ import annotations
 
 import statistics
+import sys
 import threading
 import time
 import weakref
@@ -204,7 +205,7 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
     jobs = []
     for label, config in models:
         if getattr(config, "inputs", "tokens") != "tokens":
-            print(f"scaling: {label} reads images, not sequences of a length; not measured")
+            print(f"scaling: {label} reads images, not sequences of a length; not measured", file=sys.stderr)
             continue
         if getattr(config, "max_len", longest) < longest:
             config = load_config(config, {"max_len": longest})
