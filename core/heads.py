@@ -10,6 +10,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def token_loss(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy of ``logits`` ``(..., V)`` over the targets that are not ``ignore_index``;
+    0 (with a zero gradient) when every target is ignored, where a plain mean would be 0/0 (a
+    masked-LM batch, or one process's slice of it, may hold no masked token)."""
+    targets = targets.flatten()
+    total = F.cross_entropy(logits.flatten(0, -2), targets, ignore_index=ignore_index,
+                            label_smoothing=label_smoothing, reduction="sum")
+    return total / (targets != ignore_index).sum().clamp(min=1)
+
+
 class LMHead(nn.Module):
     """Next-token logits ``(B, T, V)``: the seq2seq generator and the language-model head.
 
@@ -48,13 +58,8 @@ class LMHead(nn.Module):
         return self.proj(hidden)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy over the non-ignored targets ``(B, T)``."""
-        return F.cross_entropy(
-            logits.flatten(0, -2),
-            targets.flatten(),
-            ignore_index=self.ignore_index,
-            label_smoothing=self.label_smoothing,
-        )
+        """Mean cross-entropy over the non-ignored targets ``(B, T)`` (see :func:`token_loss`)."""
+        return token_loss(logits, targets, self.ignore_index, self.label_smoothing)
 
 
 class SequenceClassificationHead(nn.Module):
@@ -100,4 +105,4 @@ class TokenClassificationHead(nn.Module):
         return self.proj(self.dropout(hidden))
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=self.ignore_index)
+        return token_loss(logits, targets, self.ignore_index)

@@ -98,3 +98,19 @@ def test_bad_inputs_say_what_was_expected(call, message):
     model = tz.build_model("transformer-tiny", **SMALL)
     with pytest.raises(ValueError, match=message):
         call(model)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_token_loss_is_the_mean_over_counted_targets_and_zero_when_none_count(smoothing):
+    from transformer_zoo.core.heads import token_loss
+
+    logits = torch.randn(3, 5, 7, requires_grad=True)
+    targets = torch.randint(0, 7, (3, 5))
+    targets[0, :3] = -100
+    expected = torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=-100,
+                                                 label_smoothing=smoothing)
+    torch.testing.assert_close(token_loss(logits, targets, -100, smoothing), expected)
+    # a masked-LM slice with no masked token: a plain mean is NaN, which would stop training
+    none = token_loss(logits, torch.full((3, 5), -100), -100, smoothing)
+    none.backward()
+    assert none.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
