@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from transformer_zoo.cli import main
 
@@ -116,6 +117,12 @@ def test_bench_lists_the_benchmarks_and_runs_one_with_a_json_record(tmp_path, ca
     assert record["machine"]["torch"] and record["speedup"] > 0 and record["args"]["new_tokens"] == 8
     assert main(["bench", "nope"]) == 2
     assert "no benchmark 'nope'; benchmarks: transformer, bert" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_a_benchmark_asked_for_cuda_without_it_says_so(capsys):
+    assert main(["bench", "decoding", "--device", "cuda", "--new-tokens", "2", "--d-model", "8", "--layers", "1"]) == 2
+    assert "device 'cuda' was asked for but no CUDA device is available" in capsys.readouterr().err
 
 
 def test_every_benchmark_script_runs_the_package_code():

@@ -9,7 +9,7 @@ of ``--length`` tokens, a quarter of the rows padded to half length, two segment
 
 Configs: ``minilm`` (6 layers, 384 wide, 12 heads, FFN 1536) and ``base`` (12, 768, 12, 3072).
 
-    python benchmarks/bert_hf.py [--configs minilm base --batch 8 --length 128 --repeats 10 --json PATH]
+    python benchmarks/bert_hf.py [--configs minilm base --batch 8 --length 128 --repeats 10 --json PATH --device cuda --bf16]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import transformers
 
 import transformer_zoo as tz
 
-from .common import paired_medians, write_json
+from .common import add_device_options, autocast, device_name, device_of, paired_medians, write_json
 
 CONFIGS = {
     "minilm": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536},
@@ -57,8 +57,9 @@ def inputs(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def measure(name: str, args: argparse.Namespace) -> list[dict]:
-    reference, ours = pair(name)
-    ids, mask, types = inputs(args)
+    device = device_of(args)
+    reference, ours = (model.to(device) for model in pair(name))
+    ids, mask, types = (tensor.to(device) for tensor in inputs(args))
 
     def run_reference() -> torch.Tensor:
         return reference(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
@@ -70,14 +71,15 @@ def measure(name: str, args: argparse.Namespace) -> list[dict]:
 
     for model in (reference, ours):
         model.eval()
-    with torch.no_grad():
+    with torch.no_grad():  # in float32: the same model before it is timed
         real = mask.bool()
         gap = (run_ours()[real] - run_reference()[real]).abs().max().item()
     if gap > 1e-4:
         raise SystemExit(f"{name}: the two encoders disagree by {gap:.2e}; the timing would compare different models")
     rows = []
+    run_ours, run_reference = autocast(args, run_ours), autocast(args, run_reference)
     with torch.no_grad():
-        ours_s, ref_s = paired_medians(run_ours, run_reference, args.repeats)
+        ours_s, ref_s = paired_medians(run_ours, run_reference, args.repeats, device=device)
     rows.append({"config": name, "mode": "inference", "ours_ms": 1e3 * ours_s, "reference_ms": 1e3 * ref_s,
                  "ratio": ours_s / ref_s})
     optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-6) for m in (reference, ours)}
@@ -90,7 +92,8 @@ def measure(name: str, args: argparse.Namespace) -> list[dict]:
 
     for model in (reference, ours):
         model.train()  # dropout is 0 in both: the same arithmetic as inference, with gradients
-    ours_s, ref_s = paired_medians(lambda: step(ours, run_ours), lambda: step(reference, run_reference), args.repeats)
+    ours_s, ref_s = paired_medians(lambda: step(ours, run_ours), lambda: step(reference, run_reference), args.repeats,
+                                   device=device)
     rows.append({"config": name, "mode": "training step", "ours_ms": 1e3 * ours_s, "reference_ms": 1e3 * ref_s,
                  "ratio": ours_s / ref_s})
     return rows
@@ -103,15 +106,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", help="also write the results to this file")
+    add_device_options(parser)
     args = parser.parse_args(argv)
     rows = [row for name in args.configs for row in measure(name, args)]
     print(f"bert against transformers {transformers.__version__} BertModel (sdpa), batch {args.batch}, "
-          f"length {args.length}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+          f"length {args.length}, {device_name(device_of(args))}{' bf16' if args.bf16 else ''}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"{'config':>8} {'mode':>14} {'ours ms':>9} {'HF ms':>9} {'ratio':>6}")
     for r in rows:
         print(f"{r['config']:>8} {r['mode']:>14} {r['ours_ms']:9.1f} {r['reference_ms']:9.1f} {r['ratio']:6.2f}")
     if args.json:
-        write_json(args.json, {"args": vars(args), "transformers": transformers.__version__, "rows": rows})
+        write_json(args.json, {"args": vars(args), "transformers": transformers.__version__, "rows": rows},
+                   device_of(args))
 
 
 if __name__ == "__main__":

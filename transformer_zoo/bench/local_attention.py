@@ -3,13 +3,14 @@
 For each length n and each method, one fresh process allocates q, k, v ``(1, heads, n, 64)``,
 runs the forward (or forward and backward) pass ``--repeats`` times and reports the median
 time, the exact peak of the tensors one pass creates (:class:`~transformer_zoo.scaling.PeakMemory`)
-and the growth of the process's peak resident memory over what the inputs took. Full attention is
+and the growth of the process's peak resident memory over what the inputs took (on CUDA: of the
+allocator's peak). Full attention is
 measured twice: ``sdpa`` (PyTorch's fused kernel, which does not store the n x n matrix on
 CPU) and ``math`` (the formula written out, which does). The time ratio of each method
 against ``sdpa`` at the same length is printed; a plot of memory and time against length is
 written with ``--plot``.
 
-    python benchmarks/local_attention.py [--lengths 1024 4096 16384 --window 256 --repeats 3 --plot out.png]
+    python benchmarks/local_attention.py [--lengths 1024 4096 16384 --window 256 --repeats 3 --plot out.png --device cuda]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from transformer_zoo.core.attention import attention_math
 from transformer_zoo.core.local_attention import Pattern, chunked_attention, flex_attention_kernel
 from transformer_zoo.scaling import PeakMemory
 
-from .common import write_json
+from .common import add_device_options, device_name, device_of, write_json
 
 METHODS = ("sdpa", "math", "sliding-window", "dilated", "block-local", "local-global", "block-sparse")
 FLEX = "flex-sliding-window"  # compiled FlexAttention with the sliding window's block mask; forward only on CPU
@@ -44,11 +45,15 @@ def pattern(method: str, window: int) -> Pattern | None:
     }.get(method)
 
 
-def _measure(args: tuple[str, int, int, int, bool, int]) -> dict:
-    method, n, heads, window, backward, repeats = args
+def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
+    method, n, heads, window, backward, repeats, device, bf16 = args
+    cuda = device == "cuda"
     torch.manual_seed(0)
-    q, k, v = (torch.randn(1, heads, n, 64, requires_grad=backward) for _ in range(3))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    q, k, v = (torch.randn(1, heads, n, 64, device=device, dtype=dtype, requires_grad=backward) for _ in range(3))
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated() / 1024 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     p = pattern(method, window)
 
     def run():
@@ -66,12 +71,17 @@ def _measure(args: tuple[str, int, int, int, bool, int]) -> dict:
 
     times = []
     for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         with torch.set_grad_enabled(backward):
             run()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
         q.grad = k.grad = v.grad = None
-    peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # kB -> MB
+    after = torch.cuda.max_memory_allocated() / 1024 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = (after - before) / 1024  # kB -> MB
     tensor_mb = None
     if method != FLEX:  # FlexAttention is a higher-order operator, which a dispatch mode cannot watch
         with PeakMemory() as tensors, torch.set_grad_enabled(backward):
@@ -93,12 +103,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--plot", help="write a PNG of memory and time against length")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    add_device_options(parser)
     args = parser.parse_args(argv)
+    device = device_of(args)
+    print(f"attention kernels on {device_name(device)}{' in bf16' if args.bf16 else ''}", flush=True)
     passes = [False, True] if args.backward else [False]
-    jobs = [(m, n, args.heads, args.window, b, args.repeats) for n in args.lengths for m in args.methods for b in passes
-            if not (b and m == FLEX)]  # FlexAttention has no CPU backward
-    jobs += [(m, n, args.heads, args.window, b, args.repeats) for n in args.long for m in args.methods
-             if m not in ("sdpa", "math") for b in passes if not (b and m == FLEX)]
+    common = (args.heads, args.window)
+    timing = (args.repeats, device.type, args.bf16)
+    no_backward = device.type == "cpu"  # FlexAttention has no CPU backward
+    jobs = [(m, n, *common, b, *timing) for n in args.lengths for m in args.methods for b in passes
+            if not (b and m == FLEX and no_backward)]
+    jobs += [(m, n, *common, b, *timing) for n in args.long for m in args.methods
+             if m not in ("sdpa", "math") for b in passes if not (b and m == FLEX and no_backward)]
     rows = []
     context = multiprocessing.get_context("spawn")
     with context.Pool(1, maxtasksperchild=1) as pool:  # one fresh process per measurement: its own peak memory
@@ -115,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         if "time_vs_sdpa" in row and row["method"] != "sdpa":
             print(f"{row['method']:>15} n={row['n']:>6} {row['pass']:>17}: {row['time_vs_sdpa']:.3f}")
     if args.json:
-        write_json(args.json, {"args": vars(args), "rows": rows})
+        write_json(args.json, {"args": vars(args), "rows": rows}, device)
     if args.plot:
         plot(rows, args.plot)
 

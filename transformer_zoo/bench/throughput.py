@@ -8,7 +8,7 @@ take the common width, the convolutional ones keep their own. Reported: tokens p
 training step (forward, backward, AdamW; for a GAN, each phase with the other frozen, as training runs it)
 and of inference, and the time of each against the ``transformer`` row (timed alternately).
 
-    python benchmarks/throughput.py [--batch 8 --length 128 --repeats 5 --json PATH]
+    python benchmarks/throughput.py [--batch 8 --length 128 --repeats 5 --json PATH --device cuda --bf16]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import transformer_zoo as tz
 
 from ..train import _only
-from .common import paired_medians, write_json
+from .common import add_device_options, autocast, device_name, device_of, paired_medians, write_json
 
 COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}
 
@@ -42,13 +42,14 @@ def common_config(name: str, length: int):
 
 
 def workload(model: torch.nn.Module, batch: int, length: int) -> tuple[Callable, Callable, int]:
-    """A training step, an inference pass, and the tokens each reads."""
+    """A training step, an inference pass, and the tokens each reads (on the model's device)."""
     config = model.config
+    device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     if getattr(config, "objective", "") == "image-generation":
-        images = torch.rand(batch, config.channels, *config.image_size, generator=generator)
-        labels = torch.randint(config.num_classes, (batch,), generator=generator)
+        images = torch.rand(batch, config.channels, *config.image_size, generator=generator).to(device)
+        labels = torch.randint(config.num_classes, (batch,), generator=generator).to(device)
         phases = [(phase, torch.optim.AdamW(phase.parameters, lr=1e-6)) for phase in model.phases()]
 
         def train() -> None:
@@ -73,6 +74,8 @@ def workload(model: torch.nn.Module, batch: int, length: int) -> tuple[Callable,
             targets = torch.randint(4, config.output_vocab_size, (batch, length), generator=generator)
         tokens = sum(v.numel() for v in inputs.values())
 
+    inputs, targets = {k: v.to(device) for k, v in inputs.items()}, targets.to(device)
+
     def train() -> None:
         model.loss(model(**inputs), targets).backward()
         optimizer.step()
@@ -88,11 +91,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variants", nargs="+", help="names to measure (default: every registered variant)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    add_device_options(parser)
     args = parser.parse_args(argv)
+    device = device_of(args)
+    print(f"throughput on {device_name(device)}{' bf16' if args.bf16 else ''}, batch {args.batch}, "
+          f"length {args.length}, {torch.get_num_threads()} threads")
 
     torch.manual_seed(0)
-    reference = tz.build_model(common_config("transformer-base", args.length))
-    ref_train, ref_infer, _ = workload(reference, args.batch, args.length)
+    reference = tz.build_model(common_config("transformer-base", args.length)).to(device)
+    ref_train, ref_infer = (autocast(args, fn) for fn in workload(reference, args.batch, args.length)[:2])
     rows, seen = [], {}
     for name in args.variants or tz.list_variants():
         config = common_config(name, args.length)
@@ -101,22 +108,23 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:>30}: the same model as {seen[key]} at this size")
             continue
         seen[key] = name
-        model = tz.build_model(config)
+        model = tz.build_model(config).to(device)
         train, infer, tokens = workload(model, args.batch, args.length)
+        train, infer = autocast(args, train), autocast(args, infer)
         row = {"variant": name, "parameters": sum(p.numel() for p in model.parameters()), "tokens": tokens}
         model.train(), reference.train()
-        ours, ref = paired_medians(train, ref_train, args.repeats, warmup=1)
+        ours, ref = paired_medians(train, ref_train, args.repeats, warmup=1, device=device)
         row.update(train_tokens_per_s=tokens / ours, train_vs_transformer=ours / ref)
         model.eval(), reference.eval()
         with torch.no_grad():
-            ours, ref = paired_medians(infer, ref_infer, args.repeats, warmup=1)
+            ours, ref = paired_medians(infer, ref_infer, args.repeats, warmup=1, device=device)
         row.update(inference_tokens_per_s=tokens / ours, inference_vs_transformer=ours / ref)
         rows.append(row)
         print(f"{name:>30}: {row['parameters']:>11,} params  train {row['train_tokens_per_s']:>9,.0f} tok/s "
               f"({row['train_vs_transformer']:.2f}x transformer's time)  inference {row['inference_tokens_per_s']:>9,.0f} "
               f"tok/s ({row['inference_vs_transformer']:.2f}x)", flush=True)
     if args.json:
-        write_json(args.json, {"args": vars(args), "common": COMMON, "rows": rows})
+        write_json(args.json, {"args": vars(args), "common": COMMON, "rows": rows}, device)
 
 
 if __name__ == "__main__":

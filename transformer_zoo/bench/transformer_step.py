@@ -4,7 +4,7 @@ Both run the same shapes in the same process, timed alternately, and the ratio o
 reported (ours / reference; below 1.0 means faster). Only the encoder-decoder stacks are
 compared: the reference has no embeddings or head, so ours are fed the same embedded inputs.
 
-    python benchmarks/transformer_step.py [--d-model 256 --layers 3 --batch 16 --length 64 --repeats 20]
+    python benchmarks/transformer_step.py [--d-model 256 --layers 3 --batch 16 --length 64 --repeats 20 --device cuda --bf16]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 import transformer_zoo as tz
 from transformer_zoo.core.masks import AttentionMask
 
-from .common import paired_medians, write_json
+from .common import add_device_options, autocast, device_name, device_of, paired_medians, write_json
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,7 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    add_device_options(parser)
     args = parser.parse_args(argv)
+    device = device_of(args)
     torch.manual_seed(0)
     d, ff = args.d_model, 4 * args.d_model
 
@@ -40,9 +42,10 @@ def main(argv: list[str] | None = None) -> None:
     ref = nn.Transformer(d, args.heads, args.layers, args.layers, ff, dropout=0.1, batch_first=True)
     ref.encoder.norm = nn.Identity()  # the paper's post-norm stacks have no final norm; ours neither
     ref.decoder.norm = nn.Identity()
-    src = torch.randn(args.batch, args.length, d)
-    tgt = torch.randn(args.batch, args.length, d)
-    causal = torch.ones(args.length, args.length, dtype=torch.bool).triu(1)
+    ours.to(device), ref.to(device)
+    src = torch.randn(args.batch, args.length, d, device=device)
+    tgt = torch.randn(args.batch, args.length, d, device=device)
+    causal = torch.ones(args.length, args.length, dtype=torch.bool, device=device).triu(1)
 
     def ours_forward():
         memory = ours.encoder(src).hidden
@@ -61,21 +64,23 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     ours.train(), ref.train()
     results["train_step"] = paired_medians(
-        step(ours, ours_forward, torch.optim.AdamW(ours.parameters())),
-        step(ref, ref_forward, torch.optim.AdamW(ref.parameters())),
-        args.repeats,
+        step(ours, autocast(args, ours_forward), torch.optim.AdamW(ours.parameters())),
+        step(ref, autocast(args, ref_forward), torch.optim.AdamW(ref.parameters())),
+        args.repeats, device=device,
     )
     ours.eval(), ref.eval()
     with torch.inference_mode():
-        results["inference"] = paired_medians(ours_forward, ref_forward, args.repeats)
+        results["inference"] = paired_medians(autocast(args, ours_forward), autocast(args, ref_forward), args.repeats,
+                                              device=device)
 
     rows = {k: {"ours_ms": a * 1e3, "torch_ms": b * 1e3, "ratio": a / b} for k, (a, b) in results.items()}
     print(f"transformer vs torch.nn.Transformer, d={d} heads={args.heads} layers={args.layers}+{args.layers} "
-          f"batch={args.batch} length={args.length}, {torch.get_num_threads()} threads, median of {args.repeats}")
+          f"batch={args.batch} length={args.length}, {device_name(device)}{' bf16' if args.bf16 else ''}, "
+          f"{torch.get_num_threads()} threads, median of {args.repeats}")
     for name, row in rows.items():
         print(f"  {name:<11} ours {row['ours_ms']:8.2f} ms   torch {row['torch_ms']:8.2f} ms   ratio {row['ratio']:.2f}")
     if args.json:
-        write_json(args.json, {"args": vars(args), "results": rows})
+        write_json(args.json, {"args": vars(args), "results": rows}, device)
 
 
 if __name__ == "__main__":
