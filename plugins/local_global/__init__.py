@@ -191,7 +191,9 @@ def tzoo_variants():
                 defaults={**TINY, "encoder": {"layers": 2, "attention": {"kind": "local-global", "window": 16}}},
                 description="tiny Longformer-style encoder: 2 layers, d 64, window 16 each side, [CLS] global"),
         Variant(name="transformer-dmca-tiny", config=LocalGlobalConfig,
+                # the Transformer decoder's embeddings (tensor2tensor, which the paper used): N(0, 1/d) scaled by
+                # sqrt(d), so the tied output layer starts with logits of unit scale
                 defaults={**TINY, "encoder": None, "decoder": {"layers": 4, "attention": DMCA_LAYERS},
-                          "positional": "sinusoidal", "head": {"kind": "lm"}},
+                          "positional": "sinusoidal", "scale_embeddings": True, "head": {"kind": "lm"}},
                 description="Liu 2018 T-DMCA, tiny: decoder-only, block-local layers interleaved with memory-compressed"),
     ]

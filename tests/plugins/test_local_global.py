@@ -4,6 +4,7 @@ the future, and bad pattern configs are refused with a clear message."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -164,6 +165,17 @@ def test_dmca_decodes_the_same_with_and_without_the_cache():
     prompt = torch.randint(3, 1000, (2, 6))
     cached = greedy_decode(model, prompt=prompt, max_new_tokens=14)
     assert torch.equal(cached, greedy_decode(model, prompt=prompt, max_new_tokens=14, use_cache=False))
+
+
+def test_dmca_starts_with_logits_of_unit_scale_as_the_transformer_decoder_does():
+    """Its embeddings are the Transformer's, N(0, 1/d) scaled by sqrt(d), tied to the output layer:
+    the loss on random tokens starts near ln V (unscaled N(0, 1) embeddings started near 50)."""
+    torch.manual_seed(0)
+    model = tz.build_model("transformer-dmca-tiny", dropout=0.0).eval()
+    ids = torch.randint(3, 1000, (4, 64))
+    with torch.no_grad():
+        loss = model.loss(model(ids), torch.randint(3, 1000, (4, 64))).item()
+    assert model.config.scale_embeddings and math.log(1000) - 0.5 < loss < math.log(1000) + 1.5
 
 
 @pytest.mark.parametrize(
