@@ -64,6 +64,12 @@ class SelfAttention2d(nn.Module):
         self.out = nn.Conv2d(inner, channels, 1)  # v
         self.gamma = nn.Parameter(torch.zeros(1))  # one element: a 0-d parameter cannot be sharded (FSDP)
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        gamma = state_dict.get(prefix + "gamma")
+        if gamma is not None and gamma.dim() == 0:  # saved when gamma was 0-d
+            state_dict[prefix + "gamma"] = gamma.reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def forward(self, x: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``x`` ``(B, C, H, W)`` to ``(B, C, H, W)``, and if asked the weights ``(B, H*W, H*W)``
         (row ``j``: how query position ``j`` spreads over the positions ``i``)."""

@@ -78,6 +78,10 @@ def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded
     single = train(load_train_config({**sharded, "steps": 12}), tmp_path / "one", progress=False)
     assert len(curve(single)) == 12 and curve(single)[0] != curve(single)[-1]
     torch.testing.assert_close(curve(json.loads(first.stdout)), curve(single)[:8], rtol=1e-4, atol=1e-5)
+    summary = json.loads(first.stdout)
+    assert summary["parameters"] == single["parameters"] == single["parameters_per_process"]
+    # each process holds its half of every parameter (a dimension that does not split evenly rounds up)
+    assert summary["parameters"] / 2 <= summary["parameters_per_process"] < summary["parameters"] / 2 + 300
 
     # the checkpoint holds the whole model and optimizer: it resumes sharded, and in one process
     shutil.copytree(tmp_path / "fsdp", tmp_path / "alone")

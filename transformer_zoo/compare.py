@@ -146,8 +146,10 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
                     "compare spec 'train' and 'task_train' options",
                 )
                 if processes > 1 and config.batch_size % processes:
+                    where = "task_train" if "batch_size" in spec.task_train.get(task_options.kind, {}) else "train"
                     raise ConfigError(f"batch_size {config.batch_size} is each run's global batch, split over the job's "
-                                      f"{processes} processes; set train.batch_size to a multiple of {processes}")
+                                      f"{processes} processes; set the spec's {where} batch_size "
+                                      f"({task_options.kind!r}) to a multiple of {processes}")
                 try:
                     model = model_config_for(config, task)
                     phases = _phases(model) if processes > 1 else []

@@ -50,10 +50,13 @@ def world() -> World:
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return World()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
+        if torch.cuda.is_available():  # each process's own GPU is its default one from the start
+            torch.cuda.set_device(local_rank)
         # gloo for CPU tensors (a run with device: cpu, and CPU-side book-keeping), NCCL for CUDA ones
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
-    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank)
 
 
 class Replica(DistributedDataParallel):
@@ -91,6 +94,11 @@ def fully_shard(model: nn.Module, device: torch.device, here: World) -> None:
     shard_module(model, mesh=mesh)
 
 
+def held_parameters(model: nn.Module) -> int:
+    """The parameter elements this process holds: its shards of a sharded model's."""
+    return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters())
+
+
 def gathered(value: Any) -> Any:
     """A sharded tensor whole (every process must call it, in the same order); anything else as is."""
     return value.full_tensor() if isinstance(value, DTensor) else value
@@ -107,25 +115,30 @@ def gathered_weights(model: nn.Module, here: World) -> dict[str, Tensor]:
 
 
 def gathered_optimizer(optimizer: torch.optim.Optimizer, here: World) -> dict[str, Any]:
-    """A sharded model's optimizer state in the layout of one process's, on process 0 (empty elsewhere)."""
+    """A sharded model's optimizer state in the layout of one process's, on the CPU of process 0
+    (empty elsewhere); one tensor at a time is whole on a device."""
     state = optimizer.state_dict()
-    moments = {index: {key: gathered(value) for key, value in values.items()}
-               for index, values in sorted(state["state"].items())}
-    if not here.main:
-        return {}
-    cpu = {index: {key: value.cpu() if isinstance(value, Tensor) else value for key, value in values.items()}
-           for index, values in moments.items()}
-    return {"state": cpu, "param_groups": state["param_groups"]}
+    moments = {}
+    for index, values in sorted(state["state"].items()):
+        whole = {}
+        for key, value in values.items():
+            value = gathered(value)
+            whole[key] = value.cpu() if isinstance(value, Tensor) else value
+        if here.main:
+            moments[index] = whole
+    return {"state": moments, "param_groups": state["param_groups"]} if here.main else {}
 
 
 def sharded_optimizer(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """An optimizer state saved whole, cut into this process's shards of the optimizer's parameters."""
+    """An optimizer state saved whole (read by every process, on the CPU), cut into this
+    process's shards of the optimizer's parameters."""
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     moments = {}
     for index, values in state["state"].items():
         like = parameters[int(index)]
         moments[index] = {
-            key: distribute_tensor(value.to(like.device), like.device_mesh, like.placements)
+            # every process holds the whole value: each keeps its own shard, nothing is sent
+            key: distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
             if isinstance(like, DTensor) and isinstance(value, Tensor) and value.shape == like.shape else value
             for key, value in values.items()}
     return {**state, "state": moments}

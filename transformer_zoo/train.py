@@ -72,7 +72,8 @@ def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | N
 
 def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but no CUDA device is available; use device: cpu or auto")
+        raise ValueError("device 'cuda' was asked for but no CUDA device is available; ask for the CPU (cpu) or "
+                         "for auto, which takes CUDA when there is one")
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name))
 
 
@@ -156,7 +157,8 @@ def _optimizers(model, config: TrainConfig) -> tuple[list, dict, dict]:
 
 
 def _load_optimizers(path: Path, optimizers: dict, schedulers: dict, device: torch.device, sharded: bool) -> None:
-    states = torch.load(path, map_location=device, weights_only=True)
+    # sharded: read on the CPU, and each process moves only its shards to the device
+    states = torch.load(path, map_location="cpu" if sharded else device, weights_only=True)
     if "optimizer" in states and len(optimizers) == 1:  # written before models had phases
         name = next(iter(optimizers))
         states = {"optimizers": {name: states["optimizer"]}, "schedulers": {name: states["scheduler"]}}
@@ -236,22 +238,24 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         task = config.task.build()
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
-    model.to(device).train()
+    phase_names = [phase.name for phase in model.phases()]
+    if len(phase_names) > 1 and (here.size > 1 or config.compile):
+        raise ValueError(f"{model.config.variant!r} trains in phases {phase_names}; training over several processes "
+                         "and compile: true are for one-phase models: run it in one process, eager")
+    sharded = here.size > 1 and config.parallel == "fsdp"
+    home = torch.device("cpu") if sharded else device  # sharding moves each process's shards to the device
+    model.to(home).train()
     start, history = 0, []
     if checkpoint is not None:
-        safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(device))
+        safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(home))
         state = json.loads((checkpoint / "state.json").read_text())
         start, history = state["step"], state["history"]
         torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
-    sharded = here.size > 1 and config.parallel == "fsdp"
     if sharded:
         distributed.fully_shard(model, device, here)  # in place: the optimizers must see the sharded parameters
     phases, optimizers, schedulers = _optimizers(model, config)
     if checkpoint is not None:
         _load_optimizers(checkpoint / "optimizer.pt", optimizers, schedulers, device, sharded)
-    if len(phases) > 1 and (here.size > 1 or config.compile):
-        raise ValueError(f"{model.config.variant!r} trains in phases {[p.name for p in phases]}; training over "
-                         "several processes and compile: true are for one-phase models: run it in one process, eager")
     if here.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
@@ -360,6 +364,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         return {"step": end, "stopped": True}
     if not here.main:
         return {"step": end, "rank": here.rank}
+    held = distributed.held_parameters(model)
     if sharded:  # save() has just gathered the final weights
         model = whole.to(device)
     metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
@@ -370,6 +375,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         "train_seconds": elapsed,
         "metrics": metrics,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters_per_process": held,  # process 0's shards with parallel: fsdp, else every parameter
         "train_tokens_per_second": tokens / max(elapsed, 1e-9),
         "train_flops_per_step": step_flops if end > start else None,
         "train_tflops_per_second": None if flops_per_second is None else flops_per_second / 1e12,

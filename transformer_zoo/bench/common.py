@@ -27,15 +27,17 @@ def device_of(args: argparse.Namespace) -> torch.device:
     return resolve_device(args.device)
 
 
+def precision(args: argparse.Namespace) -> torch.autocast:
+    """bfloat16 autocast on the benchmark's device with ``--bf16``; a disabled one without."""
+    return torch.autocast(device_of(args).type, dtype=torch.bfloat16, enabled=args.bf16)
+
+
 def autocast(args: argparse.Namespace, fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` run under bfloat16 autocast on the benchmark's device when ``--bf16`` is given."""
-    if not args.bf16:
-        return fn
-    device = device_of(args)
+    """``fn`` (a forward pass, not a backward or an optimizer step) under :func:`precision`."""
 
     @functools.wraps(fn)
     def run() -> object:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with precision(args):
             return fn()
 
     return run

@@ -14,6 +14,7 @@ and of inference, and the time of each against the ``transformer`` row (timed al
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -21,7 +22,7 @@ import torch
 import transformer_zoo as tz
 
 from ..train import _only
-from .common import add_device_options, autocast, device_name, device_of, paired_medians, write_json
+from .common import add_device_options, autocast, device_name, device_of, paired_medians, precision, write_json
 
 COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}
 
@@ -41,8 +42,9 @@ def common_config(name: str, length: int):
     return tz.load_config(config, overrides)
 
 
-def workload(model: torch.nn.Module, batch: int, length: int) -> tuple[Callable, Callable, int]:
-    """A training step, an inference pass, and the tokens each reads (on the model's device)."""
+def workload(model: torch.nn.Module, batch: int, length: int, amp=contextlib.nullcontext) -> tuple[Callable, Callable, int]:
+    """A training step, an inference pass, and the tokens each reads (on the model's device); the
+    training step's forward and loss run under ``amp()``."""
     config = model.config
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(0)
@@ -55,7 +57,9 @@ def workload(model: torch.nn.Module, batch: int, length: int) -> tuple[Callable,
         def train() -> None:
             for phase, phase_optimizer in phases:
                 with _only(phase.parameters, model):
-                    model.adversarial_loss(images, labels, phase.name).backward()
+                    with amp():
+                        loss = model.adversarial_loss(images, labels, phase.name)
+                    loss.backward()
                 phase_optimizer.step()
                 phase_optimizer.zero_grad(set_to_none=True)
 
@@ -77,7 +81,9 @@ def workload(model: torch.nn.Module, batch: int, length: int) -> tuple[Callable,
     inputs, targets = {k: v.to(device) for k, v in inputs.items()}, targets.to(device)
 
     def train() -> None:
-        model.loss(model(**inputs), targets).backward()
+        with amp():
+            loss = model.loss(model(**inputs), targets)
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -99,7 +105,9 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(0)
     reference = tz.build_model(common_config("transformer-base", args.length)).to(device)
-    ref_train, ref_infer = (autocast(args, fn) for fn in workload(reference, args.batch, args.length)[:2])
+    amp = lambda: precision(args)  # noqa: E731
+    ref_train, ref_infer, _ = workload(reference, args.batch, args.length, amp)
+    ref_infer = autocast(args, ref_infer)
     rows, seen = [], {}
     for name in args.variants or tz.list_variants():
         config = common_config(name, args.length)
@@ -109,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         seen[key] = name
         model = tz.build_model(config).to(device)
-        train, infer, tokens = workload(model, args.batch, args.length)
-        train, infer = autocast(args, train), autocast(args, infer)
+        train, infer, tokens = workload(model, args.batch, args.length, amp)
+        infer = autocast(args, infer)
         row = {"variant": name, "parameters": sum(p.numel() for p in model.parameters()), "tokens": tokens}
         model.train(), reference.train()
         ours, ref = paired_medians(train, ref_train, args.repeats, warmup=1, device=device)
