@@ -73,7 +73,7 @@ def curve(summary: dict) -> torch.Tensor:
 
 def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded_or_on_one_device(tmp_path):
     sharded = {**CONFIG, "schedule": "constant", "parallel": "fsdp"}  # constant: 8 steps are the start of 12
-    first = torchrun(tmp_path, sharded, tmp_path / "fsdp")
+    first = torchrun(tmp_path, {**sharded, "compile": True}, tmp_path / "fsdp")  # compiled, then resumed eagerly
     assert first.returncode == 0, first.stderr[-3000:]
     single = train(load_train_config({**sharded, "steps": 12}), tmp_path / "one", progress=False)
     assert len(curve(single)) == 12 and curve(single)[0] != curve(single)[-1]
