@@ -45,14 +45,15 @@ def autocast(args: argparse.Namespace, fn: Callable[[], object]) -> Callable[[],
 
 def paired_medians(ours: Callable[[], object], reference: Callable[[], object], repeats: int,
                    warmup: int = 3, device: torch.device | None = None) -> tuple[float, float]:
-    """Median seconds of each function, timed alternately so both see the same machine load (on
-    CUDA each call is timed to the end of its kernels)."""
+    """Median seconds of each function, timed alternately so both see the same machine load, the
+    one that goes first swapped every round (on CUDA each call is timed to the end of its kernels)."""
     sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         ours(), reference()
     times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, bucket in ((ours, times[0]), (reference, times[1])):
+    for round_ in range(repeats):
+        pairs = ((ours, times[0]), (reference, times[1]))
+        for fn, bucket in pairs if round_ % 2 == 0 else pairs[::-1]:
             sync()
             start = time.perf_counter()
             fn()
