@@ -104,8 +104,13 @@ def model_config_for(config: TrainConfig, task) -> VariantConfig:
     return load_config(model, task.image_overrides() if images else task.model_overrides())
 
 
+def _step_seed(config: TrainConfig, step: int) -> int:
+    """The seed of step ``step``'s batch: the same whatever ran before it, so resuming is exact."""
+    return config.seed * 1_000_003 + step
+
+
 def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    generator = torch.Generator().manual_seed(_step_seed(config, step))
     index = torch.randint(len(dataset), (config.batch_size,), generator=generator).tolist()
     rows = dataset[index]
     batch = task.collate([dict(zip(rows, values)) for values in zip(*rows.values())])
@@ -229,8 +234,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     run_dir = Path(run_dir)
     device = resolve_device(config.device)
     if device.type == "cuda" and here.size > 1:
-        device = torch.device("cuda", here.local_rank)
-        torch.cuda.set_device(device)
+        device = torch.device("cuda", here.local_rank)  # world() made it the process's current device
     checkpoint = _latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
         task = config.task.with_assets(run_dir).build()
@@ -309,10 +313,10 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
         for step in range(start, end):
             if here.size > 1:  # every process draws the same global batch (masking included), then its own dropout
-                torch.manual_seed(config.seed * 1_000_003 + step)
+                torch.manual_seed(_step_seed(config, step))
             batch = distributed.shard(_batch(task, train_data, step, config, device), here)
             if here.size > 1:
-                torch.manual_seed((config.seed * 1_000_003 + step) * 1009 + 1 + here.rank)
+                torch.manual_seed(_step_seed(config, step) * 1009 + 1 + here.rank)
             losses = {}
             # the first step is counted, eagerly: a compiled module called under the counter would never compile
             counting = step == start

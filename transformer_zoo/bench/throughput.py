@@ -14,7 +14,6 @@ and of inference, and the time of each against the ``transformer`` row (timed al
 from __future__ import annotations
 
 import argparse
-import contextlib
 from collections.abc import Callable
 
 import torch
@@ -42,7 +41,7 @@ def common_config(name: str, length: int):
     return tz.load_config(config, overrides)
 
 
-def workload(model: torch.nn.Module, batch: int, length: int, amp=contextlib.nullcontext) -> tuple[Callable, Callable, int]:
+def workload(model: torch.nn.Module, batch: int, length: int, amp: Callable) -> tuple[Callable, Callable, int]:
     """A training step, an inference pass, and the tokens each reads (on the model's device); the
     training step's forward and loss run under ``amp()``."""
     config = model.config
