@@ -309,17 +309,23 @@ def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, pad
 
     batch = None if padding is None else q.size(0)
     # Compiled, the block mask is built block by block; eager, it evaluates all n x n pairs.
-    make_mask, attend = _compiled_flex() if compiled else (create_block_mask, flex_attention)
+    make_mask, attend = _compiled_flex(q.device.type) if compiled else (create_block_mask, flex_attention)
     block_mask = make_mask(mask_mod, batch, None, q_len, k_len, device=q.device)
     return attend(q, k, v, block_mask=block_mask)
 
 
 @functools.cache
-def _compiled_flex():
-    """``torch.compile``-d ``create_block_mask`` and ``flex_attention``, compiled once per process."""
+def _compiled_flex(device_type: str):
+    """``torch.compile``-d ``create_block_mask`` and ``flex_attention``, compiled once per process.
+
+    On CUDA a second length makes the compiled attention dynamic in the length, so batches of
+    many lengths (padded to each batch's longest) compile twice, not once per length until
+    dynamo's recompile limit sends them to the unfused eager path. Inductor's CPU FlexAttention
+    does not compile with dynamic lengths: there each length compiles once.
+    """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    return torch.compile(create_block_mask), torch.compile(flex_attention, dynamic=False)
+    return torch.compile(create_block_mask), torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
 
 
 KERNELS = ("auto", "chunked", "flex", "dense")

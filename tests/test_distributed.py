@@ -99,6 +99,18 @@ def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded
                                    one(src=batch["src"], src_mask=batch["src_mask"]).logits, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_a_one_process_torchrun_job_trains_through_its_process_group(tmp_path, parallel):
+    """One process under torchrun runs the code N processes run (so a single GPU checks it)."""
+    result = torchrun(tmp_path, {**CONFIG, "parallel": parallel}, tmp_path / parallel, processes=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout)
+    assert (summary["parallel"], summary["processes"]) == (parallel, 1)
+    single = train(load_train_config(CONFIG), tmp_path / "one", progress=False)
+    assert (single["parallel"], single["processes"]) == (None, 1), "no process group without torchrun"
+    torch.testing.assert_close(curve(summary), curve(single), rtol=1e-4, atol=1e-5)
+
+
 def test_compare_on_a_torchrun_job_trains_each_run_over_the_processes(tmp_path):
     from transformer_zoo.compare import CompareResults
 

@@ -322,7 +322,7 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults | N
     jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config))) for label, config in runs]
     records = []
     with contextlib.ExitStack() as stack:
-        if here.size > 1:  # the job's processes train each run together, in turn
+        if here.launched:  # the job's processes train each run together, in turn
             done = map(_run, jobs)
         else:
             pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1))

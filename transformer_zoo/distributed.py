@@ -37,6 +37,9 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    launched: bool = False
+    """Started by torchrun: the process group is up and training goes through DDP or FSDP, also
+    in a job of one process (so one GPU runs the same code as several)."""
 
     @property
     def main(self) -> bool:
@@ -46,9 +49,8 @@ class World:
 
 def world() -> World:
     """The processes torchrun started (the process group is set up on first use: NCCL on CUDA,
-    gloo on CPU); a world of one when not launched by torchrun."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size == 1:
+    gloo on CPU); a world of one, with no process group, when not launched by torchrun."""
+    if "WORLD_SIZE" not in os.environ or "MASTER_ADDR" not in os.environ:
         return World()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
@@ -56,7 +58,7 @@ def world() -> World:
             torch.cuda.set_device(local_rank)
         # gloo for CPU tensors (a run with device: cpu, and CPU-side book-keeping), NCCL for CUDA ones
         dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
-    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank)
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), local_rank=local_rank, launched=True)
 
 
 class Replica(DistributedDataParallel):

@@ -117,7 +117,8 @@ def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) 
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, step: int, history: list) -> None:
+def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, step: int, history: list,
+                     device: torch.device) -> None:
     """Write the checkpoint into a fresh folder, then swap it in; the old one survives a crash.
 
     ``optimizers`` holds each phase's optimizer state dict, in one process's layout."""
@@ -128,6 +129,8 @@ def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, s
               "schedulers": {name: scheduler.state_dict() for name, scheduler in schedulers.items()}}
     torch.save(states, tmp / "optimizer.pt")
     state = {"step": step, "rng": torch.get_rng_state().tolist(), "history": history}
+    if device.type == "cuda":  # dropout on CUDA draws from the device's generator
+        state["cuda_rng"] = torch.cuda.get_rng_state(device).tolist()
     (tmp / "state.json").write_text(json.dumps(state))
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
@@ -233,7 +236,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
                          f"use a multiple of {here.size}")
     run_dir = Path(run_dir)
     device = resolve_device(config.device)
-    if device.type == "cuda" and here.size > 1:
+    if device.type == "cuda" and here.launched:
         device = torch.device("cuda", here.local_rank)  # world() made it the process's current device
     checkpoint = _latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
@@ -246,7 +249,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     if len(phase_names) > 1 and (here.size > 1 or config.compile):
         raise ValueError(f"{model.config.variant!r} trains in phases {phase_names}; training over several processes "
                          "and compile: true are for one-phase models: run it in one process, eager")
-    sharded = here.size > 1 and config.parallel == "fsdp"
+    wrapped = here.launched and len(phase_names) == 1  # a phase-trained model runs in a job of one, unwrapped
+    sharded = wrapped and config.parallel == "fsdp"
     home = torch.device("cpu") if sharded else device  # sharding moves each process's shards to the device
     model.to(home).train()
     start, history = 0, []
@@ -255,6 +259,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         state = json.loads((checkpoint / "state.json").read_text())
         start, history = state["step"], state["history"]
         torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+        if device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), device)
     if sharded:
         distributed.fully_shard(model, device, here)  # in place: the optimizers must see the sharded parameters
     phases, optimizers, schedulers = _optimizers(model, config)
@@ -265,7 +271,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
         if checkpoint is None:
             task.save_assets(run_dir)
-    eager = distributed.replicate(model, device) if here.size > 1 and not sharded else model  # what the task calls
+    eager = distributed.replicate(model, device) if wrapped and not sharded else model  # what the task calls
     trainee = torch.compile(eager) if config.compile else eager  # attributes (config, loss) still reach the model
     whole = None  # a sharded model's weights gathered on process 0, on the CPU: what is saved and evaluated
 
@@ -286,7 +292,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         else:
             states = {name: optimizer.state_dict() for name, optimizer in optimizers.items()}
         if here.main:
-            _save_checkpoint(run_dir, whole if sharded else model, states, schedulers, step, history)
+            _save_checkpoint(run_dir, whole if sharded else model, states, schedulers, step, history, device)
         distributed.barrier(here)
 
     def evaluate(split: str) -> dict[str, float] | None:
@@ -312,10 +318,10 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     with bar:
         bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
         for step in range(start, end):
-            if here.size > 1:  # every process draws the same global batch (masking included), then its own dropout
+            if here.launched:  # every process draws the same global batch (masking included), then its own dropout
                 torch.manual_seed(_step_seed(config, step))
             batch = distributed.shard(_batch(task, train_data, step, config, device), here)
-            if here.size > 1:
+            if here.launched:
                 torch.manual_seed(_step_seed(config, step) * 1009 + 1 + here.rank)
             losses = {}
             # the first step is counted, eagerly: a compiled module called under the counter would never compile
@@ -380,6 +386,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         "metrics": metrics,
         "parameters": sum(p.numel() for p in model.parameters()),
         "parameters_per_process": held,  # process 0's shards with parallel: fsdp, else every parameter
+        "processes": here.size,
+        "parallel": config.parallel if wrapped else None,  # under torchrun: ddp or fsdp, whatever the processes
         "train_tokens_per_second": tokens / max(elapsed, 1e-9),
         "train_flops_per_step": step_flops if end > start else None,
         "train_tflops_per_second": None if flops_per_second is None else flops_per_second / 1e12,

@@ -14,25 +14,10 @@ import torch.nn.functional as F
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.local_attention import chunked_attention, flex_attention_kernel
-from transformer_zoo.registry import get_registry
 
-KINDS = {
-    "sliding-window": {"window": 7},
-    "dilated": {"kind": "sliding-window", "window": 4, "dilation": 3},
-    "dilated-global": {"kind": "local-global", "window": 3, "dilation": 2, "global_positions": [0, 37]},
-    "block-local": {"block": 16},
-    "local-global": {"window": 5, "global_positions": [0, 37], "global_every": 50},
-    "block-sparse": {"block": 16, "window_blocks": 1, "global_blocks": 1, "random_blocks": 2, "seed": 3},
-}
-CAUSAL = ["sliding-window", "dilated", "block-local", "local-global", "dilated-global"]
+from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 
-
-def pattern(kind, causal=False):
-    from dataclasses import replace
-
-    values = {"kind": kind, **KINDS[kind]}
-    options = get_registry().component("attention", values["kind"]).model_validate(values)
-    return replace(options.pattern(), causal=causal)
+KINDS, CAUSAL, pattern = SPARSE_KINDS, CAUSAL_KINDS, sparse_pattern
 
 
 def qkv(length, batch=2, heads=2, dim=8):

@@ -16,6 +16,7 @@ written with ``--plot``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import resource
 import statistics
@@ -28,7 +29,7 @@ from transformer_zoo.core.attention import attention_math
 from transformer_zoo.core.local_attention import Pattern, chunked_attention, flex_attention_kernel
 from transformer_zoo.scaling import PeakMemory
 
-from .common import add_device_options, device_name, device_of, write_json
+from .common import add_device_options, device_name, device_of, sdpa_kernels, write_json
 
 METHODS = ("sdpa", "math", "sliding-window", "dilated", "block-local", "local-global", "block-sparse")
 FLEX = "flex-sliding-window"  # compiled FlexAttention with the sliding window's block mask; forward only on CPU
@@ -51,9 +52,7 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
     torch.manual_seed(0)
     dtype = torch.bfloat16 if bf16 else torch.float32
     q, k, v = (torch.randn(1, heads, n, 64, device=device, dtype=dtype, requires_grad=backward) for _ in range(3))
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.max_memory_allocated() / 1024 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = None if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB
     p = pattern(method, window)
 
     def run():
@@ -69,6 +68,13 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
             out.sum().backward()
         return out
 
+    with torch.set_grad_enabled(backward):
+        run()  # warm-up: compiling, library handles, first allocations
+    q.grad = k.grad = v.grad = None
+    if cuda:  # the allocator's peak from here on, above what is allocated now
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.max_memory_allocated() / 1024
     times = []
     for _ in range(repeats):
         if cuda:
@@ -87,8 +93,9 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
         with PeakMemory() as tensors, torch.set_grad_enabled(backward):
             run()
         tensor_mb = tensors.peak / 2**20
+    kernels = sorted(sdpa_kernels(run)) if method == "sdpa" and not backward else None  # which fused kernel ran
     return {"method": method, "n": n, "pass": "forward+backward" if backward else "forward",
-            "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensor_mb}
+            "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensor_mb, "kernels": kernels}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,12 +123,18 @@ def main(argv: list[str] | None = None) -> None:
     jobs += [(m, n, *common, b, *timing) for n in args.long for m in args.methods
              if m not in ("sdpa", "math") for b in passes if not (b and m == FLEX and no_backward)]
     rows = []
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(1, maxtasksperchild=1) as pool:  # one fresh process per measurement: its own peak memory
-        for row in pool.imap(_measure, jobs):
+    with contextlib.ExitStack() as stack:
+        if device.type == "cuda":  # the allocator's peak is reset for each measurement: one process serves
+            measured = map(_measure, jobs)
+        else:  # one fresh process per measurement: its own peak resident memory
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1))
+            measured = pool.imap(_measure, jobs)
+        for row in measured:
             rows.append(row)
-            print(f"{row['method']:>15} n={row['n']:>6} {row['pass']:>17}: {1e3 * row['seconds']:10.1f} ms "
-                  f"{row['tensor_mb'] or float('nan'):9.1f} MiB tensors {row['peak_mb']:9.1f} MB resident", flush=True)
+            print(f"{row['method']:>19} n={row['n']:>6} {row['pass']:>17}: {1e3 * row['seconds']:10.2f} ms "
+                  f"{row['tensor_mb'] or float('nan'):9.1f} MiB tensors {row['peak_mb']:9.1f} MB "
+                  f"{'allocated' if device.type == 'cuda' else 'resident'}"
+                  f"{'  ' + ', '.join(row['kernels']) if row['kernels'] else ''}", flush=True)
     reference = {(r["n"], r["pass"]): r["seconds"] for r in rows if r["method"] == "sdpa"}
     for row in rows:
         if (row["n"], row["pass"]) in reference:
@@ -129,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\ntime against sdpa at the same length:")
     for row in rows:
         if "time_vs_sdpa" in row and row["method"] != "sdpa":
-            print(f"{row['method']:>15} n={row['n']:>6} {row['pass']:>17}: {row['time_vs_sdpa']:.3f}")
+            print(f"{row['method']:>19} n={row['n']:>6} {row['pass']:>17}: {row['time_vs_sdpa']:.3f}")
     if args.json:
         write_json(args.json, {"args": vars(args), "rows": rows}, device)
     if args.plot:

@@ -41,6 +41,29 @@ def common_config(name: str, length: int):
     return tz.load_config(config, overrides)
 
 
+def random_batch(model: torch.nn.Module, batch: int, length: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    """Seeded random inputs and targets for a model that reads tokens or images (not a GAN), on
+    the model's device, and the tokens they hold: ``batch`` x ``length`` token ids (source and
+    target of an encoder-decoder), or ``batch`` images (a token is a pixel)."""
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    if getattr(config, "inputs", "tokens") == "image":
+        inputs = {"image": torch.rand(batch, config.channels, *config.image_size, generator=generator)}
+        targets = torch.randint(config.num_classes, (batch,), generator=generator)
+        tokens = inputs["image"][:, 0].numel()
+    else:
+        ids = torch.randint(4, COMMON["vocab_size"], (batch, length), generator=generator)
+        inputs = {"src": ids, "tgt": ids} if model.architecture == "encoder-decoder" else {"src": ids}
+        head = config.head
+        if head.kind == "sequence-classification":
+            targets = torch.randint(head.num_classes, (batch,), generator=generator)
+        else:
+            targets = torch.randint(4, config.output_vocab_size, (batch, length), generator=generator)
+        tokens = sum(v.numel() for v in inputs.values())
+    device = next(model.parameters()).device
+    return {k: v.to(device) for k, v in inputs.items()}, targets.to(device), tokens
+
+
 def workload(model: torch.nn.Module, batch: int, length: int, amp: Callable) -> tuple[Callable, Callable, int]:
     """A training step, an inference pass, and the tokens each reads (on the model's device); the
     training step's forward and loss run under ``amp()``."""
@@ -63,21 +86,7 @@ def workload(model: torch.nn.Module, batch: int, length: int, amp: Callable) -> 
                 phase_optimizer.zero_grad(set_to_none=True)
 
         return train, lambda: model(labels), images[:, 0].numel()
-    if getattr(config, "inputs", "tokens") == "image":
-        inputs = {"image": torch.rand(batch, config.channels, *config.image_size, generator=generator)}
-        targets = torch.randint(config.num_classes, (batch,), generator=generator)
-        tokens = inputs["image"][:, 0].numel()
-    else:
-        ids = torch.randint(4, COMMON["vocab_size"], (batch, length), generator=generator)
-        inputs = {"src": ids, "tgt": ids} if model.architecture == "encoder-decoder" else {"src": ids}
-        head = config.head
-        if head.kind == "sequence-classification":
-            targets = torch.randint(head.num_classes, (batch,), generator=generator)
-        else:
-            targets = torch.randint(4, config.output_vocab_size, (batch, length), generator=generator)
-        tokens = sum(v.numel() for v in inputs.values())
-
-    inputs, targets = {k: v.to(device) for k, v in inputs.items()}, targets.to(device)
+    inputs, targets, tokens = random_batch(model, batch, length)
 
     def train() -> None:
         with amp():

@@ -1,0 +1,147 @@
+"""Model FLOPs utilisation of a compiled bfloat16 training step, against the device's peak.
+
+Each variant, at its preset size, trains on random token batches of ``--batch`` x ``--length``
+(an encoder-decoder reads them as source and target) as ``tzoo train`` runs it with
+``compile: true``: the model compiled, its forward and loss under bfloat16 autocast, then the
+backward and AdamW. The FLOPs of one step's forward and backward are counted by torch's
+``FlopCounterMode`` on an eager step; the compiled step is timed (median of ``--repeats``, after
+``--warmup`` steps that compile it). Reported: TFLOP/s, and the MFU against two references: the
+device's data-sheet dense bf16 peak (``--peak-tflops``, else the known GPUs' figures that
+``tzoo train`` uses) and a large bf16 matrix product measured in the same run.
+
+    tzoo bench mfu [--variants transformer-base bert-base --batch 64 --length 256 --profile --device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import transformer_zoo as tz
+
+from ..train import PEAK_BF16_TFLOPS
+from .common import add_device_options, device_name, device_of, write_json
+from .throughput import random_batch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_seconds(fn, repeats: int, device: torch.device) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_tflops(device: torch.device, size: int, repeats: int = 10) -> float:
+    """TFLOP/s of a ``size`` x ``size`` x ``size`` bfloat16 matrix product on random data."""
+    a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    return 2 * size**3 / _median_seconds(lambda: a @ b, repeats, device) / 1e12
+
+
+def datasheet_tflops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    model = tz.build_model(name, max_len=max(args.length, tz.load_config(name).max_len)).to(device).train()
+    inputs, targets, tokens = random_batch(model, args.batch, args.length)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # tzoo train's optimizer
+
+    def loss_of(module: torch.nn.Module) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return model.loss(module(**inputs), targets)
+
+    with FlopCounterMode(display=False) as counter:
+        loss_of(model).backward()
+    flops = counter.get_total_flops()
+    optimizer.zero_grad(set_to_none=True)
+    compiled = torch.compile(model)
+
+    def step() -> None:
+        loss_of(compiled).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    started = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    _sync(device)
+    warmup_seconds = time.perf_counter() - started
+    seconds = _median_seconds(step, args.repeats, device)
+    row = {"variant": name, "parameters": sum(p.numel() for p in model.parameters()), "batch": args.batch,
+           "length": args.length, "tokens": tokens, "flops_per_step": flops, "seconds": seconds,
+           "warmup_seconds": warmup_seconds, "tflops": flops / seconds / 1e12, "tokens_per_second": tokens / seconds}
+    if args.profile:
+        row["profile"] = profile(step, device)
+    return row
+
+
+def profile(step, device: torch.device, steps: int = 3) -> str:
+    """Where a step's time goes: the profiler's table of the costliest kernels over ``steps`` steps."""
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=["transformer-base", "bert-base"])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (they compile)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--matmul-size", type=int, help="side of the reference matrix product (default: 8192 on CUDA, "
+                        "1024 on the CPU)")
+    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: the data sheet's, "
+                        "for known GPUs)")
+    parser.add_argument("--profile", action="store_true", help="print the costliest kernels of three steps")
+    parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    add_device_options(parser)
+    args = parser.parse_args(argv)
+    device = device_of(args)
+    matmul = matmul_tflops(device, args.matmul_size or (8192 if device.type == "cuda" else 1024))
+    peak = args.peak_tflops or datasheet_tflops(device)
+    print(f"compiled bf16 training step on {device_name(device)}: bf16 matrix product {matmul:.3g} TFLOP/s, "
+          f"data-sheet peak {peak or 'unknown'} TFLOP/s, torch {torch.__version__}")
+    rows = []
+    for name in args.variants:
+        row = measure(name, args, device)
+        row["mfu_vs_matmul"] = row["tflops"] / matmul
+        row["mfu"] = None if peak is None else row["tflops"] / peak
+        rows.append(row)
+        mfu = "" if row["mfu"] is None else f"  MFU {row['mfu']:.1%} of the data sheet's peak,"
+        print(f"{name:>18}: batch {row['batch']} x {row['length']}, {1e3 * row['seconds']:.1f} ms a step, "
+              f"{row['tflops']:.3g} TFLOP/s,{mfu} {row['mfu_vs_matmul']:.1%} of the matrix product's rate "
+              f"(compiling took {row['warmup_seconds']:.0f} s)", flush=True)
+        if args.profile:
+            print(row["profile"], flush=True)
+    if args.json:
+        write_json(args.json, {"args": vars(args), "matmul_tflops": matmul, "peak_tflops": peak, "rows": rows}, device)
+
+
+if __name__ == "__main__":
+    main()
