@@ -139,8 +139,16 @@ def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, s
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _optimizers(model, config: TrainConfig) -> tuple[list, dict, dict]:
-    """The model's phases, with an AdamW optimizer and a learning-rate schedule for each.
+def fused_adamw(device: torch.device, sharded: bool = False) -> bool:
+    """Whether AdamW takes its fused kernel: on CUDA, where it updates every parameter in a few
+    launches instead of a dozen per parameter group (a bert-base step spent 4% of its time in the
+    unfused update); not over FSDP's sharded parameters."""
+    return device.type == "cuda" and not sharded
+
+
+def _optimizers(model, config: TrainConfig, fused: bool = False) -> tuple[list, dict, dict]:
+    """The model's phases, with an AdamW optimizer and a learning-rate schedule for each
+    (``fused``: AdamW's fused kernel).
 
     Raises:
         ValueError: the phases are unnamed, named twice, or do not train every trainable
@@ -156,7 +164,7 @@ def _optimizers(model, config: TrainConfig) -> tuple[list, dict, dict]:
                          "exactly once: one phase's parameters may not be in another, and none may be left out")
     optimizers, schedulers = {}, {}
     for phase in phases:
-        settings = {} if phase.betas is None else {"betas": phase.betas}
+        settings = ({} if phase.betas is None else {"betas": phase.betas}) | ({"fused": True} if fused else {})
         optimizers[phase.name] = torch.optim.AdamW(
             phase.parameters, lr=config.lr * phase.lr_scale,
             weight_decay=config.weight_decay if phase.weight_decay is None else phase.weight_decay, **settings)
@@ -263,7 +271,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
             torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), device)
     if sharded:
         distributed.fully_shard(model, device, here)  # in place: the optimizers must see the sharded parameters
-    phases, optimizers, schedulers = _optimizers(model, config)
+    phases, optimizers, schedulers = _optimizers(model, config, fused_adamw(device, sharded))
     if checkpoint is not None:
         _load_optimizers(checkpoint / "optimizer.pt", optimizers, schedulers, device, sharded)
     if here.main:

@@ -3,7 +3,7 @@
 Each variant, at its preset size, trains on random token batches of ``--batch`` x ``--length``
 (an encoder-decoder reads them as source and target) as ``tzoo train`` runs it with
 ``compile: true``: the model compiled, its forward and loss under bfloat16 autocast, then the
-backward and AdamW. The FLOPs of one step's forward and backward are counted by torch's
+backward and AdamW (fused on CUDA). ``--compile-loss`` compiles the loss into the same graph. The FLOPs of one step's forward and backward are counted by torch's
 ``FlopCounterMode`` on an eager step; the compiled step is timed (median of ``--repeats``, after
 ``--warmup`` steps that compile it). Reported: TFLOP/s, and the MFU against two references: the
 device's data-sheet dense bf16 peak (``--peak-tflops``, else the known GPUs' figures that
@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_zoo as tz
 
-from ..train import PEAK_BF16_TFLOPS
+from ..train import PEAK_BF16_TFLOPS, fused_adamw
 from .common import add_device_options, device_name, device_of, write_json
 from .throughput import random_batch
 
@@ -63,7 +63,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = tz.build_model(name, max_len=max(args.length, tz.load_config(name).max_len)).to(device).train()
     inputs, targets, tokens = random_batch(model, args.batch, args.length)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # tzoo train's optimizer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused_adamw(device))  # as tzoo train's
 
     def loss_of(module: torch.nn.Module) -> torch.Tensor:
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -73,10 +73,14 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
         loss_of(model).backward()
     flops = counter.get_total_flops()
     optimizer.zero_grad(set_to_none=True)
-    compiled = torch.compile(model)
+    if args.compile_loss:  # the loss (a float32 cross-entropy over the vocabulary) in the same graph
+        compiled_loss = torch.compile(lambda: loss_of(model))
+    else:  # as tzoo train compiles: the model, its loss eager
+        compiled = torch.compile(model)
+        compiled_loss = lambda: loss_of(compiled)  # noqa: E731
 
     def step() -> None:
-        loss_of(compiled).backward()
+        compiled_loss().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -86,7 +90,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     _sync(device)
     warmup_seconds = time.perf_counter() - started
     seconds = _median_seconds(step, args.repeats, device)
-    row = {"variant": name, "parameters": sum(p.numel() for p in model.parameters()), "batch": args.batch,
+    row = {"variant": name, "compile_loss": args.compile_loss, "parameters": sum(p.numel() for p in model.parameters()), "batch": args.batch,
            "length": args.length, "tokens": tokens, "flops_per_step": flops, "seconds": seconds,
            "warmup_seconds": warmup_seconds, "tflops": flops / seconds / 1e12, "tokens_per_second": tokens / seconds}
     if args.profile:
@@ -119,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: the data sheet's, "
                         "for known GPUs)")
     parser.add_argument("--profile", action="store_true", help="print the costliest kernels of three steps")
+    parser.add_argument("--compile-loss", action="store_true",
+                        help="compile the loss with the model (tzoo train compiles the model and runs its loss eagerly)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     add_device_options(parser)
     args = parser.parse_args(argv)
