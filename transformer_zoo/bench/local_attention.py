@@ -1,10 +1,13 @@
 """Time and peak memory of the sparse attention kernels against full attention, by length.
 
-For each length n and each method, one fresh process allocates q, k, v ``(1, heads, n, 64)``,
-runs the forward (or forward and backward) pass ``--repeats`` times and reports the median
-time, the exact peak of the tensors one pass creates (:class:`~transformer_zoo.scaling.PeakMemory`)
-and the growth of the process's peak resident memory over what the inputs took (on CUDA: of the
-allocator's peak). Full attention is
+For each length n and each method, q, k, v ``(1, heads, n, 64)`` are allocated, the forward
+(or forward and backward) pass runs once to warm up, then ``--repeats`` times, and the report
+gives the median time, the exact peak of the tensors one pass creates
+(:class:`~transformer_zoo.scaling.PeakMemory`) and the growth of the peak memory over what the
+inputs took: on the CPU each measurement has a fresh process, whose peak resident memory is
+read; on CUDA they share one process, and the allocator's peak is reset for each (it is read
+for SDPA's kernel too, which the dispatch mode sees, and FlexAttention, which it does not). The
+kernel SDPA dispatched to is recorded for its forward rows. Full attention is
 measured twice: ``sdpa`` (PyTorch's fused kernel, which does not store the n x n matrix on
 CPU) and ``math`` (the formula written out, which does). The time ratio of each method
 against ``sdpa`` at the same length is printed; a plot of memory and time against length is
@@ -146,24 +149,32 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         write_json(args.json, {"args": vars(args), "rows": rows}, device)
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, args.plot, allocated=device.type == "cuda")
 
 
-def plot(rows: list[dict], path: str) -> None:
+def plot(rows: list[dict], path: str, allocated: bool = False) -> None:
+    """Memory and time against length, a line per method. ``allocated``: plot the CUDA allocator's
+    peak (every method has one), not the tensor peak (which FlexAttention has not)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     shown = "forward+backward" if any(r["pass"] == "forward+backward" for r in rows) else "forward"
+    memory = "peak_mb" if allocated else "tensor_mb"
     for method in dict.fromkeys(r["method"] for r in rows):
-        points = sorted((r["n"], r["tensor_mb"], r["seconds"]) for r in rows if r["method"] == method and r["pass"] == shown)
+        points = sorted((r["n"], r[memory], r["seconds"]) for r in rows if r["method"] == method and r["pass"] == shown)
         axes[0].plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
         axes[1].plot([p[0] for p in points], [p[2] for p in points], marker="o", label=method)
-    axes[0].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="peak tensor memory (MiB)",
-                title=f"memory, {shown}")
+    memory_label = "peak allocated memory (MB)" if allocated else "peak tensor memory (MiB)"
+    axes[0].set(xscale="log", yscale="log", xlabel="sequence length", ylabel=memory_label, title=f"memory, {shown}")
     axes[1].set(xscale="log", yscale="log", xlabel="sequence length", ylabel="time (s)", title=f"time, {shown}")
+    lengths = sorted({r["n"] for r in rows})
+    for axis in axes:  # a tick at each measured length, no minor labels to collide with them
+        axis.set_xticks(lengths, [f"{n:,}" for n in lengths])
+        axis.xaxis.set_minor_formatter(NullFormatter())
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
