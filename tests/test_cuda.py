@@ -86,7 +86,7 @@ def _padding(length: int) -> torch.Tensor:
     return padding
 
 
-def _reference(kind: str, causal: bool, length: int, padding: torch.Tensor | None):
+def _reference(kind: str, causal: bool, length: int, padding: torch.Tensor):
     """The dense masked reference in float32: output and gradients for a fixed output gradient."""
     q, k, v = _qkv(length, torch.float32)
     out, _ = dense_attention(q, k, v, sparse_pattern(kind, causal), padding)
@@ -94,9 +94,9 @@ def _reference(kind: str, causal: bool, length: int, padding: torch.Tensor | Non
     return out.detach(), torch.autograd.grad((out * grad).sum(), (q, k, v)), grad
 
 
-def _check(kernel, kind: str, causal: bool, dtype: torch.dtype, padding: bool) -> None:
+def _check(kernel, kind: str, causal: bool, dtype: torch.dtype) -> None:
     length = 203  # not a multiple of any window, block or FlexAttention's block of 128
-    pad = _padding(length) if padding else None
+    pad = _padding(length)
     expected, expected_grads, grad = _reference(kind, causal, length, pad)
     q, k, v = _qkv(length, dtype)
     out = kernel(q, k, v, sparse_pattern(kind, causal), pad)
@@ -115,14 +115,14 @@ CASES = [(kind, False) for kind in SPARSE_KINDS] + [(kind, True) for kind in CAU
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("kind", "causal"), CASES)
 def test_chunked_kernel_equals_the_dense_reference(kind, causal, dtype):
-    _check(chunked_attention, kind, causal, dtype, padding=True)
+    _check(chunked_attention, kind, causal, dtype)
 
 
 @pytest.mark.parametrize(("kind", "causal", "dtype"), [(kind, causal, torch.float32) for kind, causal in CASES] + [
     (kind, False, torch.bfloat16) for kind in ("sliding-window", "local-global", "block-sparse")])
 def test_compiled_flex_attention_equals_the_dense_reference(kind, causal, dtype):
     torch._dynamo.reset()  # each pattern compiles afresh: none falls back to the unfused path at the recompile limit
-    _check(lambda *args: flex_attention_kernel(*args, compiled=True), kind, causal, dtype, padding=True)
+    _check(lambda *args: flex_attention_kernel(*args, compiled=True), kind, causal, dtype)
 
 
 def test_a_sparse_model_on_cuda_takes_flex_attention_at_every_length_without_recompiling_each():
