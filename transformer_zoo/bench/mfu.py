@@ -2,9 +2,10 @@
 
 Each variant, at its preset size, trains on random token batches of ``--batch`` x ``--length``
 (an encoder-decoder reads them as source and target) as ``tzoo train`` runs it with
-``compile: true``: the model compiled, its forward and loss under bfloat16 autocast, then the
-backward and AdamW (fused on CUDA). ``--compile-loss`` compiles the loss into the same graph. The FLOPs of one step's forward and backward are counted by torch's
-``FlopCounterMode`` on an eager step; the compiled step is timed (median of ``--repeats``, after
+``compile: true``: the model and its loss compiled in one graph, under bfloat16 autocast, then
+the backward and AdamW (fused on CUDA). ``--eager-loss`` compiles the model alone and runs the
+loss eagerly, to show what the loss costs. The FLOPs of one step's forward and backward are
+counted by torch's ``FlopCounterMode`` on an eager step; the compiled step is timed (median of ``--repeats``, after
 ``--warmup`` steps that compile it). Reported: TFLOP/s, and the MFU against two references: the
 device's data-sheet dense bf16 peak (``--peak-tflops``, else the known GPUs' figures that
 ``tzoo train`` uses) and a large bf16 matrix product measured in the same run.
@@ -15,6 +16,7 @@ device's data-sheet dense bf16 peak (``--peak-tflops``, else the known GPUs' fig
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -73,14 +75,14 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
         loss_of(model).backward()
     flops = counter.get_total_flops()
     optimizer.zero_grad(set_to_none=True)
-    if args.compile_loss:  # the loss (a float32 cross-entropy over the vocabulary) in the same graph
-        compiled_loss = torch.compile(lambda: loss_of(model))
-    else:  # as tzoo train compiles: the model, its loss eager
+    if args.eager_loss:  # the model compiled alone
         compiled = torch.compile(model)
-        compiled_loss = lambda: loss_of(compiled)  # noqa: E731
+        trained_loss = functools.partial(loss_of, compiled)
+    else:  # as tzoo train: the loss (a float32 cross-entropy over the vocabulary) in the model's graph
+        trained_loss = torch.compile(lambda: loss_of(model))
 
     def step() -> None:
-        compiled_loss().backward()
+        trained_loss().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -90,8 +92,8 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     _sync(device)
     warmup_seconds = time.perf_counter() - started
     seconds = _median_seconds(step, args.repeats, device)
-    row = {"variant": name, "compile_loss": args.compile_loss, "parameters": sum(p.numel() for p in model.parameters()), "batch": args.batch,
-           "length": args.length, "tokens": tokens, "flops_per_step": flops, "seconds": seconds,
+    row = {"variant": name, "loss": "eager" if args.eager_loss else "compiled",
+           "parameters": sum(p.numel() for p in model.parameters()), "batch": args.batch, "length": args.length, "tokens": tokens, "flops_per_step": flops, "seconds": seconds,
            "warmup_seconds": warmup_seconds, "tflops": flops / seconds / 1e12, "tokens_per_second": tokens / seconds}
     if args.profile:
         row["profile"] = profile(step, device)
@@ -123,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: the data sheet's, "
                         "for known GPUs)")
     parser.add_argument("--profile", action="store_true", help="print the costliest kernels of three steps")
-    parser.add_argument("--compile-loss", action="store_true",
-                        help="compile the loss with the model (tzoo train compiles the model and runs its loss eagerly)")
+    parser.add_argument("--eager-loss", action="store_true",
+                        help="compile the model alone and run its loss eagerly (tzoo train compiles them together)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     add_device_options(parser)
     args = parser.parse_args(argv)
