@@ -219,14 +219,19 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100"
 the first key found in the device's name wins, so the more specific names come first."""
 
 
+def datasheet_tflops(device: torch.device) -> float | None:
+    """The dense bf16 peak of a known GPU (:data:`PEAK_BF16_TFLOPS`); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
 def peak_tflops(config: TrainConfig, device: torch.device) -> float | None:
     """The peak MFU is measured against: ``config.peak_tflops``, else a known GPU's bf16 peak."""
     if config.peak_tflops is not None:
         return config.peak_tflops
-    if device.type != "cuda" or not config.bf16:
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
+    return datasheet_tflops(device) if config.bf16 else None
 
 
 def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = True, progress: bool = True,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import time
 
 import torch
@@ -25,7 +24,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_zoo as tz
 
-from ..train import PEAK_BF16_TFLOPS, fused_adamw
+from ..scaling import _median_seconds
+from ..train import datasheet_tflops, fused_adamw
 from .common import add_device_options, device_name, device_of, write_json
 from .throughput import random_batch
 
@@ -35,30 +35,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_seconds(fn, repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def matmul_tflops(device: torch.device, size: int, repeats: int = 10) -> float:
     """TFLOP/s of a ``size`` x ``size`` x ``size`` bfloat16 matrix product on random data."""
     a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
     for _ in range(3):
         a @ b
     return 2 * size**3 / _median_seconds(lambda: a @ b, repeats, device) / 1e12
-
-
-def datasheet_tflops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
 def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
