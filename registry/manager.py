@@ -5,6 +5,9 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import importlib.metadata
+import importlib.util
+import inspect
+import os
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,6 +20,9 @@ from ..core.options import CATEGORIES, ComponentOptions, Variant, VariantConfig
 from . import hookspecs
 
 ENTRY_POINT_GROUP = "transformer_zoo"
+PLUGINS_VARIABLE = "TZOO_PLUGINS"
+"""An environment variable naming plugin modules to load after the entry points, separated by
+commas (as ``PYTEST_PLUGINS`` does for pytest); worker processes inherit it."""
 BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.components": "transformer_zoo.plugins.components",
     "tzoo.transformer": "transformer_zoo.plugins.transformer",
@@ -44,7 +50,8 @@ class Registry:
 
     Args:
         builtins: the built-in plugins, plugin name to module name.
-        entry_points: whether to load third-party plugins of the ``transformer_zoo`` group.
+        entry_points: whether to load third-party plugins of the ``transformer_zoo`` group and
+            the modules named in ``$TZOO_PLUGINS``.
     """
 
     def __init__(self, *, builtins: Mapping[str, str] = BUILTIN_PLUGINS, entry_points: bool = True) -> None:
@@ -57,6 +64,7 @@ class Registry:
         self._importers: dict[str, Importer] = {}
         self._providers: dict[tuple[str, str], str] = {}
         self.load_errors: dict[str, str] = {}
+        self.in_process: dict[str, Any] = {}  # plugin name -> what register() was given
         self._loaded = False
 
     # ---- loading ---------------------------------------------------------------------------
@@ -77,6 +85,9 @@ class Registry:
                     )
                     continue
                 self._load_plugin(ep.name, ep.load)
+            for module in plugin_modules(os.environ.get(PLUGINS_VARIABLE, "")):
+                if not self.pm.has_plugin(module):
+                    self._load_plugin(module, lambda module=module: importlib.import_module(module))
         return self
 
     def _load_plugin(self, name: str, load: Callable[[], Any]) -> None:
@@ -94,7 +105,46 @@ class Registry:
             PluginLoadError: what it offers is malformed.
         """
         self.load()
-        return self._register(plugin, name or getattr(plugin, "__name__", None) or type(plugin).__name__)
+        name = self._register(plugin, name or getattr(plugin, "__name__", None) or type(plugin).__name__)
+        self.in_process[name] = plugin
+        return name
+
+    def register_module(self, module: str) -> str:
+        """Import ``module`` and register it as a plugin named after it (once: a module already
+        registered under its name is left alone), as ``--plugin MODULE`` does.
+
+        Raises:
+            PluginLoadError: the module cannot be imported.
+        """
+        self.load()
+        if self.pm.has_plugin(module):
+            return module
+        try:
+            imported = importlib.import_module(module)
+        except ImportError as exc:
+            raise PluginLoadError(f"plugin module {module!r} could not be imported ({exc}); give a module importable "
+                                  "from here (on sys.path or installed), such as my_package.zoo_plugin") from None
+        return self.register(imported, module)
+
+    def portable_plugins(self) -> list[str]:
+        """The modules of the plugins registered in this process, which another process can import
+        and register again (a comparison's workers); a plugin that is not an importable module
+        cannot be carried over.
+
+        Raises:
+            PluginLoadError: a plugin registered in-process is not an importable module.
+        """
+        modules = []
+        for name, plugin in self.in_process.items():
+            module = getattr(plugin, "__name__", None) if inspect.ismodule(plugin) else None
+            if module is None or module == "__main__" or importlib.util.find_spec(module) is None:
+                raise PluginLoadError(
+                    f"plugin {name!r} was registered in this process from {module or type(plugin).__name__!r}, which "
+                    "other processes cannot import; put its hooks in a module on the path (my_plugin.py) and pass "
+                    "that: `tzoo compare --plugin my_plugin`, compare(..., plugins=['my_plugin']) or "
+                    f"{PLUGINS_VARIABLE}=my_plugin")
+            modules.append(module)
+        return modules
 
     def unregister(self, name: str) -> None:
         """Remove a plugin registered under ``name`` and everything it offered."""
@@ -102,6 +152,7 @@ class Registry:
         if plugin is None:
             raise UnknownNameError("plugin", name, [n for n, _ in self.pm.list_name_plugin()])
         self.pm.unregister(plugin)
+        self.in_process.pop(name, None)
         for key, provider in list(self._providers.items()):
             if provider == name:
                 del self._providers[key]
@@ -214,6 +265,11 @@ class Registry:
     def provider(self, category: str, name: str) -> str:
         """The name of the plugin that offers a component kind or (``category="variant"``) a variant."""
         return self.load()._providers[(category, name)]
+
+
+def plugin_modules(text: str) -> list[str]:
+    """Module names from a comma-separated list (``$TZOO_PLUGINS``), blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 _registry: Registry | None = None

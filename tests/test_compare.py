@@ -50,8 +50,14 @@ def test_report_folder_has_the_three_kinds_of_output(report):
     text = (out / "report.md").read_text()
     assert f"Majority-class baseline: test accuracy {majority:.3f}." in text
     assert "## reverse" in text and "## listops" in text and "## Not run" in text
-    assert "| variant | seeds |" in text and "**" in text, "one table per task, best values in bold"
-    assert "Machine:" in text and "```yaml" in text
+    assert text.index("## Summary") < text.index("## reverse") < text.index("## Runs") < text.index("```yaml"), \
+        "the findings first, the spec last"
+    assert "| variant | seeds |" in text and "Against the reference, transformer-tiny" in text
+    assert "Machine:" in text
+    for run in data["runs"]:
+        assert run["threads"] >= 1 and run["cpus"] >= 1 and run["started"] and run["load_average"] >= 0
+        assert run["invocation"] == data["invocation"] and not run["reused"]
+    assert [s["task"] for s in data["summaries"]] == ["reverse", "listops"]
     for png in ("curves-reverse.png", "curves-listops.png", "metric-vs-parameters.png", "throughput.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -63,10 +69,15 @@ def test_seeds_give_different_runs_and_same_budget(report):
     assert listops[0].curve != listops[1].curve
 
 
-def test_a_rerun_reuses_finished_runs(report):
+def test_a_rerun_reuses_finished_runs_and_flags_them(report):
     out, results = report
     again = compare(small_spec(), out)  # retraining would change wall times and throughputs
-    assert [r.model_dump() for r in again.runs] == [r.model_dump() for r in results.runs]
+    assert all(r.reused for r in again.runs)
+    assert [r.model_dump(exclude={"reused"}) for r in again.runs] == [r.model_dump(exclude={"reused"}) for r in results.runs]
+    text = (out / "report.md").read_text()
+    assert "6 of 6 runs (marked †) were kept from an earlier invocation" in text
+    assert not any(s.costs_comparable for s in again.summaries), "times of another invocation are never compared"
+    assert all(c.best is None for s in again.summaries for c in s.columns if c.name in ("train tokens/s", "wall s"))
 
 
 @pytest.mark.parametrize(
@@ -120,25 +131,9 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
     assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size) == (4e-4, "constant", 0, 64), "the GAN's recipe"
 
 
-def test_lower_is_better_for_perplexity():
-    from transformer_zoo.compare import RunRecord
-    from transformer_zoo.report import task_table
-
-    def record(variant, perplexity, accuracy):
-        return RunRecord(variant=variant, family="transformer", task="text-lm", seed=0, parameters=10,
-                         flops_per_token=60, train_tokens_per_second=1.0, peak_memory_mb=1.0, steps=1,
-                         wall_seconds=1.0, metric="perplexity", curve=[],
-                         metrics={"test": {"perplexity": perplexity, "token_accuracy": accuracy}})
-
-    table = task_table([record("a", 5.0, 0.2), record("b", 9.0, 0.4)])
-    row_a, row_b = (line for line in table.splitlines() if line.startswith(("| a ", "| b ")))
-    assert "**5.000**" in row_a and "**0.400**" in row_b
-    assert "**9.000**" not in row_b and "**0.200**" not in row_a
-
-
 def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
     """The same parameters applied twice as often cost about twice the FLOPs."""
-    from transformer_zoo.compare import training_flops_per_token
+    from transformer_zoo.compare import training_step_costs
     from transformer_zoo.train import load_run, load_train_config, train
 
     flops = {}
@@ -148,7 +143,7 @@ def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
                                     "task": TASKS[0], "steps": 1, "batch_size": 4})
         train(config, tmp_path / str(steps), progress=False)
         _, task, model = load_run(tmp_path / str(steps))
-        flops[steps] = training_flops_per_token(model, task, config)
+        flops[steps], _ = training_step_costs(model, task, config)
     assert 1.5 < flops[4] / flops[2] < 2.0, flops  # the head and embeddings do not grow with steps
 
 
@@ -161,7 +156,7 @@ def test_default_spec_measures_the_local_global_family_against_full_attention_at
 
 def test_a_generation_task_reports_its_real_image_baseline_and_a_grid_of_samples(tmp_path):
     gan = {"variant": "sagan-gan", "generator_widths": [16, 16, 8], "discriminator_widths": [8, 16, 16], "reduction": 4}
-    spec = load_spec({"name": "gan", "variants": [gan], "tasks": ["digits-generation"], "steps": 2,
+    spec = load_spec({"name": "gan", "variants": [gan], "tasks": ["digits-generation"], "steps": 2, "seeds": [0],
                       "train": {"batch_size": 8, "lr": 0.1}, "task_train": {"digits-generation": {"lr": 4e-4}}})
     results = compare(spec, tmp_path)
     (run,) = results.runs

@@ -114,7 +114,7 @@ def _compare(args: argparse.Namespace) -> Any:
 
     from .distributed import job, world
 
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, seeds=args.seeds)
     out = args.out or Path("reports") / spec.name
     with job():  # one process, or one of torchrun's
         results = compare(spec, out)
@@ -144,23 +144,41 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
     console.print(table)
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of seeds; give whole numbers separated by commas, "
+                                         "such as 0,1,2")
+    return seeds
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tzoo", description="A zoo of Transformer variants.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="also register the plugin in this importable module (repeatable; as does the "
+                             "TZOO_PLUGINS variable, comma-separated); compare's workers register it too")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("list", help="registered variants or components")
+    def command(name: str, **options: Any) -> argparse.ArgumentParser:  # every command takes --plugin
+        return sub.add_parser(name, parents=[common], **options)
+
+    p = command("list", help="registered variants or components")
     p.add_argument("pattern", nargs="?", default="*", help="shell-style pattern, e.g. 'transformer-*'")
     p.add_argument("--kind", choices=KINDS, default="variant", help="what to list (default: variant)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_list)
 
-    p = sub.add_parser("show", help="a variant's resolved config and parameter count")
+    p = command("show", help="a variant's resolved config and parameter count")
     p.add_argument("name", help="a variant name or a config file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_show)
 
-    p = sub.add_parser("train", help="train a model on a task from a config file")
+    p = command("train", help="train a model on a task from a config file")
     p.add_argument("config", help="a YAML or JSON training config (model, task, steps, ...)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (repeatable)")
     p.add_argument("--out", type=Path, help="run folder (default: runs/<config name>)")
@@ -168,12 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=_train)
 
-    p = sub.add_parser("evaluate", help="score a trained run on its task's test splits")
+    p = command("evaluate", help="score a trained run on its task's test splits")
     p.add_argument("run_dir", type=Path, help="a run folder written by tzoo train")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_evaluate)
 
-    p = sub.add_parser("attention", help="attention maps of a trained run on one example: grids of heads, or overlays on an image")
+    p = command("attention", help="attention maps of a trained run on one example: grids of heads, or overlays on an image")
     p.add_argument("run_dir", type=Path, help="a run folder written by tzoo train")
     p.add_argument("--input", help="the example as text, in the task's notation (e.g. '3 1 4' for reverse)")
     p.add_argument("--example", metavar="SPLIT:INDEX", help="an example of the task's data instead, e.g. test:0")
@@ -183,13 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the written paths as JSON")
     p.set_defaults(run=_attention)
 
-    p = sub.add_parser("compare", help="train variants x tasks x seeds on one budget and write a report")
+    p = command("compare", help="train variants x tasks x seeds on one budget and write a report")
     p.add_argument("spec", nargs="?", help="a YAML or JSON spec (default: the built-in comparison)")
     p.add_argument("--out", type=Path, help="report folder (default: reports/<spec name>)")
+    p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the spec's, e.g. 0,1,2")
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 
-    p = sub.add_parser("bench", help="run a benchmark against its reference (no name: list them)",
+    p = command("bench", help="run a benchmark against its reference (no name: list them)",
                        description="Run a benchmark: it prints a table, and writes JSON with --json PATH. "
                                    "Arguments after the name go to the benchmark (tzoo bench NAME --help).")
     p.add_argument("name", nargs="?", help="the benchmark (default: list them)")
@@ -197,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="list as JSON")
     p.set_defaults(run=_bench)
 
-    p = sub.add_parser("schema", help="the JSON Schema of model configs, plugins' kinds included")
+    p = command("schema", help="the JSON Schema of model configs, plugins' kinds included")
     p.add_argument("--json", action="store_true", help="print JSON (the default; kept for uniformity)")
     p.set_defaults(run=_schema)
     return parser
@@ -220,6 +239,8 @@ def _main(argv: Sequence[str] | None) -> int:
     console = Console()
     err = Console(stderr=True)
     try:
+        for module in args.plugin:
+            get_registry().register_module(module)
         result = args.run(args)
     except (ZooError, ValueError, FileNotFoundError) as exc:
         _warn_load_errors(err)  # a plugin that failed to load may be why a name is unknown

@@ -1,23 +1,27 @@
 """``tzoo compare``: every variant on every task, with the same data, seeds and budget.
 
-A spec lists variants x tasks x seeds and one budget. Each run trains in a process of its own
-(so its peak memory is its own); on a torchrun job every run trains over all the job's
-processes, one run after another, and process 0 writes the report. Each run records parameters, FLOPs per token, training tokens per
-second, peak memory, the task metrics, the learning curve and wall time. The report folder
-holds ``results.json`` (validated by :class:`CompareResults`), ``report.md`` and PNG plots.
+A spec lists variants x tasks x seeds and one budget. Runs train in worker processes (``workers``
+at a time, each with ``threads`` CPU threads; a worker builds each task's data once and trains
+run after run); on a torchrun job every run trains over all the job's processes, one run after
+another, and process 0 writes the report. Each run records parameters, FLOPs per token,
+training tokens per second, peak memory, the task metrics, the learning curve and wall time,
+and when, with how many threads and under what load it ran. The report folder holds
+``results.json`` (validated by :class:`CompareResults`, with the intervals and tests over
+seeds), ``report.md`` and PNG plots.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
 import platform
-import resource
 import sys
 import time
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,11 +30,14 @@ import torch
 from pydantic import BaseModel, Field, model_validator
 
 from . import __version__, distributed
-from .api import _read, build_model, load_config, validate
+from .api import _read, build_model, from_pretrained, load_config, validate
 from .core.errors import ConfigError
 from .core.model import atomic_write
 from .core.options import Options, Task
-from .scaling import ScalingPoint, ScalingSpec, measure_scaling
+from .registry import get_registry
+from .scaling import PeakMemory, ScalingPoint, ScalingSpec, measure_scaling
+from .stats import TEST_NAMES, TestKind
+from .summary import TaskSummary, summarize
 from .train import TrainConfig, model_config_for, resolve_device, train
 
 
@@ -42,7 +49,16 @@ class CompareSpec(Options):
     tasks: list[Task] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
     steps: int = Field(500, ge=1, description="training steps of every run")
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
-    seeds: list[int] = Field([0], min_length=1, description="seeds; every variant and task runs once per seed")
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds; every variant and task runs once per seed")
+    reference: str | None = Field(
+        None, description="the variant (as the spec names it) every other is tested against on each task; null: the "
+        "first variant that ran the task")
+    test: TestKind = Field("welch", description="the test of each difference over seeds: " + "; ".join(
+        f"{name}: {text}" for name, text in TEST_NAMES.items()))
+    workers: int = Field(1, ge=1, description="runs trained at once, each in a worker process of its own")
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads of each run; null: the cores available to this process, shared "
+        "among the workers")
     train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
     task_train: dict[str, dict[str, Any]] = Field(
         {}, description="by task kind: training options for the runs on that task, over 'train' (a GAN's recipe)")
@@ -51,6 +67,14 @@ class CompareSpec(Options):
 
     @model_validator(mode="after")
     def _scaling_task(self) -> CompareSpec:
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds {self.seeds} name a seed twice; give each once")
+        labels = [_label(variant) for variant in self.variants]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"variants {labels} name a variant twice; give each once")
+        if self.reference is not None and self.reference not in labels:
+            raise ValueError(f"reference {self.reference!r} is not one of the spec's variants {labels}; name one "
+                             "of them (a config variant by its label, as the report shows it)")
         kinds = [task.kind for task in self.tasks]
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
@@ -73,10 +97,20 @@ class RunRecord(BaseModel):
     )
     train_tokens_per_second: float = Field(description="tokens read by the model per second of training")
     peak_memory_mb: float = Field(
-        description="peak memory of the run: CUDA allocations on GPU, the process's resident set on CPU (on a torchrun "
-        "job, process 0's: on CPU its peak so far, as the job's runs share the process)")
+        description="peak memory (MiB) of training: on CPU, the tensor storage alive at once during one training "
+        "step on a batch of the run's size (weights, gradients, AdamW state and activations), counted exactly by "
+        "PeakMemory; on CUDA, the allocator's peak over the run")
     steps: int = Field(description="optimizer steps taken")
     wall_seconds: float = Field(description="wall time of the run, evaluation included")
+    started: str = Field("", description="when the run started (UTC, ISO 8601)")
+    threads: int = Field(0, description="the CPU threads the run trained with")
+    cpus: int = Field(0, description="the cores available to the run's process")
+    load_average: float = Field(
+        0.0, description="the machine's 1-minute load average, the larger of its values at the start and the end of "
+        "training: above cpus, other work competed with the run")
+    invocation: str = Field("", description="the compare invocation that ran it (its start time)")
+    reused: bool = Field(
+        False, description="finished by an earlier invocation and kept: its costs were measured under other conditions")
     metric: str = Field(description="the task's headline metric")
     metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
     curve: list[dict[str, float]] = Field(description="the learning curve: step, loss, lr, and test metrics when evaluated")
@@ -100,6 +134,7 @@ class CompareResults(BaseModel):
 
     spec: dict[str, Any] = Field(description="the spec as run")
     machine: dict[str, Any] = Field(description="where it ran")
+    invocation: str = Field("", description="this invocation (its start time); a run of another was reused")
     runs: list[RunRecord] = Field(description="one record per run")
     skipped: list[Skipped] = Field(description="pairs not run, with the reason")
     baselines: dict[str, dict[str, float]] = Field(
@@ -107,16 +142,38 @@ class CompareResults(BaseModel):
     )
     baseline_names: dict[str, str] = Field({}, description="by task: what its baseline is")
     scaling: list[ScalingPoint] = Field([], description="time and memory against sequence length, when the spec asks")
+    summaries: list[TaskSummary] = Field(
+        [], description="by task: every column's mean and 95% interval over seeds, each variant tested against the "
+        "reference, and the verdict")
 
 
 def default_spec_path() -> Path:
     return Path(str(resources.files("transformer_zoo") / "specs" / "default.yaml"))
 
 
-def load_spec(source: str | os.PathLike | dict | None = None) -> CompareSpec:
-    """A validated spec from a YAML/JSON file or mapping; the built-in default when None."""
+def load_spec(source: str | os.PathLike | dict | None = None, seeds: list[int] | None = None) -> CompareSpec:
+    """A validated spec from a YAML/JSON file or mapping; the built-in default when None.
+
+    Args:
+        seeds: replace the spec's seeds (``tzoo compare --seeds 0,1,2``).
+    """
     data = _read(default_spec_path() if source is None else source)
+    if seeds is not None:
+        data = {**data, "seeds": seeds}
     return validate(CompareSpec, data, "compare spec")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or ``taskset`` narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def run_threads(spec: CompareSpec) -> int:
+    """The CPU threads of each run: the spec's, else the available cores shared among the workers.
+
+    More threads than cores is a slowdown, not a speedup: OpenMP threads that wait for one another
+    spin, and on a busy machine they spin on cores another process needs."""
+    return spec.threads or max(1, available_cores() // spec.workers)
 
 
 def _label(variant: str | dict[str, Any]) -> str:
@@ -177,63 +234,84 @@ def run_name(label: str, config: TrainConfig) -> str:
     return f"{config.task.kind}--{label.split(' ')[0]}--seed{config.seed}--{digest}"
 
 
-def _run(args: tuple[str, dict[str, Any], str]) -> dict[str, Any] | None:
-    """One run, in a process of its own (or in each of a torchrun job's: None but in process 0)."""
-    label, config_data, run_dir = args
+_TASKS: dict[str, Any] = {}  # a worker's built tasks, by options: each builds its data once for all its runs
+
+
+def _init_worker(plugins: list[str], threads: int) -> None:
+    """A worker process: the threads of its runs, and the plugins registered where compare was called."""
+    torch.set_num_threads(threads)
+    registry = get_registry()
+    for module in plugins:
+        registry.register_module(module)
+
+
+def _run(args: tuple[str, dict[str, Any], str, str, bool]) -> dict[str, Any] | None:
+    """One run, in a worker process (or in each of a torchrun job's: None but in process 0)."""
+    label, config_data, run_dir, invocation, progress = args
     record_path = Path(run_dir) / "record.json"
-    if record_path.is_file():  # finished by an earlier, interrupted compare: keep its measurements
-        return json.loads(record_path.read_text())
+    if record_path.is_file():  # finished earlier: keep its measurements, flagged when another invocation made them
+        record = json.loads(record_path.read_text())
+        return {**record, "reused": record.get("invocation") != invocation}
     config = TrainConfig.model_validate(config_data)
-    if torch.cuda.is_available():
+    key = config.task.model_dump_json()
+    task = _TASKS[key] if key in _TASKS else _TASKS.setdefault(key, config.task.build())
+    cuda = torch.cuda.is_available() and config.device != "cpu"
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
+    when, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
     started = time.perf_counter()
-    summary = train(config, run_dir, resume=True, progress=True)
+    summary = train(config, run_dir, resume=True, progress=progress, task=task)
     if "rank" in summary:  # another process of a torchrun job: process 0 measures and records
         return None
+    load = max(load, os.getloadavg()[0])
     model = load_config(Path(run_dir, "model", "config.json"))
-    if torch.cuda.is_available() and config.device != "cpu":
-        peak = torch.cuda.max_memory_allocated() / 2**20
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    from .train import load_run
-
-    _, task, trained = load_run(run_dir)
+    trained = from_pretrained(Path(run_dir, "model")).to(resolve_device(config.device)).eval()
     ponder, plot = ponder_summary(trained, task, Path(run_dir))
     samples = task.plot_samples(trained, Path(run_dir) / "samples.png")
-    flops = training_flops_per_token(trained, task, config)  # last: a training step moves batch-norm statistics
+    flops, step_bytes = training_step_costs(trained, task, config)  # last: a training step moves the weights
+    peak = torch.cuda.max_memory_allocated() if cuda else step_bytes
     record = RunRecord(
         variant=label, family=type(model).family or model.variant, task=config.task.kind, seed=config.seed,
         parameters=summary["parameters"], flops_per_token=flops,
-        train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak,
+        train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak / 2**20,
         steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
         metrics=summary["metrics"], curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
         samples_plot=None if samples is None else str(Path("runs") / Path(run_dir).name / samples.name),
+        started=when, threads=torch.get_num_threads(), cpus=available_cores(), load_average=load,
+        invocation=invocation,
     ).model_dump()
-    record_path.write_text(json.dumps(record))
+    atomic_write(record_path, lambda tmp: tmp.write_text(json.dumps(record)))
     return record
 
 
-def training_flops_per_token(model: torch.nn.Module, task: Any, config: TrainConfig) -> float:
-    """FLOPs of a training step's forward and backward on one batch of the run's size, per token
-    the model reads, as counted by ``torch.utils.flop_counter`` (matrix products and attention).
+def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) -> tuple[float, float]:
+    """One training step on a batch of the run's size, as training runs it (each phase's loss,
+    backward and AdamW step), counted, not estimated:
 
-    Counted, not estimated: a recurrent stack counts the steps it really ran.
+    - FLOPs of its forward and backward passes per token the model reads, by
+      ``torch.utils.flop_counter`` (matrix products and attention; a recurrent stack counts the
+      steps it really ran);
+    - the peak bytes of tensor storage alive at once: the weights, and what the step creates
+      (activations, gradients, AdamW's state), by :class:`~transformer_zoo.scaling.PeakMemory`.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .train import _batch, _only
+    from .train import _batch, _only, _optimizers
 
     model.train()
     batch = _batch(task, task.dataset("train"), 0, config, next(model.parameters()).device)
-    phases = model.phases()
-    with FlopCounterMode(display=False) as counter:
-        if len(phases) == 1:
-            task.loss(model, batch).backward()
-        else:
-            for phase in phases:
+    phases, optimizers, _ = _optimizers(model, config)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in itertools.chain(model.parameters(), model.buffers())}
+    with PeakMemory() as memory, FlopCounterMode(display=False) as counter:
+        for phase in phases:
+            if len(phases) == 1:
+                task.loss(model, batch).backward()
+            else:
                 with _only(phase.parameters, model):  # as training runs it: no gradient for the other phases
                     task.loss(model, batch, phase.name).backward()
-    return counter.get_total_flops() / max(task.tokens_in(batch), 1)
+            optimizers[phase.name].step()
+    return counter.get_total_flops() / max(task.tokens_in(batch), 1), sum(storages.values()) + memory.peak
 
 
 @torch.no_grad()
@@ -241,7 +319,7 @@ def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: i
     """Mean ponder time per stack over the first test examples of a finished run, and a heat
     map of the first one (``ponder.png`` in the run folder); nothing for a model without a
     recurrent stack (one without ACT reports its fixed number of steps)."""
-    from .report import plot_ponder
+    from .plots import plot_ponder
 
     model.eval()
     test = task.dataset("test")
@@ -294,52 +372,81 @@ def machine() -> dict[str, Any]:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
+        "cpus": available_cores(),
         "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "processes": distributed.world().size,
     }
 
 
-def compare(spec: CompareSpec, out_dir: str | os.PathLike) -> CompareResults | None:
+def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | None = None) -> CompareResults | None:
     """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``.
+
+    Args:
+        plugins: plugin modules to register here and in every worker (``--plugin``); plugins
+            registered in this process before the call are carried to the workers too.
 
     On a torchrun job every process calls it; process 0 writes and returns the results, the
     others return None."""
     from .report import write_report
 
+    registry = get_registry()
+    for module in plugins or ():
+        registry.register_module(module)
+    carried = registry.portable_plugins()  # before any training: a plugin the workers cannot import fails now
     out_dir = Path(out_dir)
     here = distributed.world()
     runs, skipped = plan(spec, here.size)
+
     def say(message: str) -> None:  # progress goes to stderr: stdout is the command's result (--json)
         if here.main:
-            print(message, file=sys.stderr)
+            print(message, file=sys.stderr, flush=True)
 
     for item in skipped:
         say(f"skipped {item.variant} on {item.task}: {item.reason}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config))) for label, config in runs]
-    records = []
+    invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    threads, workers = run_threads(spec), min(spec.workers, len(runs))
+    # a bar redraws with carriage returns: only for one run at a time, on a terminal
+    bars = workers == 1 and sys.stderr.isatty()
+    jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config)), invocation, bars)
+            for label, config in runs]
+    say(f"{len(jobs)} runs, {workers} at a time" + ("" if here.launched else f", {threads} CPU threads each"))
+    records, started = {}, time.perf_counter()
     with contextlib.ExitStack() as stack:
         if here.launched:  # the job's processes train each run together, in turn
             done = map(_run, jobs)
         else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1))
-            done = pool.imap(_run, jobs)
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
+                workers, initializer=_init_worker, initargs=(carried, threads)))
+            done = pool.imap_unordered(_run, jobs)
         for i, record in enumerate(done, start=1):
-            if record is not None and here.main:
-                records.append(RunRecord.model_validate(record))
-                say(f"[{i}/{len(jobs)}] {record['variant']} on {record['task']} (seed {record['seed']}): "
-                    f"{record['metric']} {record['metrics']['test'][record['metric']]:.3f}")
+            if record is None or not here.main:
+                continue
+            run = RunRecord.model_validate(record)
+            records[(run.variant, run.task, run.seed)] = run
+            elapsed = time.perf_counter() - started
+            eta = elapsed / i * (len(jobs) - i)
+            say(f"[{i}/{len(jobs)}] {run.variant} on {run.task} (seed {run.seed}): {run.metric} "
+                f"{run.metrics['test'][run.metric]:.4g}, {run.wall_seconds:.0f} s"
+                + (" (kept from an earlier invocation)" if run.reused else "")
+                + (f"; about {_duration(eta)} to go" if i < len(jobs) else f"; all runs in {_duration(elapsed)}"))
     if not here.main:
         return None
+    ordered = [records[(label, config.task.kind, config.seed)] for label, config in runs]
     tasks = {options.kind: options.build() for options in spec.tasks}
     baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
-    results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), runs=records, skipped=skipped,
-                             baselines={kind: scores for kind, scores in baselines.items() if scores},
+    if spec.scaling is not None:
+        say("measuring time and memory against length")
+    results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), invocation=invocation, runs=ordered,
+                             skipped=skipped, baselines={kind: scores for kind, scores in baselines.items() if scores},
                              baseline_names={kind: task.baseline for kind, task in tasks.items() if baselines[kind]},
                              scaling=scaling_points(spec, runs, out_dir))
+    results.summaries = summarize(results.runs, spec.reference, spec.test, invocation)
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
     return results
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"

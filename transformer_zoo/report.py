@@ -1,142 +1,92 @@
-"""The compare report: ``report.md`` (the tables a person reads first) and PNG plots."""
+"""The compare report: ``report.md``, the findings first and the spec last, with its PNG plots."""
 
 from __future__ import annotations
 
-import statistics
-from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+import yaml
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import yaml  # noqa: E402
+from .compare import CompareResults, RunRecord
+from .plots import plot_curves, plot_metric_vs_parameters, plot_scaling, plot_throughput
+from .scaling import MODE_NAMES, MODES, ScalingPoint
+from .stats import ALPHA, TEST_NAMES
+from .summary import TaskSummary, format_cell, format_number
 
-from .compare import CompareResults, RunRecord  # noqa: E402
-from .scaling import MODES, ScalingPoint  # noqa: E402
-from .core.tasks import LOWER_IS_BETTER  # noqa: E402
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+KEPT = "†"  # marks a variant with runs kept from an earlier invocation
 
 
-def _by(records: list[RunRecord], key) -> dict[str, list[RunRecord]]:
-    groups: dict[str, list[RunRecord]] = defaultdict(list)
-    for record in records:
-        groups[key(record)].append(record)
-    return dict(groups)
-
-
-def task_table(records: list[RunRecord]) -> str:
-    """One row per variant (mean ± std over seeds); the best value of each column in bold."""
-    splits = sorted({split for r in records for split in r.metrics})
-    metric_names = sorted({name for r in records for values in r.metrics.values() for name in values})
-    columns = [(f"{split} {name}", (lambda r, s=split, n=name: r.metrics.get(s, {}).get(n)), name not in LOWER_IS_BETTER)
-               for split in splits for name in metric_names]
-    if any(r.ponder_time for r in records):
-        stacks = sorted({stack for r in records for stack in r.ponder_time})
-        columns += [(f"{stack} ponder", lambda r, s=stack: r.ponder_time.get(s), None) for stack in stacks]
-    columns += [
-        ("parameters", lambda r: r.parameters, None),
-        ("FLOPs/token", lambda r: r.flops_per_token, None),
-        ("train tokens/s", lambda r: r.train_tokens_per_second, True),
-        ("peak MB", lambda r: r.peak_memory_mb, False),
-        ("wall s", lambda r: r.wall_seconds, False),
-    ]
-    rows = []
-    for variant, runs in _by(records, lambda r: r.variant).items():
-        cells = []
-        for _, get, _ in columns:
-            values = [get(r) for r in runs if get(r) is not None]
-            cells.append(_mean_std(values) if values else None)
-        rows.append((variant, len(runs), cells))
-    best = []
-    for i, (_, _, higher) in enumerate(columns):
-        means = [cells[i][0] for _, _, cells in rows if cells[i] is not None]
-        best.append(None if higher is None or len(rows) < 2 or not means else (max(means) if higher else min(means)))
-
-    def fmt(i: int, cell) -> str:
-        if cell is None:
-            return "n/a"
-        mean, std = cell
-        text = f"{mean:.3f}" if abs(mean) < 10 else f"{mean:,.0f}"
-        if std:
-            text += f" ± {std:.3f}" if abs(mean) < 10 else f" ± {std:,.0f}"
-        return f"**{text}**" if best[i] is not None and mean == best[i] else text
-
-    header = "| variant | seeds | " + " | ".join(name for name, _, _ in columns) + " |"
-    lines = [header, "|" + " --- |" * (len(columns) + 2)]
-    for variant, seeds, cells in rows:
-        lines.append(f"| {variant} | {seeds} | " + " | ".join(fmt(i, c) for i, c in enumerate(cells)) + " |")
+def task_table(summary: TaskSummary, records: list[RunRecord]) -> str:
+    """One row per variant: each column's mean [95% interval] over seeds; a column's best in bold
+    when it is separable from every other variant."""
+    names = [column.name for column in summary.columns]
+    best = {column.name: column.best for column in summary.columns}
+    lines = ["| variant | seeds | " + " | ".join(names) + " |", "|" + " --- |" * (len(names) + 2)]
+    for variant, cells in summary.cells.items():
+        kept = KEPT if any(r.reused for r in records if r.variant == variant) else ""
+        texts = [format_cell(cells.get(name), 0 if name == "parameters" else 3) for name in names]
+        row = [f"**{text}**" if best[name] == variant else text for name, text in zip(names, texts)]
+        seeds = max(cell.n for cell in cells.values())
+        lines.append(f"| {variant}{kept} | {seeds} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def plot_curves(records: list[RunRecord], task: str, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for record in records:
-        points = [(p["step"], p["loss"]) for p in record.curve if "loss" in p]
-        if points:
-            ax.plot(*zip(*points), label=f"{record.variant} (seed {record.seed})")
-    ax.set(title=f"{task}: training loss", xlabel="step", ylabel="loss", yscale="log")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def tests_table(summary: TaskSummary) -> str:
+    """Every variant against the reference, in each metric column."""
+    lines = [f"Against the reference, {summary.reference} ({TEST_NAMES[summary.test]}; the difference is the "
+             "variant's mean minus the reference's, with its 95% interval):", "",
+             "| variant | column | difference [95% CI] | p | separable at 0.05 |", "| --- | --- | --- | --- | --- |"]
+    for test in summary.tests:
+        if test.p is None:
+            lines.append(f"| {test.variant} | {test.column} | {format_number(test.difference)} | n/a | no test (one seed) |")
+            continue
+        interval = f"{format_number(test.difference)} [{format_number(test.low)}, {format_number(test.high)}]"
+        lines.append(f"| {test.variant} | {test.column} | {interval} | {test.p:.3g} | {'yes' if test.separable else 'no'} |")
+    return "\n".join(lines)
 
 
-def plot_metric_vs_parameters(records: list[RunRecord], path: Path) -> None:
-    tasks = sorted({r.task for r in records})
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.5), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        for record in (r for r in records if r.task == task):
-            value = record.metrics["test"][record.metric]
-            ax.scatter(record.parameters, value)
-            ax.annotate(record.variant.split(" ")[0], (record.parameters, value), fontsize=7)
-        ax.set(title=task, xlabel="parameters", ylabel=f"test {_metric(records, task)}", xscale="log")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def summary_lines(summaries: list[TaskSummary]) -> list[str]:
+    """Per task: the verdict, and what the best mean costs against the reference."""
+    lines = []
+    for summary in summaries:
+        lines.append(f"- **{summary.task}** ({summary.headline}): {summary.verdict}")
+        top = summary.leaders[0] if summary.leaders else None
+        if top is None or top == summary.reference:
+            if len(summary.cells) > 1:
+                lines.append(f"  The reference, {summary.reference}, has the best mean.")
+            continue
+        ratios = summary.cost_ratios.get(top, {})
+        costs = ", ".join(f"{value:.2f}x {name}" for name, value in ratios.items())
+        lines.append(f"  Cost of {top} against the reference, {summary.reference}: {costs}."
+                     + ("" if summary.costs_comparable else " Times are not compared: runs of this task come from "
+                        "different invocations."))
+    return lines
 
 
-def _metric(records: list[RunRecord], task: str) -> str:
-    return next(r.metric for r in records if r.task == task)
+def condition_lines(results: CompareResults) -> list[str]:
+    """Warnings about how the runs were measured: kept from another invocation, or under load."""
+    lines = []
+    kept = [r for r in results.runs if r.reused]
+    if kept:
+        lines.append(f"- {len(kept)} of {len(results.runs)} runs (marked {KEPT}) were kept from an earlier invocation "
+                     f"({', '.join(sorted({r.invocation or 'unknown' for r in kept}))}); their times were measured under "
+                     "other conditions, so times of tasks that mix invocations are neither bolded nor compared.")
+    loaded = [r for r in results.runs if r.cpus and r.load_average > r.cpus]
+    if loaded:
+        worst = max(loaded, key=lambda r: r.load_average / r.cpus)
+        lines.append(f"- The machine's load exceeded its cores during {len(loaded)} runs (at worst "
+                     f"{worst.load_average:.1f} on {worst.cpus} cores, {worst.variant} on {worst.task}, seed "
+                     f"{worst.seed}): other work competed with them, and their times are slower than the machine's.")
+    return lines
 
 
-def plot_ponder(ponder: dict, tokens: dict[str, list[str]], path: Path) -> None:
-    """One row per stack: the ponder time (steps) of each position of one example."""
-    fig, axes = plt.subplots(len(ponder), 1, figsize=(max(5, 0.35 * max(len(t) for t in tokens.values())), 1.6 * len(ponder)),
-                             squeeze=False)
-    for ax, (stack, values) in zip(axes[:, 0], ponder.items()):
-        values = values.float().cpu().numpy()
-        image = ax.imshow(values[None, :], cmap="magma", aspect="auto", vmin=0)
-        for i, value in enumerate(values):
-            ax.text(i, 0, f"{value:.1f}", ha="center", va="center", fontsize=7, color="grey")
-        ax.set_yticks([0], [stack])
-        ax.set_xticks(range(len(tokens[stack])), tokens[stack], fontsize=7, rotation=90)
-        fig.colorbar(image, ax=ax, label="steps")
-    axes[0, 0].set_title("ponder time per position (one test example)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_throughput(records: list[RunRecord], path: Path) -> None:
-    labels = [f"{r.variant.split(' ')[0]}\n{r.task}" for r in records]
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(records)), 3.5))
-    ax.bar(range(len(records)), [r.train_tokens_per_second for r in records])
-    ax.set_xticks(range(len(records)), labels, fontsize=7)
-    ax.set(title="training throughput", ylabel="tokens / s")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-MODE_NAMES = {"forward": "forward (inference)", "train": "forward + backward"}
-
-
-def _model(point: ScalingPoint) -> str:
-    return point.variant if point.attention == "as configured" else f"{point.variant} [{point.attention}]"
+def runs_table(records: list[RunRecord]) -> str:
+    lines = ["| variant | task | seed | started (UTC) | threads | load / cores | wall s | kept |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        lines.append(f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.threads or 'n/a'} | "
+                     f"{r.load_average:.1f} / {r.cpus or 'n/a'} | {format_number(r.wall_seconds)} | "
+                     f"{'yes' if r.reused else ''} |")
+    return "\n".join(lines)
 
 
 def scaling_tables(points: list[ScalingPoint]) -> str:
@@ -144,7 +94,7 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
     lengths = sorted({p.length for p in points})
     at = {(p.variant, p.attention, p.mode, p.length): p for p in points}
     models = list(dict.fromkeys((p.variant, p.attention) for p in points))
-    names = {(p.variant, p.attention): _model(p) for p in points}
+    names = {(p.variant, p.attention): p.label for p in points}
     head = "| model | pass | " + " | ".join(f"n = {n}" for n in lengths) + " |"
     rule = "|" + " --- |" * (len(lengths) + 2)
     lines = ["Time (ms) and peak memory (MiB) of one pass:", "", head, rule]
@@ -168,47 +118,46 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
                 lines.append(f"| {variant} vs [{attention}] | {MODE_NAMES[mode]} | " + " | ".join(cells) + " |")
     failed = [p for p in points if p.error and p.mode == MODES[0]]
     if failed:
-        lines += ["", "Failed: " + "; ".join(f"{_model(p)} at n = {p.length} ({p.error})" for p in failed) + "."]
+        lines += ["", "Failed: " + "; ".join(f"{p.label} at n = {p.length} ({p.error})" for p in failed) + "."]
     return "\n".join(lines)
 
 
-def plot_scaling(points: list[ScalingPoint], path: Path) -> None:
-    """Time and memory (rows) of each pass (columns) against length, log-log, a line per model."""
-    fig, axes = plt.subplots(2, len(MODES), figsize=(5 * len(MODES), 7), squeeze=False)
-    models = list(dict.fromkeys(_model(p) for p in points))
-    for column, mode in enumerate(MODES):
-        for name in models:
-            mine = sorted((p for p in points if p.mode == mode and _model(p) == name and not p.error),
-                          key=lambda p: p.length)
-            style = "--" if "[" in name else "-"
-            axes[0, column].plot([p.length for p in mine], [p.seconds * 1e3 for p in mine], style, marker="o", label=name)
-            axes[1, column].plot([p.length for p in mine], [p.peak_mb for p in mine], style, marker="o", label=name)
-        axes[0, column].set(title=MODE_NAMES[mode], ylabel="time per pass (ms)")
-        axes[1, column].set(xlabel="sequence length", ylabel="peak tensor memory (MiB)")
-        for ax in axes[:, column]:
-            ax.set(xscale="log", yscale="log")
-            ax.set_xscale("log", base=2)
-            ax.grid(True, which="both", alpha=0.3)
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _method(results: CompareResults) -> str:
+    spec = results.spec
+    return (f"Every run of a task had the same data and budget; each variant ran with seeds {spec.get('seeds')}. "
+            "A cell is the mean over seeds with its Student-t 95% confidence interval in brackets (one seed: the "
+            f"value alone). Each variant is tested against the reference with {TEST_NAMES[spec.get('test', 'welch')]} "
+            f"over seeds. The best mean of a column is bold only when it is separable from every other variant's at "
+            f"alpha = {ALPHA}; a single seed, or means within each other's noise, bold nothing. These tests say "
+            "whether a difference would recur with other seeds of this spec (initialisation, batch order, dropout), "
+            "not whether it holds for other budgets, sizes or data, and several columns tested at once will now "
+            "and then show a difference by chance. FLOPs per token are those of one training step's forward and "
+            "backward on one batch, counted by PyTorch's FlopCounterMode, per token read. Peak memory on CPU is the "
+            "tensor storage alive at once during one training step (weights, gradients, AdamW state, activations), "
+            "counted exactly, so its interval is empty; on CUDA, the allocator's peak over the run. Tokens per "
+            "second and wall time vary with the machine's load: see the runs table.")
 
 
 def write_report(results: CompareResults, out_dir: Path) -> Path:
     """Write ``report.md`` and the plots; returns the report's path."""
-    records = results.runs
-    lines = [f"# Comparison: {results.spec.get('name', 'compare')}", ""]
-    machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())
-    lines += [f"Machine: {machine}.", "", "Spec:", "", "```yaml", yaml.safe_dump(results.spec, sort_keys=False).rstrip(), "```", ""]
-    lines += ["Every run had the same data, seed and budget. Values are means over seeds (± standard deviation); "
-              "the best of each metric (lowest perplexity or Frechet distance, highest otherwise), throughput, memory and time is "
-              "in bold. FLOPs per token are those of one training step (forward and backward) on one batch, "
-              "counted by PyTorch's FlopCounterMode, per token read.", ""]
-    for task, runs in _by(records, lambda r: r.task).items():
-        lines += [f"## {task}", "", task_table(runs), ""]
+    records, spec = results.runs, results.spec
+    threads = sorted({r.threads for r in records if r.threads})
+    lines = [f"# Comparison: {spec.get('name', 'compare')}", ""]
+    lines += [f"{len(records)} runs ({len(spec.get('seeds', []))} seeds), {spec.get('workers', 1)} at a time with "
+              f"{', '.join(map(str, threads)) or 'n/a'} CPU thread(s) each, on {results.machine.get('device')} "
+              f"({results.machine.get('cpus')} cores), invocation of {results.invocation or 'n/a'}.", ""]
+    lines += ["## Summary", "", *summary_lines(results.summaries), ""]
+    warnings = condition_lines(results)
+    if warnings:
+        lines += ["Measurement conditions:", "", *warnings, ""]
+    for summary in results.summaries:
+        task = summary.task
+        runs = [r for r in records if r.task == task]
+        lines += [f"## {task}", "", summary.verdict, "", task_table(summary, runs), ""]
+        if len(summary.cells) > 1:
+            lines += [tests_table(summary), ""]
         if task in results.baselines:
-            scores = ", ".join(f"test {name} {value:.3f}" for name, value in results.baselines[task].items())
+            scores = ", ".join(f"test {name} {format_number(value)}" for name, value in results.baselines[task].items())
             lines += [f"{results.baseline_names.get(task, 'Baseline')}: {scores}.", ""]
         curve = out_dir / f"curves-{task}.png"
         plot_curves(runs, task, curve)
@@ -221,7 +170,7 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
                 lines += [f"Ponder time of {record.variant} (seed {record.seed}) on one test example:", "",
                           f"![{record.variant} ponder time on {task}]({record.ponder_plot})", ""]
     if results.scaling:
-        task = results.spec["scaling"].get("task") or results.spec["tasks"][0]["kind"]
+        task = spec["scaling"].get("task") or spec["tasks"][0]["kind"]
         plot_scaling(results.scaling, out_dir / "scaling.png")
         lines += [f"## Time and memory against length ({task} models)", "",
                   f"Each variant as configured for {task}, freshly initialised (cost does not depend on training), "
@@ -237,6 +186,11 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     plot_throughput(records, out_dir / "throughput.png")
     lines += ["## Plots", "", "![metric against parameters](metric-vs-parameters.png)", "",
               "![throughput](throughput.png)", ""]
+    lines += ["## How to read it", "", _method(results), ""]
+    lines += ["## Runs", "", runs_table(records), ""]
+    machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())
+    lines += ["## Spec and machine", "", f"Machine: {machine}.", "", "```yaml",
+              yaml.safe_dump(spec, sort_keys=False).rstrip(), "```", ""]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

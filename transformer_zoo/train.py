@@ -235,13 +235,15 @@ def peak_tflops(config: TrainConfig, device: torch.device) -> float | None:
 
 
 def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = True, progress: bool = True,
-          stop_after: int | None = None) -> dict[str, Any]:
+          stop_after: int | None = None, task: Any = None) -> dict[str, Any]:
     """Train ``config.model`` on ``config.task``; returns the run summary (also in ``summary.json``).
 
     Args:
         run_dir: the run folder; an existing checkpoint there is resumed when ``resume``.
         progress: show a progress bar with loss and throughput.
         stop_after: stop (after checkpointing) once this step is reached, as an interruption would.
+        task: ``config.task`` already built (a comparison builds each task once for all its
+            seeds); None: built here.
     """
     here = distributed.world()  # one process, or one of those torchrun started
     if here.size > 1 and config.batch_size % here.size:
@@ -254,7 +256,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
     checkpoint = _latest_checkpoint(run_dir) if resume else None
     if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
         task = config.task.with_assets(run_dir).build()
-    else:
+    elif task is None:
         task = config.task.build()
     torch.manual_seed(config.seed)
     model = build_model(model_config_for(config, task))
