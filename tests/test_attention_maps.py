@@ -130,3 +130,30 @@ def test_bad_queries_are_refused(image_runs, capsys, args, message):
 def test_a_query_on_a_token_model_is_refused(runs, capsys):
     assert main(["attention", str(runs / "listops"), "--example", "test:0", "--query", "1,1"]) == 2
     assert "--query picks pixels of an image model" in capsys.readouterr().err
+
+
+# ---- what a figure shows ------------------------------------------------------------------
+def test_a_layers_grid_labels_its_axes_with_tokens_or_positions_and_has_a_colour_bar():
+    from transformer_zoo.attention_maps import MAX_LABELLED, layer_figure
+
+    long = MAX_LABELLED + 1
+    blocks = {"self": torch.softmax(torch.randn(1, 2, long, long), -1),
+              "cross": torch.softmax(torch.randn(1, 2, long, 3), -1)}
+    fig = layer_figure(blocks, {"self": ([str(i) for i in range(long)],) * 2, "cross": (None, ["a", "b", "c"])}, "t")
+    (self_1, self_2, cross_1, cross_2), colour_bar = fig.axes[:4], fig.axes[4]
+    assert (self_1.get_xlabel(), self_1.get_ylabel(), self_2.get_ylabel()) == ("key position", "query position", "")
+    assert (cross_1.get_xlabel(), cross_1.get_ylabel()) == ("key token", "query position")
+    assert [t.get_text() for t in cross_2.get_xticklabels()] == ["a", "b", "c"]
+    assert len(self_1.get_xticks()) < 10, "a long sequence is ticked at a few positions"
+    assert colour_bar.get_ylabel() == "attention weight"
+    assert colour_bar.get_ylim()[1] == pytest.approx(float(torch.cat([b.flatten() for b in blocks.values()]).max()))
+
+
+def test_an_overlay_has_a_colour_bar_per_block():
+    from transformer_zoo.attention_maps import overlay_figure
+
+    blocks = {"encoder layer 1": torch.softmax(torch.randn(2, 17, 17), -1), "encoder layer 2": torch.rand(1, 64, 64)}
+    fig = overlay_figure(torch.rand(1, 8, 8), blocks, (1, 2), "t")
+    bars = [ax for ax in fig.axes if ax.get_ylabel() == "weight on each key"]
+    assert len(bars) == 2
+    assert fig.axes[0].get_title() == "query pixel (1, 2)"

@@ -22,12 +22,14 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .train import load_run  # noqa: E402
 
-MAX_LABELLED = 48  # longer sequences get no tick labels: they would overlap
+DPI = 110
+MAX_LABELLED = 24  # longer sequences are ticked by position: more strings would overlap in a 2.6-inch cell
 
 
 def example_row(task: Any, text: str | None, example: str | None) -> dict[str, Any]:
@@ -45,26 +47,43 @@ def example_row(task: Any, text: str | None, example: str | None) -> dict[str, A
     return data[int(index)]
 
 
-def _plot_layer(blocks: dict[str, torch.Tensor], labels: dict[str, tuple[list[str], list[str]]], title: str,
-                path: Path) -> None:
+def layer_figure(blocks: dict[str, torch.Tensor], labels: dict[str, tuple[list[str] | None, list[str] | None]],
+                 title: str) -> Figure:
+    """A grid of one layer's attention: a row per block (``blocks``: name -> weights
+    ``(1, heads, queries, keys)``), a column per head, one colour bar; ``labels``: block name ->
+    (query, key) token strings, or None to tick positions."""
     heads = next(iter(blocks.values())).size(1)
-    fig, axes = plt.subplots(len(blocks), heads, figsize=(2.6 * heads, 2.6 * len(blocks)), squeeze=False)
+    top = max(float(w.max()) for w in blocks.values()) or 1.0  # one scale for all: long rows' small weights show
+    fig = Figure(figsize=(2.6 * heads + 0.9, 2.6 * len(blocks) + 0.3), layout="constrained")
+    axes = fig.subplots(len(blocks), heads, squeeze=False)
     for row, (name, weights) in enumerate(blocks.items()):
         queries, keys = labels.get(name, labels["self"])
         for head in range(heads):
             ax = axes[row, head]
-            ax.imshow(weights[0, head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+            image = ax.imshow(weights[0, head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=top, aspect="auto")
             ax.set_title(f"{name}, head {head + 1}", fontsize=8)
-            labelled = len(keys) <= MAX_LABELLED and len(queries) <= MAX_LABELLED
-            ax.set_xticks(range(len(keys)) if labelled else [])
-            ax.set_yticks(range(len(queries)) if labelled else [])
-            if labelled:
-                ax.set_xticklabels(keys, rotation=90, fontsize=6)
-                ax.set_yticklabels(queries, fontsize=6)
+            _token_axis(ax.xaxis, keys, rotation=90)
+            _token_axis(ax.yaxis, queries)
+            ax.set_xlabel("key token" if _labelled(keys) else "key position", fontsize=7)
+            if head == 0:
+                ax.set_ylabel("query token" if _labelled(queries) else "query position", fontsize=7)
+    fig.colorbar(image, ax=axes, label="attention weight", fraction=0.05 / heads, pad=0.01, aspect=30)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def _labelled(tokens: list[str] | None) -> bool:
+    return tokens is not None and len(tokens) <= MAX_LABELLED
+
+
+def _token_axis(axis: Any, tokens: list[str] | None, rotation: int = 0) -> None:
+    """Tick every position with its token string, or a few positions by number (0-based) when
+    there are no strings or too many to read."""
+    if _labelled(tokens):
+        axis.set_ticks(range(len(tokens)), tokens, fontsize=6, rotation=rotation)
+    else:
+        axis.set_major_locator(MaxNLocator(5, integer=True))
+        axis.set_tick_params(labelsize=6)
 
 
 def image_grid(keys: int, size: tuple[int, int]) -> tuple[int, tuple[int, int]]:
@@ -100,17 +119,19 @@ def parse_query(text: str) -> tuple[int, int]:
     return int(row), int(col)
 
 
-def _plot_overlays(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: tuple[int, int], title: str,
-                   path: Path) -> None:
-    """One query pixel's attention in every block, over ``image`` ``(C, H, W)``."""
+def overlay_figure(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: tuple[int, int], title: str) -> Figure:
+    """One query pixel's attention in every block (``blocks``: name -> weights ``(heads, queries,
+    keys)``), over ``image`` ``(C, H, W)``: a row per block, a column per head, a colour bar per row."""
     height, width = image.shape[-2:]
     picture = image.float().cpu()
     picture = picture[0] if picture.size(0) == 1 else picture.permute(1, 2, 0).clamp(0, 1)
     heads = max(w.size(0) for w in blocks.values())
-    fig, axes = plt.subplots(len(blocks), heads + 1, figsize=(2.2 * (heads + 1), 2.2 * len(blocks)), squeeze=False)
+    fig = Figure(figsize=(2.2 * (heads + 1) + 0.9, 2.2 * len(blocks)), layout="constrained")
+    axes = fig.subplots(len(blocks), heads + 1, squeeze=False)
     extent = (-0.5, width - 0.5, height - 0.5, -0.5)
     for row, (name, weights) in enumerate(blocks.items()):  # weights (heads, queries, keys)
         grids = query_weights(weights, query, (height, width))
+        top = float(grids.max()) or 1.0  # one scale per block: its heads compare, and its colour bar reads them
         for col in range(heads + 1):
             ax = axes[row, col]
             ax.imshow(picture.numpy(), cmap="gray_r", extent=extent)
@@ -119,16 +140,17 @@ def _plot_overlays(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: 
             if col == 0:
                 ax.plot(query[1], query[0], "o", color="red", markersize=6)
                 ax.set_ylabel(name, fontsize=7)
+                ax.set_title(f"query pixel {query}" if row == 0 else "", fontsize=7)
             elif col <= weights.size(0):
-                ax.imshow(grids[col - 1].float().cpu().numpy(), cmap="inferno", alpha=0.65, extent=extent, vmin=0.0)
+                overlay = ax.imshow(grids[col - 1].float().cpu().numpy(), cmap="inferno", alpha=0.65, extent=extent,
+                                    vmin=0.0, vmax=top)
                 ax.plot(query[1], query[0], "o", color="cyan", markersize=4)
                 ax.set_title(f"head {col}", fontsize=7)
             else:
                 ax.axis("off")
+        fig.colorbar(overlay, ax=axes[row, :], label="weight on each key", fraction=0.04, pad=0.01)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _image_maps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], queries: list[tuple[int, int]] | None,
@@ -152,7 +174,7 @@ def _image_maps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], queries
     paths = []
     for query in queries:
         path = out / f"query-{query[0]}-{query[1]}.png"
-        _plot_overlays(image, blocks, query, f"{title}: attention of pixel {query}", path)
+        overlay_figure(image, blocks, query, f"{title}: attention of pixel {query}").savefig(path, dpi=DPI)
         paths.append(path)
     return paths
 
@@ -190,6 +212,6 @@ def attention_maps(run_dir: str | os.PathLike, *, text: str | None = None, examp
         for i, blocks in enumerate(layers):
             path = out / f"{stack}-layer{i + 1}.png"
             title = f"{config.task.kind}: {stack} layer {i + 1}"
-            _plot_layer(blocks, labels[stack], title, path)
+            layer_figure(blocks, labels[stack], title).savefig(path, dpi=DPI)
             paths.append(path)
     return paths

@@ -28,6 +28,7 @@ from .core.options import Options, VariantConfig
 from .registry import get_registry
 
 MODES = ("forward", "train")
+MODE_NAMES = {"forward": "forward (inference)", "train": "forward + backward"}
 
 
 class ScalingSpec(Options):
@@ -64,6 +65,11 @@ class ScalingPoint(BaseModel):
     peak_mb: float | None = Field(
         description="peak memory of the tensors the pass created (weights not counted), in MiB (None: it failed)")
     error: str | None = Field(None, description="why the pass failed (out of memory, say), if it did")
+
+    @property
+    def label(self) -> str:
+        """The measured model's name: the variant, with a twin's full attention kind in brackets."""
+        return self.variant if self.attention == "as configured" else f"{self.variant} [{self.attention}]"
 
 
 class PeakMemory(TorchDispatchMode):
