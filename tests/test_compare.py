@@ -10,6 +10,7 @@ import pytest
 import transformer_zoo as tz
 from transformer_zoo.cli import main
 from transformer_zoo.compare import CompareResults, compare, load_spec, plan
+from transformer_zoo.core.errors import PluginLoadError
 from transformer_zoo.registry import get_registry
 
 TASKS = [
@@ -174,3 +175,84 @@ def test_a_generation_task_reports_its_real_image_baseline_and_a_grid_of_samples
 def test_task_train_must_name_tasks_of_the_spec():
     with pytest.raises(tz.ConfigError, match=r"task_train names \['digits'\], which are not among the spec's tasks"):
         small_spec(task_train={"digits": {"lr": 0.1}})
+
+
+PLUGIN = '''
+from transformer_zoo.core.options import Variant
+from transformer_zoo.plugins.transformer import TINY, TransformerConfig
+from transformer_zoo.registry import hookimpl
+
+
+@hookimpl
+def tzoo_variants():
+    return [Variant(name="transformer-narrow-tiny", config=TransformerConfig, defaults={**TINY, "d_ff": 32})]
+'''
+ONE_TASK = {"variants": ["transformer-narrow-tiny"], "tasks": [TASKS[1]], "steps": 3, "train": {"batch_size": 4}}
+
+
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+    """An importable plugin module that nothing has registered yet; unregistered afterwards."""
+    (tmp_path / "zoo_narrow_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "zoo_narrow_plugin"
+    if get_registry().pm.has_plugin("zoo_narrow_plugin"):
+        get_registry().unregister("zoo_narrow_plugin")
+
+
+def test_a_plugin_registered_in_process_reaches_the_workers(plugin_module, tmp_path):
+    import importlib
+
+    get_registry().register(importlib.import_module(plugin_module))
+    results = compare(load_spec({**ONE_TASK, "seeds": [0]}), tmp_path / "out")
+    assert [(r.variant, r.seed) for r in results.runs] == [("transformer-narrow-tiny", 0)]
+
+
+def test_plugin_and_seeds_on_the_command_line(plugin_module, tmp_path, capsys):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**ONE_TASK, "seeds": [0, 1]}))
+    out = tmp_path / "out"
+    assert main(["compare", str(spec), "--plugin", plugin_module, "--seeds", "5", "--out", str(out), "--json"]) == 0
+    printed = capsys.readouterr()
+    data = json.loads(printed.out)
+    assert [run["seed"] for run in data["runs"]] == [5] and data["spec"]["seeds"] == [5]
+    assert "[1/1] transformer-narrow-tiny on listops (seed 5): accuracy " in printed.err
+    assert "\r" not in printed.err, "progress written to a file or pipe is one line per run, with no bar"
+    with pytest.raises(SystemExit):
+        main(["compare", str(spec), "--seeds", "one", "--out", str(out)])
+    assert "'one' is not a list of seeds; give whole numbers separated by commas" in capsys.readouterr().err
+
+
+def test_a_plugin_other_processes_cannot_import_is_refused_before_training(tmp_path):
+    from transformer_zoo.registry import hookimpl
+
+    class Inline:  # defined here, as in a notebook: no module another process could import
+        @hookimpl
+        def tzoo_variants(self):
+            return []
+
+    registry = get_registry()
+    registry.register(Inline(), "inline")
+    try:
+        with pytest.raises(PluginLoadError, match="other processes cannot import; put its hooks in a module"):
+            compare(small_spec(), tmp_path / "out")
+    finally:
+        registry.unregister("inline")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tzoo_plugins_names_modules_to_load(plugin_module, monkeypatch):
+    from transformer_zoo.registry.manager import Registry
+
+    monkeypatch.setenv("TZOO_PLUGINS", f" {plugin_module}, ")
+    assert "transformer-narrow-tiny" in Registry().load().variants()
+    monkeypatch.setenv("TZOO_PLUGINS", "no_such_zoo_plugin")
+    assert "No module named 'no_such_zoo_plugin'" in Registry().load().load_errors["no_such_zoo_plugin"]
+
+
+def test_peak_memory_is_counted_exactly_so_every_seed_gives_the_same(report):
+    out, results = report
+    by_run = {}
+    for run in results.runs:
+        by_run.setdefault((run.variant, run.task), set()).add(run.peak_memory_mb)
+    assert all(len(peaks) == 1 for peaks in by_run.values()), "the same step counted exactly has one peak for every seed"
