@@ -234,20 +234,22 @@ class Seq2SeqTask(Task):
 class ClassificationTask(Task):
     """Token sequence in, one of ``num_classes`` labels out; scored by accuracy.
 
-    Examples are ``{"src": [...], "label": int}``; each source is prefixed with :data:`CLS`.
-    An encoder-decoder model keeps its encoder only.
+    Examples are ``{"src": [...], "label": int}``; each source is prefixed with ``cls_id``
+    (:data:`CLS` unless a tokenizer names another) and padded with ``pad_id``. An
+    encoder-decoder model keeps its encoder only.
     """
 
     objective: ClassVar[str] = "sequence-classification"
     metric: ClassVar[str] = "accuracy"
     vocab_size: int = 0
     num_classes: int = 0
+    pad_id, cls_id = PAD, CLS
 
     def model_overrides(self) -> dict[str, Any]:
         return {
             "vocab_size": self.vocab_size,
             "tgt_vocab_size": None,
-            "pad_id": PAD,
+            "pad_id": self.pad_id,
             "decoder": None,
             "head": {"kind": "sequence-classification", "num_classes": self.num_classes, "pooling": "cls"},
         }
@@ -258,7 +260,7 @@ class ClassificationTask(Task):
         return None
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
-        src, src_mask = pad_batch([[CLS, *r["src"]] for r in rows])
+        src, src_mask = pad_batch([[self.cls_id, *r["src"]] for r in rows], self.pad_id)
         return {"src": src, "src_mask": src_mask, "targets": torch.tensor([r["label"] for r in rows])}
 
     def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:

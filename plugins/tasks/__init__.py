@@ -5,6 +5,7 @@ from __future__ import annotations
 from transformer_zoo.registry import hookimpl
 
 from .algorithmic import Addition, Copy, Reverse, Sort
+from .datasets import LanguageModeling, Seq2Seq, TextClassification
 from .digits import Digits
 from .digits_generation import DigitsGeneration
 from .listops import ListOps
@@ -14,4 +15,5 @@ from .translation import Translation
 
 @hookimpl
 def tzoo_tasks():
-    return [Copy, Reverse, Sort, Addition, ListOps, Digits, DigitsGeneration, TextLM, TextMLM, Translation]
+    return [Copy, Reverse, Sort, Addition, ListOps, Digits, DigitsGeneration, TextLM, TextMLM, Translation,
+            TextClassification, Seq2Seq, LanguageModeling]

@@ -212,6 +212,13 @@ class TextTask(Tokenized, Task):
         return {"ids": [self.bos_id, *self.encode_texts([text])[0], self.eos_id]}
 
 
+def lm_windows(sequences: list[list[int]], eos_id: int, size: int) -> list[list[int]]:
+    """The token stream of ``sequences`` (each ended by ``eos_id``) cut into windows of
+    ``size + 1`` tokens that overlap by one, so that every token is predicted exactly once."""
+    stream = [i for ids in sequences for i in (*ids, eos_id)]
+    return [stream[s : s + size + 1] for s in range(0, max(len(stream) - 1, 0), size)]
+
+
 class TextLM(TextOptions):
     """Next-token prediction on local text files (a causal decoder); scored by perplexity."""
 
@@ -226,9 +233,7 @@ class TextLMTask(TextTask, LanguageModelTask):
     that overlap by one token, so every token is predicted exactly once."""
 
     def _chunk(self, batch: dict[str, list]) -> dict[str, list]:
-        stream = [i for ids in self.encode_texts(batch["text"]) for i in (*ids, self.eos_id)]
-        size = self.options.seq_len
-        return {"ids": [stream[s : s + size + 1] for s in range(0, max(len(stream) - 1, 0), size)]}
+        return {"ids": lm_windows(self.encode_texts(batch["text"]), self.eos_id, self.options.seq_len)}
 
     def parse_input(self, text: str) -> dict[str, Any]:
         return {"ids": [*self.encode_texts([text])[0], self.eos_id]}

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 import datasets
 import sacrebleu
 from pydantic import Field, model_validator
+from tokenizers import Tokenizer
 
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.tasks import Seq2SeqTask
@@ -67,7 +68,24 @@ def _read_pairs(files: list[str]) -> datasets.Dataset:
     raise ConfigError(f"parallel files must all be .tsv or all be .jsonl; got {', '.join(sorted(kinds))}")
 
 
-class TranslationTask(Tokenized, Seq2SeqTask):
+class BleuScored:
+    """Scores a seq2seq task's decoded text by BLEU: a mixin for a task with a ``tokenizer``,
+    ``options.max_len`` and the reference text of each example in a ``target_text`` column."""
+
+    tokenizer: Tokenizer
+    options: Any
+
+    def output_budget(self, rows: dict[str, list]) -> int:
+        """Decode up to ``max_len`` tokens: the references must not limit the output they score."""
+        return self.options.max_len + 1
+
+    def extra_scores(self, data: datasets.Dataset, outputs: list[list[int]]) -> dict[str, float]:
+        """``bleu``: sacrebleu's corpus BLEU (0-100) of the detokenized outputs against the references."""
+        hypotheses = self.tokenizer.decode_batch(outputs)
+        return {"bleu": sacrebleu.corpus_bleu(hypotheses, [data["target_text"]]).score}
+
+
+class TranslationTask(BleuScored, Tokenized, Seq2SeqTask):
     """Sentence pairs as token ids, with the reference text kept for BLEU."""
 
     metric: ClassVar[str] = "bleu"
@@ -151,15 +169,6 @@ class TranslationTask(Tokenized, Seq2SeqTask):
         data = self._split(split).map(encode, batched=True, new_fingerprint=f"{self.tokens_key}-{split}")
         data = data.filter(lambda row: 0 < len(row["src"]) <= limit and 0 < len(row["tgt"]) <= limit)
         return data.select(range(min(len(data), self.options.max_test_pairs))) if split != "train" else data
-
-    def output_budget(self, rows: dict[str, list]) -> int:
-        """Decode up to ``max_len`` tokens: the references must not limit the output they score."""
-        return self.options.max_len + 1
-
-    def extra_scores(self, data: datasets.Dataset, outputs: list[list[int]]) -> dict[str, float]:
-        """``bleu``: sacrebleu's corpus BLEU (0-100) of the detokenized outputs against the references."""
-        hypotheses = self.tokenizer.decode_batch(outputs)
-        return {"bleu": sacrebleu.corpus_bleu(hypotheses, [data["target_text"]]).score}
 
     def parse_input(self, text: str) -> dict[str, Any]:
         return {"src": self.encode_texts([text])[0]}
