@@ -89,6 +89,10 @@ def test_a_rerun_reuses_finished_runs_and_flags_them(report):
         ({"variants": [{"variant": "transformer-tiny", "decoder": None}], "tasks": ["reverse"]}, tz.ConfigError,
          "no variant in the spec can do any of its tasks"),
         ({"train": {"batch_sise": 4}}, tz.ConfigError, "unknown key 'batch_sise'"),
+        ({"model": {"dropuot": 0.0}}, tz.ConfigError, r"model options \['dropuot'\] are fields of none of its variants"),
+        ({"reference": "bert-tiny"}, tz.ConfigError, "reference 'bert-tiny' is not one of the spec's variants"),
+        ({"tasks": [TASKS[1], TASKS[1]]}, tz.ConfigError, "tasks name the kind 'listops' more than once"),
+        ({"seeds": [0, 0]}, tz.ConfigError, r"seeds \[0, 0\] name a seed twice"),
     ],
 )
 def test_bad_specs_fail_before_any_training(change, error, message, tmp_path):
@@ -256,3 +260,13 @@ def test_peak_memory_is_counted_exactly_so_every_seed_gives_the_same(report):
     for run in results.runs:
         by_run.setdefault((run.variant, run.task), set()).add(run.peak_memory_mb)
     assert all(len(peaks) == 1 for peaks in by_run.values()), "the same step counted exactly has one peak for every seed"
+
+
+def test_model_options_reach_every_variant_that_has_the_field():
+    spec = load_spec({"variants": ["transformer-tiny", "sagan-classifier-tiny", {"variant": "vit-tiny", "dropout": 0.2}],
+                      "tasks": ["digits"], "model": {"dropout": 0.0}, "seeds": [0]})
+    runs, _ = plan(spec)
+    models = {label: config.model for label, config in runs}
+    assert models["transformer-tiny"] == {"variant": "transformer-tiny", "dropout": 0.0}
+    assert models["sagan-classifier-tiny"] == "sagan-classifier-tiny", "it has no dropout to turn off"
+    assert models['vit-tiny {"dropout"=0.2}'] == {"variant": "vit-tiny", "dropout": 0.2}, "a variant's own value wins"

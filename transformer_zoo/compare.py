@@ -59,9 +59,13 @@ class CompareSpec(Options):
     threads: int | None = Field(
         None, ge=1, description="CPU threads of each run; null: the cores available to this process, shared "
         "among the workers")
+    model: dict[str, Any] = Field(
+        {}, description="model config values for every variant whose config has the field, under the variant's own "
+        "(dropout: 0.0 turns dropout off wherever there is any); a field no variant has is an error")
     train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
     task_train: dict[str, dict[str, Any]] = Field(
-        {}, description="by task kind: training options for the runs on that task, over 'train' (a GAN's recipe)")
+        {}, description="by task kind: training options for the runs on that task, over 'train', 'steps' and "
+        "'seconds' (a GAN's recipe, or its own budget)")
     scaling: ScalingSpec | None = Field(
         None, description="also measure time and memory against sequence length of the variants on one task")
 
@@ -76,6 +80,10 @@ class CompareSpec(Options):
             raise ValueError(f"reference {self.reference!r} is not one of the spec's variants {labels}; name one "
                              "of them (a config variant by its label, as the report shows it)")
         kinds = [task.kind for task in self.tasks]
+        twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+        if twice:
+            raise ValueError(f"tasks name the kind {twice[0]!r} more than once; a report keys its tables by task kind, "
+                             "so compare each dataset of one kind in a spec of its own")
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
             raise ValueError(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
@@ -191,15 +199,18 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
             in several phases (a GAN) is skipped when there are more than one.
     """
     runs, skipped = [], []
-    for variant in spec.variants:
-        load_config({"variant": variant} if isinstance(variant, str) else variant)  # unknown names fail here
+    fields = set()
+    for label, variant in ((_label(v), v) for v in spec.variants):
+        config = load_config({"variant": variant} if isinstance(variant, str) else variant)  # unknown names fail here
+        fields |= set(type(config).model_fields)
+        variant = _with_model_options(variant, type(config), spec.model)
         for task_options in spec.tasks:
             task = task_options.build()
             for seed in spec.seeds:
                 config = validate(
                     TrainConfig,
-                    {**spec.train, **spec.task_train.get(task_options.kind, {}), "model": variant, "task": task_options,
-                     "steps": spec.steps, "max_seconds": spec.seconds, "seed": seed},
+                    {**spec.train, "steps": spec.steps, "max_seconds": spec.seconds,
+                     **spec.task_train.get(task_options.kind, {}), "model": variant, "task": task_options, "seed": seed},
                     "compare spec 'train' and 'task_train' options",
                 )
                 if processes > 1 and config.batch_size % processes:
@@ -214,12 +225,23 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
                         raise ValueError(f"{model.variant!r} trains in phases {phases}, which run in one process only; "
                                          "compare it in a job of one process")
                 except ValueError as exc:
-                    skipped.append(Skipped(variant=_label(variant), task=task_options.kind, reason=str(exc)))
+                    skipped.append(Skipped(variant=label, task=task_options.kind, reason=str(exc)))
                     break
-                runs.append((_label(variant), config))
+                runs.append((label, config))
+    unknown = sorted(set(spec.model) - fields)
+    if unknown:
+        raise ConfigError(f"the spec's model options {unknown} are fields of none of its variants' configs; "
+                          "see `tzoo show VARIANT` for the fields a variant has")
     if not runs:
         raise ConfigError("no variant in the spec can do any of its tasks:\n" + "\n".join(f"  {s.reason}" for s in skipped))
     return runs, skipped
+
+
+def _with_model_options(variant: str | dict[str, Any], config: type, options: dict[str, Any]) -> str | dict[str, Any]:
+    """The variant with the spec's ``model`` values its config has and does not set itself."""
+    given = {"variant": variant} if isinstance(variant, str) else variant
+    extra = {k: v for k, v in options.items() if k in config.model_fields and k not in given}
+    return {**given, **extra} if extra else variant
 
 
 def _phases(model) -> list[str]:
@@ -362,7 +384,7 @@ def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_d
         saved = json.loads(path.read_text())
         if saved.get("key") == key:
             return [ScalingPoint.model_validate(p) for p in saved["points"]]
-    points = measure_scaling(models, task, spec.scaling, device)
+    points = measure_scaling(models, task, spec.scaling, device, progress=sys.stderr.isatty())  # no bar in a log
     text = json.dumps({"key": key, "points": [p.model_dump() for p in points]})
     atomic_write(path, lambda tmp: tmp.write_text(text))
     return points
@@ -409,8 +431,10 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     threads, workers = run_threads(spec), min(spec.workers, len(runs))
     # a bar redraws with carriage returns: only for one run at a time, on a terminal
     bars = workers == 1 and sys.stderr.isatty()
+    # the largest budgets (steps x batch) start first, so that no long run is left to finish alone
+    order = sorted(runs, key=lambda run: -run[1].steps * run[1].batch_size) if workers > 1 else runs
     jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config)), invocation, bars)
-            for label, config in runs]
+            for label, config in order]
     say(f"{len(jobs)} runs, {workers} at a time" + ("" if here.launched else f", {threads} CPU threads each"))
     records, started = {}, time.perf_counter()
     with contextlib.ExitStack() as stack:

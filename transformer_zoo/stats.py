@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -80,7 +81,9 @@ def difference(a: list[float], b: list[float], test: TestKind = "welch", confide
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     half = float(_scipy.t.ppf(0.5 + confidence / 2, df)) * math.sqrt(va + vb)
     if test == "welch":
-        p = float(_scipy.ttest_ind(a, b, equal_var=False).pvalue)
+        with warnings.catch_warnings():  # nearly equal runs: scipy warns of precision it does not need here
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p = float(_scipy.ttest_ind(a, b, equal_var=False).pvalue)
     else:
         p = float(_scipy.permutation_test(
             (a, b), lambda x, y: statistics.fmean(x) - statistics.fmean(y), permutation_type="independent",

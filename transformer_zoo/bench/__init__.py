@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ut-act": ("ut_act", "Universal Transformer with ACT against a fixed number of steps"),
     "sagan-gan": ("sagan_gan", "sagan-gan against the same GAN without attention, on digits-generation"),
     "mfu": ("mfu", "model FLOPs utilisation of a compiled bf16 training step, against the device's peak"),
+    "contention": ("contention", "a training run alone and beside a CPU-bound process, by thread count"),
 }
 
 
