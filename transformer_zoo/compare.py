@@ -115,7 +115,7 @@ class RunRecord(BaseModel):
     cpus: int = Field(0, description="the cores available to the run's process")
     load_average: float = Field(
         0.0, description="the machine's 1-minute load average, the larger of its values at the start and the end of "
-        "training: above cpus, other work competed with the run")
+        "training (the comparison's own runs included): one or more above cpus, other work competed with the run")
     invocation: str = Field("", description="the compare invocation that ran it (its start time)")
     reused: bool = Field(
         False, description="finished by an earlier invocation and kept: its costs were measured under other conditions")

@@ -70,10 +70,10 @@ def condition_lines(results: CompareResults) -> list[str]:
         lines.append(f"- {len(kept)} of {len(results.runs)} runs (marked {KEPT}) were kept from an earlier invocation "
                      f"({', '.join(sorted({r.invocation or 'unknown' for r in kept}))}); their times were measured under "
                      "other conditions, so times of tasks that mix invocations are neither bolded nor compared.")
-    loaded = [r for r in results.runs if r.cpus and r.load_average > r.cpus]
+    loaded = [r for r in results.runs if r.cpus and r.load_average >= r.cpus + 1]  # a process more than cores
     if loaded:
         worst = max(loaded, key=lambda r: r.load_average / r.cpus)
-        lines.append(f"- The machine's load exceeded its cores during {len(loaded)} runs (at worst "
+        lines.append(f"- The machine's load exceeded its cores by one or more during {len(loaded)} runs (at worst "
                      f"{worst.load_average:.1f} on {worst.cpus} cores, {worst.variant} on {worst.task}, seed "
                      f"{worst.seed}): other work competed with them, and their times are slower than the machine's.")
     return lines
