@@ -126,25 +126,18 @@ class Registry:
                                   "from here (on sys.path or installed), such as my_package.zoo_plugin") from None
         return self.register(imported, module)
 
-    def portable_plugins(self) -> list[str]:
-        """The modules of the plugins registered in this process, which another process can import
-        and register again (a comparison's workers); a plugin that is not an importable module
-        cannot be carried over.
-
-        Raises:
-            PluginLoadError: a plugin registered in-process is not an importable module.
-        """
-        modules = []
+    def portable_plugins(self) -> tuple[list[str], list[str]]:
+        """The plugins registered in this process, as another process (a comparison's worker)
+        could register them again: the modules it can import, and the names of those it cannot
+        (an object defined in a notebook or in ``__main__``)."""
+        modules, stranded = [], []
         for name, plugin in self.in_process.items():
-            module = getattr(plugin, "__name__", None) if inspect.ismodule(plugin) else None
+            module = plugin.__name__ if inspect.ismodule(plugin) else None
             if module is None or module == "__main__" or importlib.util.find_spec(module) is None:
-                raise PluginLoadError(
-                    f"plugin {name!r} was registered in this process from {module or type(plugin).__name__!r}, which "
-                    "other processes cannot import; put its hooks in a module on the path (my_plugin.py) and pass "
-                    "that: `tzoo compare --plugin my_plugin`, compare(..., plugins=['my_plugin']) or "
-                    f"{PLUGINS_VARIABLE}=my_plugin")
-            modules.append(module)
-        return modules
+                stranded.append(name)
+            else:
+                modules.append(module)
+        return modules, stranded
 
     def unregister(self, name: str) -> None:
         """Remove a plugin registered under ``name`` and everything it offered."""

@@ -10,7 +10,6 @@ import pytest
 import transformer_zoo as tz
 from transformer_zoo.cli import main
 from transformer_zoo.compare import CompareResults, compare, load_spec, plan
-from transformer_zoo.core.errors import PluginLoadError
 from transformer_zoo.registry import get_registry
 
 TASKS = [
@@ -227,22 +226,26 @@ def test_plugin_and_seeds_on_the_command_line(plugin_module, tmp_path, capsys):
     assert "'one' is not a list of seeds; give whole numbers separated by commas" in capsys.readouterr().err
 
 
-def test_a_plugin_other_processes_cannot_import_is_refused_before_training(tmp_path):
+def test_a_plugin_defined_in_a_notebook_keeps_the_runs_in_process(tmp_path, capsys):
+    from transformer_zoo.core.options import Variant
+    from transformer_zoo.plugins.transformer import TINY, TransformerConfig
     from transformer_zoo.registry import hookimpl
 
-    class Inline:  # defined here, as in a notebook: no module another process could import
+    class Inline:  # defined here, as in a notebook cell: no module another process could import
         @hookimpl
         def tzoo_variants(self):
-            return []
+            return [Variant(name="transformer-inline-tiny", config=TransformerConfig, defaults={**TINY, "d_ff": 48})]
 
     registry = get_registry()
     registry.register(Inline(), "inline")
     try:
-        with pytest.raises(PluginLoadError, match="other processes cannot import; put its hooks in a module"):
-            compare(small_spec(), tmp_path / "out")
+        spec = load_spec({**ONE_TASK, "variants": ["transformer-inline-tiny"], "seeds": [0, 1], "workers": 2})
+        results = compare(spec, tmp_path / "out")
     finally:
         registry.unregister("inline")
-    assert not (tmp_path / "out").exists()
+    assert [(r.variant, r.seed) for r in results.runs] == [("transformer-inline-tiny", 0), ("transformer-inline-tiny", 1)]
+    err = capsys.readouterr().err
+    assert "plugin(s) inline are not importable modules" in err and "2 runs, 1 at a time" in err
 
 
 def test_tzoo_plugins_names_modules_to_load(plugin_module, monkeypatch):
@@ -254,12 +257,20 @@ def test_tzoo_plugins_names_modules_to_load(plugin_module, monkeypatch):
     assert "No module named 'no_such_zoo_plugin'" in Registry().load().load_errors["no_such_zoo_plugin"]
 
 
-def test_peak_memory_is_counted_exactly_so_every_seed_gives_the_same(report):
-    out, results = report
-    by_run = {}
-    for run in results.runs:
-        by_run.setdefault((run.variant, run.task), set()).add(run.peak_memory_mb)
-    assert all(len(peaks) == 1 for peaks in by_run.values()), "the same step counted exactly has one peak for every seed"
+def test_peak_memory_of_a_step_is_exact_and_grows_with_the_batch(tmp_path):
+    """The same step counted twice gives the same bytes (no process history in it), and at least
+    the weights, their gradients and AdamW's two moments."""
+    from transformer_zoo.compare import training_step_costs
+    from transformer_zoo.train import load_run, load_train_config, train
+
+    config = load_train_config({"model": "transformer-tiny", "task": TASKS[1], "steps": 1, "batch_size": 4})
+    train(config, tmp_path / "run", progress=False)
+    _, task, model = load_run(tmp_path / "run")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    first, second = (training_step_costs(model, task, config)[1] for _ in range(2))
+    assert first == second and first > 4 * weights
+    larger = training_step_costs(model, task, config.model_copy(update={"batch_size": 16}))[1]
+    assert larger > first, "activations grow with the batch"
 
 
 def test_model_options_reach_every_variant_that_has_the_field():

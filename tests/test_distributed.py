@@ -116,7 +116,7 @@ def test_compare_on_a_torchrun_job_trains_each_run_over_the_processes(tmp_path):
 
     model = CONFIG["model"]
     spec = {"name": "two", "variants": [model, "sagan-gan"], "tasks": [CONFIG["task"], "digits-generation"],
-            "steps": 8, "train": {k: CONFIG[k] for k in ("batch_size", "lr", "warmup_steps", "log_every")}}
+            "steps": 8, "seeds": [0], "train": {k: CONFIG[k] for k in ("batch_size", "lr", "warmup_steps", "log_every")}}
     result = torchrun(tmp_path, spec, tmp_path / "report", command="compare")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["report"].endswith("report.md"), "process 0 alone reports"

@@ -106,7 +106,7 @@ class RunRecord(BaseModel):
     train_tokens_per_second: float = Field(description="tokens read by the model per second of training")
     peak_memory_mb: float = Field(
         description="peak memory (MiB) of training: on CPU, the tensor storage alive at once during one training "
-        "step on a batch of the run's size (weights, gradients, AdamW state and activations), counted exactly by "
+        "step on the run's first batch (weights, gradients, AdamW state and activations), counted exactly by "
         "PeakMemory; on CUDA, the allocator's peak over the run")
     steps: int = Field(description="optimizer steps taken")
     wall_seconds: float = Field(description="wall time of the run, evaluation included")
@@ -321,6 +321,7 @@ def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) 
     from .train import _batch, _only, _optimizers
 
     model.train()
+    model.zero_grad(set_to_none=True)  # as each training step starts: gradients are the step's own
     batch = _batch(task, task.dataset("train"), 0, config, next(model.parameters()).device)
     phases, optimizers, _ = _optimizers(model, config)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
@@ -406,7 +407,9 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
 
     Args:
         plugins: plugin modules to register here and in every worker (``--plugin``); plugins
-            registered in this process before the call are carried to the workers too.
+            registered in this process before the call are carried to the workers too, and
+            one that no worker could import (an object defined in a notebook) keeps the runs
+            in this process, one at a time.
 
     On a torchrun job every process calls it; process 0 writes and returns the results, the
     others return None."""
@@ -415,9 +418,10 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     registry = get_registry()
     for module in plugins or ():
         registry.register_module(module)
-    carried = registry.portable_plugins()  # before any training: a plugin the workers cannot import fails now
+    carried, stranded = registry.portable_plugins()
     out_dir = Path(out_dir)
     here = distributed.world()
+    begun = time.perf_counter()
     runs, skipped = plan(spec, here.size)
 
     def say(message: str) -> None:  # progress goes to stderr: stdout is the command's result (--json)
@@ -435,10 +439,19 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     order = sorted(runs, key=lambda run: -run[1].steps * run[1].batch_size) if workers > 1 else runs
     jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config)), invocation, bars)
             for label, config in order]
+    if stranded and not here.launched:  # a worker could not register them: train here, one run at a time
+        workers = 1
+        say(f"plugin(s) {', '.join(stranded)} are not importable modules, so no worker process could register them: "
+            "the runs train in this process, one at a time (put a plugin's hooks in a module and pass --plugin "
+            "MODULE to train in workers)")
     say(f"{len(jobs)} runs, {workers} at a time" + ("" if here.launched else f", {threads} CPU threads each"))
     records, started = {}, time.perf_counter()
     with contextlib.ExitStack() as stack:
         if here.launched:  # the job's processes train each run together, in turn
+            done = map(_run, jobs)
+        elif stranded:
+            stack.callback(torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(threads)
             done = map(_run, jobs)
         else:
             pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
@@ -469,6 +482,8 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     results.summaries = summarize(results.runs, spec.reference, spec.test, invocation)
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
+    say(f"compared {len(records)} runs in {_duration(time.perf_counter() - begun)} of wall time; report: "
+        f"{out_dir / 'report.md'}")
     return results
 
 

@@ -133,8 +133,8 @@ def _method(results: CompareResults) -> str:
             "not whether it holds for other budgets, sizes or data, and several columns tested at once will now "
             "and then show a difference by chance. FLOPs per token are those of one training step's forward and "
             "backward on one batch, counted by PyTorch's FlopCounterMode, per token read. Peak memory on CPU is the "
-            "tensor storage alive at once during one training step (weights, gradients, AdamW state, activations), "
-            "counted exactly, so its interval is empty; on CUDA, the allocator's peak over the run. Tokens per "
+            "tensor storage alive at once during one training step on the run's first batch (weights, gradients, "
+            "AdamW state, activations), counted exactly; on CUDA, the allocator's peak over the run. Tokens per "
             "second and wall time vary with the machine's load: see the runs table.")
 
 
