@@ -132,7 +132,8 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
         ("sagan-gan", "reverse"), ("sagan-gan", "listops"), ("sagan-gan", "digits"),  # a generator, not a classifier
     ]
     gan = next(config for label, config in runs if label == "sagan-gan")
-    assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size) == (4e-4, "constant", 0, 64), "the GAN's recipe"
+    assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size, gan.steps) == (4e-4, "constant", 0, 32, 800), \
+        "the GAN's recipe and budget"
 
 
 def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
