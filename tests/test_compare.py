@@ -132,7 +132,7 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
         ("sagan-gan", "reverse"), ("sagan-gan", "listops"), ("sagan-gan", "digits"),  # a generator, not a classifier
     ]
     gan = next(config for label, config in runs if label == "sagan-gan")
-    assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size, gan.steps) == (4e-4, "constant", 0, 32, 800), \
+    assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size, gan.steps) == (4e-4, "constant", 0, 32, 600), \
         "the GAN's recipe and budget"
 
 
