@@ -276,7 +276,9 @@ def _run(args: tuple[str, dict[str, Any], str, str, bool]) -> dict[str, Any] | N
         return {**record, "reused": record.get("invocation") != invocation}
     config = TrainConfig.model_validate(config_data)
     key = config.task.model_dump_json()
-    task = _TASKS[key] if key in _TASKS else _TASKS.setdefault(key, config.task.build())
+    if key not in _TASKS:
+        _TASKS[key] = config.task.build()
+    task = _TASKS[key]
     cuda = torch.cuda.is_available() and config.device != "cpu"
     if cuda:
         torch.cuda.reset_peak_memory_stats()

@@ -161,22 +161,19 @@ def _ranked(values: dict, name: str, higher: bool) -> list[str]:
     return sorted(present, key=lambda v: sum(values[v][name]) / len(values[v][name]), reverse=higher)
 
 
-def _separable_best(values: dict, name: str, higher: bool, test: TestKind) -> str | None:
-    """The variant with the best mean in column ``name`` if it differs significantly from every other."""
-    ranked = _ranked(values, name, higher)
-    if len(ranked) < 2:
-        return None
-    top = ranked[0]
-    return top if all(difference(values[top][name], values[v][name], test).separable() for v in ranked[1:]) else None
-
-
 def _leaders(values: dict, name: str, higher: bool, test: TestKind) -> list[str]:
-    """The variant with the best mean and every variant not separable from it."""
+    """The variant with the best mean in column ``name``, and every variant not separable from it."""
     ranked = _ranked(values, name, higher)
     if not ranked:
         return []
     top = ranked[0]
     return [top] + [v for v in ranked[1:] if not difference(values[top][name], values[v][name], test).separable()]
+
+
+def _separable_best(values: dict, name: str, higher: bool, test: TestKind) -> str | None:
+    """The variant with the best mean in column ``name`` if it differs significantly from every other."""
+    leaders = _leaders(values, name, higher, test)
+    return leaders[0] if len(leaders) == 1 and len(_ranked(values, name, higher)) > 1 else None
 
 
 def format_cell(cell: Cell | None, decimals: int = 3) -> str:
