@@ -9,20 +9,25 @@ encoder-only model and ``encoder`` for a decoder-only one.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from torch import nn
 
+from . import builders
 from .attention import AttentionPositional
 from .embedding import Embeddings
-from .layers import TransformerLayer
 from .model import EncoderDecoder
 from .options import FFN, Head, Norm, Positional, Stack, StackOptions, VariantConfig
+from .stack import StepSignal
 
 
 class EncoderDecoderConfig(VariantConfig):
     """Every option of the base encoder-decoder."""
+
+    positions_per_step: ClassVar[bool] = False
+    """Whether a recurrent stack adds the positions at every step, in its step signal (the
+    Universal Transformer's ``P^t``), rather than once to the embeddings."""
 
     vocab_size: int = Field(32000, ge=1, description="token vocabulary of the source (and target, unless tgt_vocab_size)")
     tgt_vocab_size: int | None = Field(None, ge=1, description="target vocabulary when it differs; None: vocab_size")
@@ -66,9 +71,11 @@ class EncoderDecoderConfig(VariantConfig):
         if self.pad_id >= min(self.vocab_size, self.tgt_vocab_size or self.vocab_size):
             raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary (vocab_size={self.vocab_size})")
         for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
-            for index in range(stack.layers if stack is not None else 0):
+            kinds = [] if stack is None else stack.attention if isinstance(stack.attention, list) else [stack.attention]
+            for kind in kinds:
                 try:
-                    stack.attention_at(index).check(max_len=self.max_len)
+                    kind.check(max_len=self.max_len)
+                    kind.check_positional(self.positional)
                 except ValueError as error:
                     raise ValueError(f"{name}.attention: {error}") from None
         return self
@@ -77,45 +84,31 @@ class EncoderDecoderConfig(VariantConfig):
     def output_vocab_size(self) -> int:
         return (self.tgt_vocab_size or self.vocab_size) if self.decoder is not None else self.vocab_size
 
-    def _layer(self, stack: StackOptions, in_attention: AttentionPositional | None, cross: bool,
-               index: int = 0) -> TransformerLayer:
-        def attention(options, positional):
-            return options.build(d_model=self.d_model, n_heads=self.n_heads, dropout=self.dropout, positional=positional)
-
-        return TransformerLayer(
-            attention(stack.attention_at(index), in_attention),
-            self.ffn.build(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout),
-            [self.norm.build(d_model=self.d_model) for _ in range(3 if cross else 2)],
-            cross_attn=attention(stack.cross_attention, None) if cross else None,
-            dropout=self.dropout,
-            pre_norm=self.norm_placement == "pre",
-        )
-
-    def _side(self, stack: StackOptions, token: nn.Embedding, cross: bool) -> tuple[Embeddings, nn.Module]:
-        """The embeddings and the stack of the encoder or the decoder."""
+    def positional_modules(self) -> tuple[nn.Module | None, AttentionPositional | None]:
+        """The positional scheme built: ``(additive module or None, in-attention scheme or None)``."""
         positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
-        in_attention = positional if isinstance(positional, AttentionPositional) else None
-        additive, stack_context = self._place_positions(stack, None if in_attention is not None else positional)
-        embed = Embeddings(
-            token,
-            positional=additive,
-            scale=math.sqrt(self.d_model) if self.scale_embeddings else 1.0,
-            dropout=self.dropout,
-        )
-        with_final_norm = self.norm_placement == "pre" if self.final_norm is None else self.final_norm
-        return embed, stack.build(
-            make_layer=lambda index=0: self._layer(stack, in_attention, cross, index),
-            final_norm=self.norm.build(d_model=self.d_model) if with_final_norm else None,
-            d_model=self.d_model,
-            **stack_context,
-        )
+        if isinstance(positional, AttentionPositional):
+            return None, positional
+        return positional, None
 
-    def _place_positions(self, stack: StackOptions, additive: nn.Module | None) -> tuple[nn.Module | None, dict]:
-        """Where additive positions go: ``(for the embeddings, extra build arguments of the stack)``.
+    def stack(self, options: StackOptions, *, cross: bool, in_attention: AttentionPositional | None,
+              signal: nn.Module | None = None, final_norm: bool | None = None) -> nn.Module:
+        """One of the model's stacks, with this config's sizes, norm and feed-forward kinds."""
+        if final_norm is None:
+            final_norm = self.norm_placement == "pre" if self.final_norm is None else self.final_norm
+        return builders.stack(options, d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
+                              ffn=self.ffn, norm=self.norm, pre_norm=self.norm_placement == "pre", final_norm=final_norm,
+                              cross=cross, positional=in_attention, signal=signal)
 
-        By default they are added once, to the embeddings; a family may hand them to the stack.
-        """
-        return additive, {}
+    def _side(self, options: StackOptions, token: nn.Embedding, cross: bool) -> tuple[Embeddings, nn.Module]:
+        """The embeddings and the stack of the encoder or the decoder."""
+        additive, in_attention = self.positional_modules()
+        signal = None
+        if options.recurrent and self.positions_per_step:
+            signal, additive = StepSignal(self.d_model, options.layers, positional=additive), None
+        embed = Embeddings(token, positional=additive, scale=math.sqrt(self.d_model) if self.scale_embeddings else 1.0,
+                           dropout=self.dropout)
+        return embed, self.stack(options, cross=cross, in_attention=in_attention, signal=signal)
 
     def _token_embedding(self, vocab_size: int) -> nn.Embedding:
         token = nn.Embedding(vocab_size, self.d_model)

@@ -70,6 +70,11 @@ class ZooModel(nn.Module):
         every parameter."""
         return [Phase("model", tuple(self.parameters()))]
 
+    def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
+        """The head's loss on ``output.logits`` plus any auxiliary term of the stacks (ponder cost)."""
+        loss = self.head.loss(output.logits, targets)
+        return loss if output.aux_loss is None else loss + output.aux_loss
+
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
 
@@ -123,10 +128,22 @@ class ModelOutput:
     aux_loss: Tensor | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
 
-
-def _sum_aux(*outputs: StackOutput | None) -> Tensor | None:
-    terms = [o.aux_loss for o in outputs if o is not None and o.aux_loss is not None]
-    return sum(terms[1:], terms[0]) if terms else None
+    @classmethod
+    def of(cls, logits: Tensor, stacks: dict[str, StackOutput | None], *, need_weights: bool = False,
+           extras: dict[str, Tensor] | None = None) -> ModelOutput:
+        """The output of a model whose ``stacks`` (by name, in order; None for an absent one)
+        produced ``logits``: the last stack's hidden states, every stack's attention weights
+        (when asked for), the sum of their auxiliary losses, and their extras prefixed by stack name."""
+        ran = {name: out for name, out in stacks.items() if out is not None}
+        terms = [out.aux_loss for out in ran.values() if out.aux_loss is not None]
+        return cls(
+            logits=logits,
+            hidden=list(ran.values())[-1].hidden,
+            attentions={name: out.attentions for name, out in ran.items()} if need_weights else {},
+            aux_loss=sum(terms[1:], terms[0]) if terms else None,
+            extras={**{f"{name}_{key}": value for name, out in ran.items() for key, value in out.extras.items()},
+                    **(extras or {})},
+        )
 
 
 class EncoderDecoder(ZooModel):
@@ -258,22 +275,5 @@ class EncoderDecoder(ZooModel):
             memory = None if enc is None else enc.hidden
             dec = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=need_weights)
         last, mask = (dec, tgt_mask) if dec is not None else (enc, src_mask)
-        attentions = {name: out.attentions for name, out in (("encoder", enc), ("decoder", dec)) if out is not None}
-        extras = {
-            f"{name}_{key}": value
-            for name, out in (("encoder", enc), ("decoder", dec))
-            if out is not None
-            for key, value in out.extras.items()
-        }
-        return ModelOutput(
-            logits=self.head(last.hidden, None if mask is None else mask.bool()),
-            hidden=last.hidden,
-            attentions=attentions if need_weights else {},
-            aux_loss=_sum_aux(enc, dec),
-            extras=extras,
-        )
-
-    def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
-        """The head's loss on ``output.logits`` plus any auxiliary term of the stacks."""
-        loss = self.head.loss(output.logits, targets)
-        return loss if output.aux_loss is None else loss + output.aux_loss
+        logits = self.head(last.hidden, None if mask is None else mask.bool())
+        return ModelOutput.of(logits, {"encoder": enc, "decoder": dec}, need_weights=need_weights)

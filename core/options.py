@@ -10,19 +10,29 @@ kind of that category, built-in or third-party, dispatched on ``kind``.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, GetJsonSchemaHandler, model_validator
-from pydantic_core import core_schema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 from torch import nn
 
 from .errors import UnknownNameError
 
 
 class Options(BaseModel):
-    """Base of every options model: unknown keys are rejected with the allowed ones listed."""
+    """Base of every options model: unknown keys are refused, each with the closest allowed key
+    suggested and the allowed keys listed."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
@@ -30,15 +40,21 @@ class Options(BaseModel):
     @classmethod
     def _reject_unknown_keys(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            allowed = set(cls.model_fields)
-            for key in data:
-                if key not in allowed:
-                    close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-                    hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    raise ValueError(
-                        f"unknown key {key!r}{hint}; allowed keys for {cls.__name__}: {', '.join(sorted(allowed))}"
-                    )
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                raise ValueError(_unknown_keys(unknown, sorted(cls.model_fields), cls))
         return data
+
+
+def _unknown_keys(keys: list[Any], allowed: list[str], options: type[Options]) -> str:
+    """``unknown key 'windw' (did you mean 'window'?); allowed keys for attention kind 'local-global': ...``"""
+    named = []
+    for key in keys:
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    kind, category = options.model_fields.get("kind"), getattr(options, "category", "")
+    what = f"{category} kind {kind.default!r}" if kind is not None and category and kind.default else options.__name__
+    return f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(named)}; allowed keys for {what}: {', '.join(allowed)}"
 
 
 class ComponentOptions(Options):
@@ -70,6 +86,7 @@ class PositionalOptions(ComponentOptions):
 
     category: ClassVar[str] = "positional"
     default_kind: ClassVar[str] = "sinusoidal"
+    scores_bias: ClassVar[bool] = False  # adds a bias to the attention scores (ALiBi): a kernel must take bias
 
 
 class NormOptions(ComponentOptions):
@@ -94,19 +111,76 @@ class HeadOptions(ComponentOptions):
     default_kind: ClassVar[str] = "lm"
 
 
+class Kinds(Protocol):
+    """What validation needs of a registry: the registered kinds of each category.
+
+    :class:`transformer_zoo.registry.Registry` is one. Validation reads it from pydantic's
+    validation context (``model_validate(data, context={"registry": registry})``), else from the
+    process-wide registry the registry package installs with :func:`use_kinds`.
+    """
+
+    def components(self, category: str) -> dict[str, type[ComponentOptions]]: ...
+
+    def component(self, category: str, kind: str) -> type[ComponentOptions]: ...
+
+    def default_kind(self, category: str) -> str: ...
+
+
+_default_kinds: Callable[[], Kinds] | None = None
+
+
+def use_kinds(provider: Callable[[], Kinds]) -> None:
+    """Install the registry that validation without a ``registry`` in its context uses."""
+    global _default_kinds
+    _default_kinds = provider
+
+
+def kinds_from(context: Any) -> Kinds:
+    """The registry in a validation context, else the installed one."""
+    kinds = context.get("registry") if isinstance(context, dict) else None
+    if kinds is None and _default_kinds is not None:
+        kinds = _default_kinds()
+    if kinds is None:
+        raise RuntimeError("no registry to validate component kinds against: pass context={'registry': registry} "
+                           "to model_validate, or import transformer_zoo (which installs its registry)")
+    return kinds
+
+
 class ComponentField:
     """Pydantic annotation: validate a field as any registered kind of ``category``.
 
     Accepts a mapping with ``kind`` (the category's default kind when left out), a kind name
-    alone, or an options instance. The JSON Schema lists every registered kind.
+    alone, or an options instance; with ``many``, also a list of those (errors name the item's
+    index). The JSON Schema lists every registered kind.
     """
 
-    def __init__(self, category: str) -> None:
+    def __init__(self, category: str, *, many: bool = False) -> None:
         self.category = category
+        self.many = many
 
-    def _validate(self, value: Any) -> ComponentOptions:
-        from ..registry import get_registry
+    def _validate(self, value: Any, info: ValidationInfo) -> ComponentOptions | list[ComponentOptions]:
+        kinds = kinds_from(info.context)
+        if self.many and isinstance(value, (list, tuple)):
+            if not value:
+                raise ValueError(f"give one {self.category} kind or a non-empty list of them, got an empty list")
+            return list(self._each(value, kinds, info.context))
+        return self._one(value, kinds, info.context)
 
+    def _each(self, values: list[Any], kinds: Kinds, context: Any) -> Iterator[ComponentOptions]:
+        errors = []
+        for index, value in enumerate(values):
+            try:
+                yield self._one(value, kinds, context)
+            except ValidationError as error:
+                errors += [InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"].replace("{", "{{").replace("}", "}}")),
+                                            loc=(index, *e["loc"]), input=e["input"]) for e in error.errors()]
+            except ValueError as error:
+                errors.append(InitErrorDetails(type=PydanticCustomError("value_error", str(error).replace("{", "{{")
+                                                                        .replace("}", "}}")), loc=(index,), input=value))
+        if errors:
+            raise ValidationError.from_exception_data(self.category, errors)
+
+    def _one(self, value: Any, kinds: Kinds, context: Any) -> ComponentOptions:
         if isinstance(value, ComponentOptions):
             if value.category != self.category:
                 raise ValueError(f"expected {self.category} options, got {value.category} options ({value.kind!r})")
@@ -114,29 +188,28 @@ class ComponentField:
         if isinstance(value, str):
             value = {"kind": value}
         if not isinstance(value, dict):
-            raise ValueError(
-                f"expected a {self.category} kind name or a mapping with 'kind', got {type(value).__name__}"
-            )
-        registry = get_registry()
-        kind = value.get("kind", registry.default_kind(self.category))
+            listing = " or a list of them" if self.many else ""
+            raise ValueError(f"expected a {self.category} kind name or a mapping with 'kind'{listing}, "
+                             f"got {type(value).__name__}")
+        kind = value.get("kind", kinds.default_kind(self.category))
         try:
-            options = registry.component(self.category, kind)
+            options = kinds.component(self.category, kind)
         except UnknownNameError as exc:
             raise ValueError(str(exc)) from None  # so the message carries the field's location
-        return options.model_validate({**value, "kind": kind})
+        return options.model_validate({**value, "kind": kind}, context=context)
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        return core_schema.no_info_plain_validator_function(
-            self._validate,
-            serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda value, info: value.model_dump(mode=info.mode), info_arg=True
-            ),
+        def serialize(value: Any, info: Any) -> Any:
+            if isinstance(value, list):
+                return [item.model_dump(mode=info.mode) for item in value]
+            return value.model_dump(mode=info.mode)
+
+        return core_schema.with_info_plain_validator_function(
+            self._validate, serialization=core_schema.plain_serializer_function_ser_schema(serialize, info_arg=True)
         )
 
     def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler) -> dict:
-        from ..registry import get_registry
-
-        registry = get_registry()
+        registry = kinds_from(None)
         kinds = registry.components(self.category)
         branches = []
         for kind, options in kinds.items():
@@ -144,10 +217,11 @@ class ComponentField:
             if kind != registry.default_kind(self.category):  # a mapping without kind means the default
                 branch["required"] = sorted({*branch.get("required", ()), "kind"})
             branches.append(branch)
-        return {
-            "anyOf": [{"type": "string", "enum": sorted(kinds), "description": "a kind name, with its defaults"}, *branches],
-            "description": f"a {self.category} kind: one of {', '.join(sorted(kinds))}",
-        }
+        one = [{"type": "string", "enum": sorted(kinds), "description": "a kind name, with its defaults"}, *branches]
+        if self.many:
+            one.append({"type": "array", "minItems": 1, "items": {"anyOf": list(one)},
+                        "description": "a kind for each layer in turn (layer i takes item i modulo the length)"})
+        return {"anyOf": one, "description": f"a {self.category} kind: one of {', '.join(sorted(kinds))}"}
 
 
 Attention = Annotated[AttentionOptions, ComponentField("attention")]
@@ -158,15 +232,20 @@ Head = Annotated[HeadOptions, ComponentField("head")]
 
 
 class StackOptions(ComponentOptions):
-    """Stack kinds: how ``layers`` are applied. ``build(make_layer=, final_norm=, d_model=)`` returns a module
-    called as ``stack(x, memory=None, *, self_mask, memory_mask, cache, need_weights) -> StackOutput``;
-    ``make_layer(i)`` returns a fresh i-th layer with the attention kinds chosen here."""
+    """Stack kinds: how layers are applied.
+
+    The family builds :attr:`layer_count` layers (layer ``i`` with :meth:`attention_at` ``(i)``)
+    and calls ``build(layers=, final_norm=, d_model=, signal=)``, which returns a module called
+    as ``stack(x, memory=None, *, self_mask, memory_mask, cache, need_weights) -> StackOutput``.
+    ``signal`` is given to a :attr:`recurrent` kind only: what it adds before each step.
+    """
 
     category: ClassVar[str] = "stack"
     default_kind: ClassVar[str] = "standard"
+    recurrent: ClassVar[bool] = False  # applies one shared layer step after step, adding a per-step signal
 
     layers: int = Field(6, ge=1, description="number of layer applications (depth)")
-    attention: Attention | list[Attention] = Field(
+    attention: Annotated[AttentionOptions | list[AttentionOptions], ComponentField("attention", many=True)] = Field(
         "sdpa", validate_default=True,
         description="self-attention kind, or a list of kinds that layer i takes in turn (i modulo its length)",
     )
@@ -174,12 +253,18 @@ class StackOptions(ComponentOptions):
         "sdpa", validate_default=True, description="attention to the encoder memory (decoders of encoder-decoders)"
     )
 
+    @property
+    def layer_count(self) -> int:
+        """How many distinct layers :meth:`build` takes: ``layers``, or 1 for a shared layer."""
+        return 1 if self.recurrent else self.layers
+
     def attention_at(self, index: int) -> AttentionOptions:
         """The self-attention kind of layer ``index``."""
         kinds = self.attention if isinstance(self.attention, list) else [self.attention]
         return kinds[index % len(kinds)]
 
-    def build(self, *, make_layer: Callable[[int], nn.Module], final_norm: nn.Module | None, d_model: int) -> nn.Module:
+    def build(self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int,
+              signal: nn.Module | None = None) -> nn.Module:
         raise NotImplementedError
 
 

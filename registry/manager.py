@@ -16,7 +16,7 @@ import pluggy
 
 from ..core.errors import DuplicateNameError, PluginLoadError, UnknownNameError
 from ..core.model import Importer
-from ..core.options import CATEGORIES, ComponentOptions, Variant, VariantConfig
+from ..core.options import CATEGORIES, ComponentOptions, Variant, VariantConfig, use_kinds
 from . import hookspecs
 
 ENTRY_POINT_GROUP = "transformer_zoo"
@@ -274,3 +274,6 @@ def get_registry() -> Registry:
     if _registry is None:
         _registry = Registry()
     return _registry.load()
+
+
+use_kinds(get_registry)  # what config validation reads when no registry is in its context

@@ -98,7 +98,9 @@ def describe_validation_error(error: ValidationError, title: str) -> str:
     """One line per problem: the field's dotted path, what was wrong, and the value given."""
     lines = []
     for item in error.errors(include_url=False):
-        where = ".".join(str(part) for part in item["loc"])
+        where = ""
+        for part in item["loc"]:
+            where += f"[{part}]" if isinstance(part, int) else f"{'.' if where else ''}{part}"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] not in ("missing", "value_error") and "input" in item:
             given = repr(item["input"])
@@ -110,7 +112,7 @@ def describe_validation_error(error: ValidationError, title: str) -> str:
 def validate(model: type[M], data: Any, title: str) -> M:
     """``model.model_validate(data)``, with a validation error turned into a one-message ConfigError."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context={"registry": get_registry()})
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, title)) from None
 
@@ -136,11 +138,13 @@ def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, An
             "a config needs a 'variant' key naming a registered variant (see `tzoo list`), "
             f"for example variant: transformer-tiny; got {name!r}"
         )
-    variant = get_registry().variant(name)
+    registry = get_registry()
+    variant = registry.variant(name)
+    context = {"registry": registry}
     try:
-        base = variant.config.model_validate({"variant": name}).model_dump(mode="json")
-        base = variant.config.model_validate(merge(base, variant.defaults)).model_dump(mode="json")
-        return variant.config.model_validate(merge(base, data))
+        base = variant.config.model_validate({"variant": name}, context=context).model_dump(mode="json")
+        base = variant.config.model_validate(merge(base, variant.defaults), context=context).model_dump(mode="json")
+        return variant.config.model_validate(merge(base, data), context=context)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, f"config for variant {name!r}")) from None
 

@@ -165,11 +165,8 @@ class Bert(EncoderDecoder):
             logits = self.head(pooled)
         else:
             logits = self.head(out.hidden, None if mask is None else mask.bool())
-        return ModelOutput(
-            logits=logits, hidden=out.hidden, attentions={"encoder": out.attentions} if need_weights else {},
-            aux_loss=out.aux_loss,
-            extras={**{f"encoder_{k}": v for k, v in out.extras.items()}, **({} if pooled is None else {"pooled": pooled})},
-        )
+        return ModelOutput.of(logits, {"encoder": out}, need_weights=need_weights,
+                              extras=None if pooled is None else {"pooled": pooled})
 
 
 # ---- options ----------------------------------------------------------------------------------
@@ -218,22 +215,16 @@ class BertConfig(EncoderDecoderConfig):
         return self
 
     def build(self) -> Bert:
-        from transformer_zoo.core.attention import AttentionPositional
-
         token = nn.Embedding(self.vocab_size, self.d_model, padding_idx=self.pad_id)
-        positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
-        in_attention = positional if isinstance(positional, AttentionPositional) else None
+        additive, in_attention = self.positional_modules()
         embed = BertEmbeddings(
             token,
             nn.Embedding(self.type_vocab_size, self.d_model) if self.type_vocab_size else None,
-            None if in_attention is not None else positional,
+            additive,
             self.norm.build(d_model=self.d_model),
             dropout=self.dropout,
         )
-        encoder = self.encoder.build(
-            make_layer=lambda index=0: self._layer(self.encoder, in_attention, False, index), final_norm=None,
-            d_model=self.d_model,
-        )
+        encoder = self.stack(self.encoder, cross=False, in_attention=in_attention, final_norm=False)
         model = Bert(embed=embed, encoder=encoder, pooler=BertPooler(self.d_model) if self._pooled else None,
                      head=self._head(token))
         model.apply(lambda module: _init_weights(module, self.init_std))

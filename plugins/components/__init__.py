@@ -7,9 +7,9 @@ Shazeer 2020 (gated FFNs), Su et al. 2021 (rotary), Press et al. 2022 (ALiBi).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import nn
 
 from transformer_zoo.core.attention import MathAttention, MultiHeadAttention
@@ -29,7 +29,8 @@ from transformer_zoo.core.positional import (
     RotaryPositional,
     SinusoidalPositional,
 )
-from transformer_zoo.core.stack import RecurrentStack, StandardStack, StepSignal
+from transformer_zoo.core.builders import recurrent_stack
+from transformer_zoo.core.stack import StandardStack
 from transformer_zoo.registry import hookimpl
 
 
@@ -87,6 +88,7 @@ class ALiBi(PositionalOptions):
     """Linear distance penalties on the attention scores, one slope per head (Press et al. 2022)."""
 
     kind: Literal["alibi"] = "alibi"
+    scores_bias: ClassVar[bool] = True
     symmetric: bool = Field(
         True, description="penalise distance to later keys too (encoders); causal decoders never see them anyway"
     )
@@ -155,8 +157,9 @@ class Standard(StackOptions):
 
     kind: Literal["standard"] = "standard"
 
-    def build(self, *, make_layer, final_norm, d_model: int) -> nn.Module:
-        return StandardStack([make_layer(i) for i in range(self.layers)], final_norm=final_norm)
+    def build(self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int,
+              signal: nn.Module | None = None) -> nn.Module:
+        return StandardStack(layers, final_norm=final_norm)
 
 
 class Recurrent(StackOptions):
@@ -164,23 +167,26 @@ class Recurrent(StackOptions):
     (Dehghani et al. 2018; Graves 2016)."""
 
     kind: Literal["recurrent"] = "recurrent"
+    recurrent: ClassVar[bool] = True
     act: bool = Field(True, description="adaptive computation time: each position decides how many steps it takes")
     threshold: float = Field(0.99, gt=0.0, lt=1.0, description="ACT halts a position when its summed halting "
                              "probability would pass this (1 - epsilon)")
     ponder_weight: float = Field(0.01, ge=0.0, description="weight of the ponder cost (steps taken) in the loss")
     halting_bias: float = Field(1.0, description="initial bias of the halting unit (higher: halt sooner at first)")
 
-    def build(self, *, make_layer, final_norm, d_model: int, signal: StepSignal | None = None) -> nn.Module:
-        if isinstance(self.attention, list) and len(self.attention) > 1:
+    @field_validator("attention")
+    @classmethod
+    def _one_kind(cls, attention):
+        if isinstance(attention, list) and len(attention) > 1:
             raise ValueError("a recurrent stack shares one layer: give one attention kind, not a list")
-        halting = None
-        if self.act:
-            halting = nn.Linear(d_model, 1)
-            nn.init.constant_(halting.bias, self.halting_bias)
-        return RecurrentStack(
-            make_layer(), self.layers, signal=signal or StepSignal(d_model, self.layers), halting=halting,
-            threshold=self.threshold, ponder_weight=self.ponder_weight, final_norm=final_norm,
-        )
+        return attention
+
+    def build(self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int,
+              signal: nn.Module | None = None) -> nn.Module:
+        (layer,) = layers
+        return recurrent_stack(layer, steps=self.layers, d_model=d_model, signal=signal, act=self.act,
+                               threshold=self.threshold, ponder_weight=self.ponder_weight,
+                               halting_bias=self.halting_bias, final_norm=final_norm)
 
 
 # ---- heads --------------------------------------------------------------------------------

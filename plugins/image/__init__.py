@@ -21,6 +21,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core.attention import MultiHeadAttention, attention_math
+from transformer_zoo.core import builders
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.image import (
     Learned2d,
@@ -31,7 +32,6 @@ from transformer_zoo.core.image import (
     check_image,
     local_2d_attention,
 )
-from transformer_zoo.core.layers import TransformerLayer
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.model import ModelOutput, ZooModel
 from transformer_zoo.core.options import FFN, AttentionOptions, Norm, Stack, Variant, VariantConfig
@@ -117,13 +117,7 @@ class ImageEncoder(ZooModel):
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1)  # the class token has no position
         out = self.encoder(self.dropout(x), self_mask=AttentionMask(), need_weights=need_weights)
-        return ModelOutput(logits=self.head(out.hidden), hidden=out.hidden,
-                           attentions={"encoder": out.attentions} if need_weights else {},
-                           aux_loss=out.aux_loss, extras={f"encoder_{k}": v for k, v in out.extras.items()})
-
-    def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
-        loss = self.head.loss(output.logits, targets)
-        return loss if output.aux_loss is None else loss + output.aux_loss
+        return ModelOutput.of(self.head(out.hidden), {"encoder": out}, need_weights=need_weights)
 
 
 class ImageConfig(VariantConfig):
@@ -169,40 +163,28 @@ class ImageEncoderConfig(ImageConfig):
             raise ValueError(f"sinusoidal-2d positions need d_model divisible by 4, got {self.d_model}")
         if self.positional == "learned-2d" and self.d_model % 2:
             raise ValueError(f"learned-2d positions need an even d_model (half rows, half columns), got {self.d_model}")
-        for index in range(self.encoder.layers):
-            attention = self.encoder.attention_at(index)
+        kinds = self.encoder.attention if isinstance(self.encoder.attention, list) else [self.encoder.attention]
+        for attention in kinds:
             if isinstance(attention, Local2dOptions):
                 if self.pooling == "cls":
                     raise ValueError("local-2d attention runs over the patch grid, which a class token is not on; "
                                      "use pooling: mean")
-                if attention.grid is not None and tuple(attention.grid) != self.grid:
-                    raise ValueError(f"encoder.attention.grid {list(attention.grid)} is not the patch grid "
-                                     f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}; "
-                                     "leave grid null and the model sets it")
                 try:
-                    Local2dPattern(grid=self.grid, query_block=tuple(attention.query_block), memory=tuple(attention.memory))
+                    attention.pattern(self.grid)
                 except ValueError as error:
                     raise ValueError(f"encoder.attention: {error}") from None
         return self
 
     def build(self) -> ImageEncoder:
-        def layer(index: int = 0) -> TransformerLayer:
-            attention = self.encoder.attention_at(index)
-            if isinstance(attention, Local2dOptions):
-                attention = attention.model_copy(update={"grid": self.grid})  # derived, so not kept in the config
-            return TransformerLayer(
-                attention.build(d_model=self.d_model, n_heads=self.n_heads, dropout=self.dropout),
-                self.ffn.build(d_model=self.d_model, d_ff=self.d_ff, dropout=self.dropout),
-                [self.norm.build(d_model=self.d_model) for _ in range(2)],
-                dropout=self.dropout, pre_norm=self.norm_placement == "pre",
-            )
-
         positional = (Learned2d if self.positional == "learned-2d" else Sinusoidal2d)(self.grid, self.d_model)
-        final_norm = self.norm.build(d_model=self.d_model) if self.norm_placement == "pre" else None
+        patches = PatchEmbedding(self.image_size, self.channels, self.patch, self.d_model)
+        encoder = builders.stack(self.encoder, d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff,
+                                 dropout=self.dropout, ffn=self.ffn, norm=self.norm, pre_norm=self.norm_placement == "pre",
+                                 final_norm=self.norm_placement == "pre", grid=self.grid)
         return ImageEncoder(
-            patches=PatchEmbedding(self.image_size, self.channels, self.patch, self.d_model),
+            patches=patches,
             positional=positional,
-            encoder=self.encoder.build(make_layer=layer, final_norm=final_norm, d_model=self.d_model),
+            encoder=encoder,
             head=SequenceClassificationHead(self.d_model, self.num_classes, pooling=self.pooling, dropout=self.dropout),
             cls_token=self.pooling == "cls",
             dropout=self.dropout,

@@ -15,11 +15,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import Field
-from torch import nn
 
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.options import Head, Stack, StackOptions, Variant
-from transformer_zoo.core.stack import StepSignal
+from transformer_zoo.core.options import Head, Stack, Variant
 from transformer_zoo.registry import hookimpl
 
 RECURRENT = {"kind": "recurrent", "layers": 6, "act": True}
@@ -29,6 +27,7 @@ class UniversalTransformerConfig(EncoderDecoderConfig):
     """The Universal Transformer; defaults are the base model's width with 6 steps and ACT."""
 
     family: ClassVar[str] = "universal-transformer"
+    positions_per_step: ClassVar[bool] = True  # P^t: positions and the step index, added before every step
 
     variant: str = Field("universal-transformer", description="the registered variant this config started from")
     vocab_size: int = Field(37000, ge=1, description="shared source/target vocabulary, as the Transformer's")
@@ -39,11 +38,6 @@ class UniversalTransformerConfig(EncoderDecoderConfig):
     head: Head = Field({"kind": "lm", "label_smoothing": 0.1}, validate_default=True,
                        description="tied generator, label smoothing 0.1")
 
-    def _place_positions(self, stack: StackOptions, additive: nn.Module | None) -> tuple[nn.Module | None, dict]:
-        """Positions go in the per-step signal ``P^t`` of a recurrent stack, not (once) into the embeddings."""
-        if stack.kind != "recurrent":
-            return additive, {}
-        return None, {"signal": StepSignal(self.d_model, stack.layers, positional=additive)}
 
 TINY = dict(vocab_size=1000, d_model=64, n_heads=4, d_ff=256, max_len=512,
             encoder={**RECURRENT, "layers": 4}, decoder={**RECURRENT, "layers": 4})

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import pytest
+from pydantic import ValidationError
 
 import transformer_zoo as tz
 from transformer_zoo.api import merge, parse_overrides
@@ -128,3 +130,81 @@ def test_every_variant_config_field_is_described():
         config = get_registry().variant(name).config
         undocumented = [f for f, info in config.model_fields.items() if not info.description]
         assert not undocumented, f"{config.__name__} fields without description: {undocumented}"
+
+
+def test_a_misspelt_key_in_a_nested_attention_kind_is_one_line_naming_its_path():
+    with pytest.raises(tz.ConfigError) as info:
+        tz.load_config("local-global-encoder-tiny", ["encoder.attention.windw=3"])
+    allowed = ", ".join(sorted(get_registry().component("attention", "local-global").model_fields))
+    assert str(info.value) == (
+        "invalid config for variant 'local-global-encoder-tiny':\n"
+        f"  encoder.attention: unknown key 'windw' (did you mean 'window'?); allowed keys for attention kind "
+        f"'local-global': {allowed}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["encoder.attention.window=-1"], "  encoder.attention.window: Input should be greater than or equal to 1 (got -1)"),
+        (["encoder.attention=[sdpa, {kind: local-global, window: 0}]"],
+         "  encoder.attention[1].window: Input should be greater than or equal to 1 (got 0)"),
+        (["encoder.attention=[sdpa, nope]"], "  encoder.attention[1]: unknown attention kind 'nope'"),
+        (["encoder.attention=7"], "  encoder.attention: expected a attention kind name or a mapping with 'kind' or a list "
+                                  "of them, got int"),
+        (["encoder.attention=[]"], "  encoder.attention: give one attention kind or a non-empty list of them, got an "
+                                   "empty list"),
+    ],
+)
+def test_a_nested_error_names_the_users_path_on_one_line(overrides, line):
+    with pytest.raises(tz.ConfigError) as info:
+        tz.load_config("local-global-encoder-tiny", overrides)
+    message = str(info.value)
+    assert message.count("\n") == 1, message  # the title, then one line for the one problem
+    assert message.splitlines()[1].startswith(line)
+    assert "function-" not in message and "list[" not in message
+
+
+def test_two_problems_give_two_lines():
+    with pytest.raises(tz.ConfigError) as info:
+        tz.load_config("transformer-tiny", ["dropout=2", "encoder.attention.bias=maybe"])
+    lines = str(info.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == ["dropout", "encoder.attention.bias"]
+
+
+def test_validation_reads_the_registry_from_its_context():
+    from transformer_zoo.core.options import NormOptions
+    from transformer_zoo.registry import Registry, hookimpl
+
+    class Scaled(NormOptions):
+        """A norm known only to a registry of this test."""
+
+        kind: Literal["test-scaled"] = "test-scaled"
+
+    class Plugin:
+        @hookimpl
+        def tzoo_components(self):
+            return [Scaled]
+
+    mine = Registry(entry_points=False)
+    mine.register(Plugin(), "test-norm")
+    config = type(tz.load_config("transformer-tiny"))
+    data = {"variant": "transformer-tiny", "norm": "test-scaled"}
+    assert config.model_validate(data, context={"registry": mine}).norm.kind == "test-scaled"
+    with pytest.raises(ValidationError, match="unknown norm kind 'test-scaled'"):
+        config.model_validate(data)  # the process-wide registry has no such kind
+
+
+def test_no_core_module_imports_the_registry():
+    import ast
+    from pathlib import Path
+
+    import transformer_zoo.core
+
+    core = Path(transformer_zoo.core.__file__).parent
+    assert (core / "options.py").is_file()
+    for path in sorted(core.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [f"{node.module}"] if isinstance(node, ast.ImportFrom) and node.module else []
+            assert not any("registry" in name for name in names), f"{path.name} imports {names}"

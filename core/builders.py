@@ -1,0 +1,117 @@
+"""Builders: functions that assemble modules from explicit arguments.
+
+A family's config validates what a user wrote, then unpacks it into these functions: options
+of the chosen kinds and plain sizes go in, ready modules come out. Nothing here reads a config
+object or calls back into one (data flows one way: config, builder, modules).
+
+- :func:`transformer_layer`: one layer, self-attention (and cross-attention), a feed-forward
+  network and their norms;
+- :func:`stack`: the layers a stack kind asks for, handed to it built;
+- :func:`recurrent_stack`: one shared layer applied step after step, with its step signal and
+  optional adaptive computation time.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .attention import AttentionPositional
+from .layers import TransformerLayer
+from .options import AttentionOptions, FFNOptions, NormOptions, StackOptions
+from .stack import RecurrentStack, StepSignal
+
+
+def transformer_layer(
+    *,
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    dropout: float,
+    attention: AttentionOptions,
+    ffn: FFNOptions,
+    norm: NormOptions,
+    pre_norm: bool = False,
+    cross_attention: AttentionOptions | None = None,
+    positional: AttentionPositional | None = None,
+    grid: tuple[int, int] | None = None,
+) -> TransformerLayer:
+    """A layer with self-attention of kind ``attention`` and, when ``cross_attention`` is given,
+    attention to an encoder memory.
+
+    Args:
+        positional: an in-attention positional scheme (rotary, ALiBi) for the self-attention.
+        grid: ``(rows, columns)`` of the token grid in image models (local 2-D attention reads it);
+            None for sequences.
+    """
+
+    def attend(options: AttentionOptions, scheme: AttentionPositional | None) -> nn.Module:
+        return options.build(d_model=d_model, n_heads=n_heads, dropout=dropout, positional=scheme, grid=grid)
+
+    return TransformerLayer(
+        attend(attention, positional),
+        ffn.build(d_model=d_model, d_ff=d_ff, dropout=dropout),
+        [norm.build(d_model=d_model) for _ in range(2 if cross_attention is None else 3)],
+        cross_attn=None if cross_attention is None else attend(cross_attention, None),
+        dropout=dropout,
+        pre_norm=pre_norm,
+    )
+
+
+def stack(
+    options: StackOptions,
+    *,
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    dropout: float,
+    ffn: FFNOptions,
+    norm: NormOptions,
+    pre_norm: bool = False,
+    final_norm: bool = False,
+    cross: bool = False,
+    positional: AttentionPositional | None = None,
+    signal: nn.Module | None = None,
+    grid: tuple[int, int] | None = None,
+) -> nn.Module:
+    """The stack ``options`` describe, given its layers built: layer ``i`` takes the stack's
+    ``i``-th attention kind (and its cross-attention kind when ``cross``).
+
+    Args:
+        final_norm: put a norm after the last layer (pre-norm models need it).
+        signal: what a recurrent stack adds before each step (:class:`~.stack.StepSignal`); None
+            for the default, the step index alone. Only recurrent kinds take one.
+        grid: as for :func:`transformer_layer`.
+    """
+    if signal is not None and not options.recurrent:
+        raise ValueError(f"a {options.kind!r} stack applies distinct layers and takes no step signal")
+    layers = [
+        transformer_layer(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, attention=options.attention_at(i),
+                          ffn=ffn, norm=norm, pre_norm=pre_norm, cross_attention=options.cross_attention if cross else None,
+                          positional=positional, grid=grid)
+        for i in range(options.layer_count)
+    ]
+    return options.build(layers=layers, final_norm=norm.build(d_model=d_model) if final_norm else None, d_model=d_model,
+                         signal=signal)
+
+
+def recurrent_stack(
+    layer: nn.Module,
+    *,
+    steps: int,
+    d_model: int,
+    signal: nn.Module | None = None,
+    act: bool = True,
+    threshold: float = 0.99,
+    ponder_weight: float = 0.01,
+    halting_bias: float = 1.0,
+    final_norm: nn.Module | None = None,
+) -> RecurrentStack:
+    """``layer`` applied up to ``steps`` times (Dehghani et al. 2018), each step adding ``signal``
+    (default: the sinusoid of the step index), with ACT halting when ``act`` (Graves 2016): a
+    halting unit ``Linear(d_model, 1)`` whose bias starts at ``halting_bias``."""
+    halting = None
+    if act:
+        halting = nn.Linear(d_model, 1)
+        nn.init.constant_(halting.bias, halting_bias)
+    return RecurrentStack(layer, steps, signal=signal if signal is not None else StepSignal(d_model, steps),
+                          halting=halting, threshold=threshold, ponder_weight=ponder_weight, final_norm=final_norm)

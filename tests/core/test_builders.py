@@ -1,0 +1,81 @@
+"""Builders: configs unpack into functions of explicit arguments, and stacks receive built layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_zoo as tz
+from transformer_zoo.core import builders
+from transformer_zoo.core.layers import TransformerLayer
+from transformer_zoo.core.stack import RecurrentStack, StandardStack, StepSignal
+from transformer_zoo.registry import get_registry
+
+
+def options(category: str, value):
+    """The validated options of a component value (a kind name or a mapping)."""
+    data = {"kind": value} if isinstance(value, str) else value
+    registry = get_registry()
+    kind = data.get("kind", registry.default_kind(category))
+    return registry.component(category, kind).model_validate({**data, "kind": kind})
+
+
+SIZES = dict(d_model=16, n_heads=2, d_ff=32, dropout=0.0)
+
+
+def test_transformer_layer_builds_the_kinds_it_is_given():
+    layer = builders.transformer_layer(**SIZES, attention=options("attention", "math"), ffn=options("ffn", "gated"),
+                                       norm=options("norm", "rmsnorm"), pre_norm=True,
+                                       cross_attention=options("attention", "sdpa"))
+    assert isinstance(layer, TransformerLayer) and layer.pre_norm
+    assert type(layer.self_attn).__name__ == "MathAttention"
+    assert type(layer.cross_attn).__name__ == "MultiHeadAttention"
+    assert [type(n).__name__ for n in layer.norms] == ["RMSNorm"] * 3
+
+
+def test_a_standard_stack_receives_its_layers_built_each_with_its_attention_kind():
+    stack_options = options("stack", {"layers": 3, "attention": ["sdpa", "math"]})
+    stack = builders.stack(stack_options, **SIZES, ffn=options("ffn", "mlp"), norm=options("norm", "layernorm"),
+                           final_norm=True)
+    assert isinstance(stack, StandardStack)
+    assert [type(layer.self_attn).__name__ for layer in stack.layers] == ["MultiHeadAttention", "MathAttention",
+                                                                          "MultiHeadAttention"]
+    assert isinstance(stack.final_norm, torch.nn.LayerNorm)
+
+
+def test_a_recurrent_stack_shares_one_built_layer_and_takes_its_signal_as_an_argument():
+    signal = StepSignal(16, 4)
+    stack = builders.stack(options("stack", {"kind": "recurrent", "layers": 4}), **SIZES, ffn=options("ffn", "mlp"),
+                           norm=options("norm", "layernorm"), signal=signal)
+    assert isinstance(stack, RecurrentStack) and stack.steps == 4 and stack.signal is signal
+    x = torch.randn(2, 5, 16)
+    assert stack(x).hidden.shape == (2, 5, 16)
+
+
+def test_a_standard_stack_refuses_a_step_signal():
+    with pytest.raises(ValueError, match="'standard' stack applies distinct layers and takes no step signal"):
+        builders.stack(options("stack", {"layers": 2}), **SIZES, ffn=options("ffn", "mlp"),
+                       norm=options("norm", "layernorm"), signal=StepSignal(16, 2))
+
+
+def test_the_universal_transformer_puts_positions_in_its_step_signal_and_not_in_the_embeddings():
+    model = tz.build_model("universal-transformer-tiny")
+    assert model.src_embed.positional is None and model.encoder.signal.positional is not None
+    # a standard stack in the same family keeps its positions in the embeddings
+    model = tz.build_model("universal-transformer-tiny", encoder={"kind": "standard", "layers": 2})
+    assert model.src_embed.positional is not None and isinstance(model.encoder, StandardStack)
+    # another family's recurrent stack adds the step index only
+    model = tz.build_model("transformer-tiny", encoder={"kind": "recurrent", "layers": 3})
+    assert model.src_embed.positional is not None and model.encoder.signal.positional is None
+
+
+def test_a_recurrent_stack_with_a_list_of_attention_kinds_is_refused_at_validation():
+    with pytest.raises(tz.ConfigError, match="encoder.attention: .*a recurrent stack shares one layer"):
+        tz.load_config("universal-transformer-tiny", ["encoder.attention=[sdpa, math]"])
+
+
+def test_image_models_give_local_2d_attention_its_grid_as_a_builder_argument():
+    model = tz.build_model("image-transformer-tiny")
+    attention = model.encoder.layers[0].self_attn
+    assert type(attention).__name__ == "Local2dAttention"
+    assert "grid" not in model.config.model_dump()["encoder"]["attention"]  # derived, not a user field
