@@ -1,13 +1,21 @@
-"""Multi-head attention (Vaswani et al. 2017, section 3.2) and its key/value cache.
+"""Multi-head attention (Vaswani et al. 2017, section 3.2), its kernels and its key/value cache.
 
-``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V``, computed on the hot path by
-:func:`torch.nn.functional.scaled_dot_product_attention` (fused kernels), and by the
-small :func:`attention_math` when the weights are wanted for a picture.
+One module, :class:`MultiHeadAttention`, does what every attention kind shares: the query, key
+and value projections, the key/value cache of incremental decoding, the in-attention positions
+(rotary, ALiBi), dropout and the output projection. What the kinds differ in is a *kernel*, a
+plain function (or a callable object holding its settings, never parameters)::
+
+    kernel(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights or None)
+
+``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V`` is :func:`attention_math`, written out;
+:func:`sdpa_kernel` computes it with PyTorch's fused kernels, :func:`math_kernel` always with the
+written-out formula.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -16,8 +24,41 @@ from torch import Tensor, nn
 from .masks import AttentionMask
 
 
+class Kernel(Protocol):
+    """What an attention kind computes, once the queries, keys and values are made.
+
+    Args:
+        q: queries ``(B, H, Tq, Dh)``; k, v: keys and values ``(B, H, Tk, Dh)``. With a cache,
+            ``Tq < Tk`` and the queries are the last ``Tq`` positions (end-aligned).
+        mask: which keys each query may see (:class:`~transformer_zoo.core.masks.AttentionMask`):
+            padding, causal, and an explicit mask some kinds set.
+        bias: float, broadcastable to ``(B, H, Tq, Tk)``, added to the scores before the softmax
+            (ALiBi); None without one. A kernel that never forms the scores raises a ValueError
+            when given one (its options set ``takes_bias = False``, so validation refuses first).
+        dropout_p: dropout on the attention weights (0 in eval mode); the caller has decided.
+        need_weights: whether the caller wants the weights for a picture.
+
+    Returns:
+        The output ``(B, H, Tq, Dh)``, and the weights ``(B, H, Tq, Tk)`` (before dropout) when
+        ``need_weights``; a kernel may return None otherwise. A query with no key to see gets a
+        zero output and zero weights.
+    """
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None,
+                 dropout_p: float, need_weights: bool) -> tuple[Tensor, Tensor | None]: ...
+
+
+def apply_weights(weights: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
+    """``dropout(weights) @ v``: ``(B, H, Tq, Tk)`` weights on ``(B, H, Tk, Dh)`` values.
+
+    The weights a kernel returns are the ones before dropout: dropout is a training device, not
+    a change of what the model attends to.
+    """
+    return (F.dropout(weights, dropout_p) if dropout_p else weights) @ v
+
+
 def attention_math(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
     """The paper's formula, written out: returns ``(output, weights)``.
 
@@ -25,6 +66,8 @@ def attention_math(
         q: ``(B, H, Tq, Dh)``; k, v: ``(B, H, Tk, Dh)``.
         mask: bool, broadcastable to ``(B, H, Tq, Tk)``, True where a query may attend.
         bias: float, broadcastable to ``(B, H, Tq, Tk)``, added to the scores (ALiBi, relative).
+        dropout_p: dropout on the weights before they weigh the values (the returned weights
+            are before dropout).
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     if bias is not None:
@@ -34,19 +77,50 @@ def attention_math(
     weights = scores.softmax(dim=-1)
     if mask is not None:  # a query with no key to attend to (all padding) gets zeros, not NaN
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    return weights @ v, weights
+    return apply_weights(weights, v, dropout_p), weights
+
+
+def math_kernel(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
+                need_weights: bool) -> tuple[Tensor, Tensor]:
+    """Full attention by :func:`attention_math` only, never a fused kernel: the ``(B, H, Tq, Tk)``
+    weights are always made (and returned), as in the paper."""
+    return attention_math(q, k, v, mask.dense(q.size(-2), k.size(-2), q.device), bias, dropout_p)
+
+
+def sdpa_kernel(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    """Full attention on :func:`torch.nn.functional.scaled_dot_product_attention`.
+
+    Without padding, bias or an explicit mask, a causal mask is SDPA's ``is_causal`` flag (when
+    the queries are all the keys, or one new query), so PyTorch picks its fused kernels; other
+    masks go in as a dense ``attn_mask``. With ``need_weights`` it is :func:`math_kernel`.
+    """
+    if need_weights:
+        return math_kernel(q, k, v, mask, bias, dropout_p, need_weights)
+    q_len, k_len = q.size(-2), k.size(-2)
+    plain = mask.padding is None and mask.explicit is None and bias is None
+    if plain and (not mask.causal or q_len == 1 or q_len == k_len):
+        is_causal = mask.causal and q_len > 1
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal), None
+    dense = mask.dense(q_len, k_len, q.device)
+    if bias is not None:
+        dense = bias if dense is None else bias.masked_fill(~dense, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout_p), None
 
 
 class KVCache:
     """Keys and values of the tokens seen so far, for one attention module.
 
     Self-attention appends the new tokens' keys and values at every step; cross-attention
-    stores the projected encoder memory once and reuses it.
+    stores the projected encoder memory once and reuses it. ``state`` holds whatever else a kind
+    keeps between decoding steps (its ``kernel_inputs`` hook reads and writes it, by names of its
+    choosing): tensors with the batch first, so that :meth:`reorder` can select their rows too.
     """
 
     def __init__(self) -> None:
         self.key: Tensor | None = None  # (B, H, T, Dh)
         self.value: Tensor | None = None
+        self.state: dict[str, Tensor] = {}
 
     def __len__(self) -> int:
         return 0 if self.key is None else self.key.size(-2)
@@ -63,6 +137,7 @@ class KVCache:
         if self.key is not None:
             self.key = self.key.index_select(0, index)
             self.value = self.value.index_select(0, index)
+        self.state = {name: tensor.index_select(0, index) for name, tensor in self.state.items()}
 
 
 class AttentionPositional(nn.Module):
@@ -81,22 +156,38 @@ class AttentionPositional(nn.Module):
         return None
 
 
+def _kernel_name(kernel: Kernel) -> str:
+    return getattr(kernel, "__name__", None) or repr(kernel)
+
+
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention over batch-first tensors, for self- or cross-attention.
+    """Multi-head attention over batch-first tensors, for self- or cross-attention, computed by a kernel.
+
+    ``forward`` projects the queries, keys and values, reads and extends the cache, applies the
+    in-attention positions (:meth:`project`), lets a kind adjust what the kernel receives
+    (:meth:`kernel_inputs`), calls the kernel, and projects its output back to ``d_model``.
 
     Args:
         d_model: model width; split into ``n_heads`` heads of ``d_model // n_heads``.
         n_heads: number of heads.
+        kernel: what computes attention from ``(B, H, T, Dh)`` queries, keys and values (see
+            :class:`Kernel`); :func:`sdpa_kernel` by default.
         dropout: dropout on the attention weights, in training only.
         bias: whether the projections have a bias.
         positional: an in-attention positional scheme, or None.
     """
+
+    self_only: ClassVar[bool] = False
+    """Whether the kind is for self-attention only: its rule is over the positions of one
+    sequence (a sparse pattern, a convolution over positions), so attending to an encoder's
+    memory is refused."""
 
     def __init__(
         self,
         d_model: int,
         n_heads: int,
         *,
+        kernel: Kernel = sdpa_kernel,
         dropout: float = 0.0,
         bias: bool = True,
         positional: AttentionPositional | None = None,
@@ -104,14 +195,21 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if isinstance(kernel, nn.Module):
+            raise ValueError("a kernel is a function or a callable object without parameters, not a module; "
+                             "keep parameters on a MultiHeadAttention subclass and use them in kernel_inputs")
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
+        self.kernel = kernel
         self.dropout = dropout
         # Query, key and value projections stacked in one matrix: self-attention runs one matmul.
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.positional = positional
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, kernel={_kernel_name(self.kernel)}"
 
     def _heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
         """``(B, T, parts * D)`` to ``parts`` tensors of ``(B, H, T, Dh)``."""
@@ -127,8 +225,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Queries, keys and values ``(B, H, T, Dh)`` of every key so far, and the positional bias.
 
-        Reads and extends ``cache``, and applies the in-attention positional scheme; attention
-        kinds that change only the scoring reuse this and write their own formula after it.
+        Reads and extends ``cache`` (the cache holds keys before rotation), and applies the
+        in-attention positional scheme.
         """
         d = self.d_model
         q_offset = 0
@@ -151,6 +249,20 @@ class MultiHeadAttention(nn.Module):
             bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
         return q, k, v, bias
 
+    def kernel_inputs(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
+        """What the kernel receives: the one place a kind changes queries, keys or values.
+
+        Called with the queries ``(B, H, Tq, Dh)``, the keys and values ``(B, H, Tk, Dh)`` of every
+        key so far (cache read, positions applied), the call's mask and positional bias, and the
+        cache (None without one). Returns them as the kernel should see them; the default
+        changes nothing. A kind that changes the keys changes what ``mask`` and ``bias`` index
+        too: it returns a mask over its new keys (``AttentionMask.explicit``) and refuses a bias
+        it cannot carry over. State to keep between decoding steps goes in ``cache.state``.
+        """
+        return q, k, v, mask, bias
+
     def forward(
         self,
         x: Tensor,
@@ -164,34 +276,19 @@ class MultiHeadAttention(nn.Module):
 
         Returns the output ``(B, Tq, D)`` and, if ``need_weights``, the weights ``(B, H, Tq, Tk)``.
         """
-        mask = mask or AttentionMask()
+        if memory is not None and self.self_only:
+            raise ValueError(f"{type(self).__name__} is for self-attention; keep cross_attention: sdpa")
         q, k, v, bias = self.project(x, memory, cache)
-
-        q_len, k_len = q.size(-2), k.size(-2)
+        q, k, v, mask, bias = self.kernel_inputs(q, k, v, mask or AttentionMask(), bias, cache)
         dropout = self.dropout if self.training else 0.0
-        if need_weights:
-            out, weights = attention_math(q, k, v, mask.dense(q_len, k_len, q.device), bias)
-            out = F.dropout(weights, dropout, self.training) @ v if dropout else out
-        else:
-            weights = None
-            if mask.padding is None and bias is None and (not mask.causal or q_len == 1 or q_len == k_len):
-                is_causal = mask.causal and q_len > 1
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=is_causal)
-            else:
-                dense = mask.dense(q_len, k_len, q.device)
-                if bias is not None:
-                    dense = bias if dense is None else bias.masked_fill(~dense, float("-inf"))
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout)
-        out = out.transpose(1, 2).reshape(x.size(0), q_len, -1)  # (B, Tq, D)
-        return self.out_proj(out), weights
+        out, weights = self.kernel(q, k, v, mask, bias, dropout, need_weights)
+        out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)  # (B, Tq, D)
+        return self.out_proj(out), weights if need_weights else None
 
 
 class MathAttention(MultiHeadAttention):
-    """:class:`MultiHeadAttention` computed by :func:`attention_math` only, never a fused kernel:
-    the ``(B, H, Tq, Tk)`` weights are made, as in the paper; the reference that fused and
-    sparse kernels are measured against."""
+    """:class:`MultiHeadAttention` on :func:`math_kernel`: the ``(B, H, Tq, Tk)`` weights are made,
+    as in the paper; the reference that fused and sparse kernels are measured against."""
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
-                cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        out, weights = super().forward(x, memory, mask=mask, cache=cache, need_weights=True)
-        return out, weights if need_weights else None
+    def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
+        super().__init__(d_model, n_heads, kernel=math_kernel, **kwargs)

@@ -8,6 +8,8 @@ patch embeddings and 2-D positions.
   Transformer", section 3.3: the grid is cut into query blocks, and each block attends to a
   memory block around it. The paper generates pixels in order, so its memory extends the block
   up, left and right only; this is the non-causal form for encoders, extended on every side.
+  The pattern is an :class:`~transformer_zoo.core.local_attention.AttentionPattern`, so the
+  sparse kinds' kernel chooser computes it (dense, FlexAttention, or the blocked kernel).
 - :class:`PatchEmbedding`: Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words": non-
   overlapping patches, each projected linearly to ``d_model``.
 - :class:`Sinusoidal2d` and :class:`Learned2d`: a position for each grid cell, half of the
@@ -19,10 +21,14 @@ Images are ``(B, C, H, W)``; a grid of tokens is the sequence ``(B, H * W, D)`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .local_attention import AttentionPattern
+from .masks import AttentionMask
 
 
 def check_image(image: Tensor, channels: int, size: tuple[int, int] | None = None) -> None:
@@ -89,14 +95,19 @@ class SelfAttention2d(nn.Module):
 
 # ---- local 2-D attention --------------------------------------------------------------------
 @dataclass(frozen=True)
-class Local2dPattern:
+class Local2dPattern(AttentionPattern):
     """Which grid cells a query may see: Image Transformer's local 2-D attention (non-causal).
+
+    Positions are the cells in reading order (``row * width + column``); a query sees the cells
+    of its query block's memory block.
 
     Attributes:
         grid: ``(height, width)`` of the token grid.
         query_block: ``(rows, columns)`` of a query block.
         memory: ``(rows, columns)`` the memory block extends its query block by on each side.
     """
+
+    own_kernel: ClassVar[str] = "blocked"
 
     grid: tuple[int, int]
     query_block: tuple[int, int]
@@ -112,15 +123,30 @@ class Local2dPattern:
         if any(b > g for b, g in zip(self.query_block, self.grid)):
             raise ValueError(f"query_block {self.query_block} is larger than the grid {self.grid}")
 
-    def dense(self, device: torch.device | None = None) -> Tensor:
-        """The explicit ``(H*W, H*W)`` mask in reading order: True where query ``i`` sees key ``j``."""
-        (height, width), (bh, bw), (mh, mw) = self.grid, self.query_block, self.memory
-        rows = torch.arange(height, device=device).repeat_interleave(width)
-        cols = torch.arange(width, device=device).repeat(height)
-        top, left = rows // bh * bh, cols // bw * bw  # each query's block corner
-        see_rows = (rows[None, :] >= top[:, None] - mh) & (rows[None, :] < top[:, None] + bh + mh)
-        see_cols = (cols[None, :] >= left[:, None] - mw) & (cols[None, :] < left[:, None] + bw + mw)
-        return see_rows & see_cols
+    def allowed(self, q_pos: Tensor, k_pos: Tensor, length: int) -> Tensor:
+        width, (bh, bw), (mh, mw) = self.grid[1], self.query_block, self.memory
+        top, left = q_pos // width // bh * bh, q_pos % width // bw * bw  # each query's block corner
+        k_row, k_col = k_pos // width, k_pos % width
+        see_rows = (k_row >= top - mh) & (k_row < top + bh + mh)
+        return see_rows & (k_col >= left - mw) & (k_col < left + bw + mw)
+
+    def dense(self, q_len: int | None = None, k_len: int | None = None, device: torch.device | None = None) -> Tensor:
+        """The explicit ``(H*W, H*W)`` mask in reading order (by default): True where query ``i``
+        sees key ``j``."""
+        cells = self.grid[0] * self.grid[1]
+        return super().dense(cells if q_len is None else q_len, cells if k_len is None else k_len, device)
+
+    def for_call(self, mask: AttentionMask, q_len: int, k_len: int) -> Local2dPattern:
+        """Local 2-D attention is an encoder's, over the whole grid: no causal mask, padding or cache."""
+        cells = self.grid[0] * self.grid[1]
+        if mask.causal or mask.padding is not None or q_len != cells or k_len != cells:
+            raise ValueError(f"local-2d attention is encoder self-attention over a whole {self.grid[0]}x{self.grid[1]} "
+                             f"grid ({cells} positions): no causal mask, padding or cache; got {q_len} queries and "
+                             f"{k_len} keys")
+        return self
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, dropout_p: float) -> Tensor:
+        return local_2d_attention(q, k, v, self, dropout_p)
 
 
 def local_2d_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Local2dPattern, dropout: float = 0.0) -> Tensor:

@@ -1,33 +1,86 @@
-"""Sparse attention patterns and the kernels that compute them without an n x n matrix.
+"""Sparse attention: patterns of which keys each query may see, their kernels, and one chooser.
 
-A :class:`Pattern` says which keys each query may see, as a vectorised rule ``allowed(q, k)``
-over absolute positions, and which keys a block of queries needs (``keys_for``). Three
-kernels compute the same result:
+An :class:`AttentionPattern` is a rule ``allowed(q_pos, k_pos, length)`` over absolute
+positions (queries end-aligned with the keys, as with a cache) and an efficient kernel of its
+own. Two kinds of pattern implement it: :class:`Pattern`, the 1-D patterns of the sparse kinds
+(sliding window, dilated window, blocks, global positions, random blocks), and
+:class:`~transformer_zoo.core.image.Local2dPattern`, local 2-D attention over a grid of tokens.
+The same attention is computed by
 
-- :func:`chunked_attention`: queries in chunks, each against only the keys its chunk needs,
-  so memory grows as O(n * w) and autograd works as usual (CPU and GPU, training included);
-- :func:`flex_attention_kernel`: PyTorch's FlexAttention with a block mask built from the
-  same rule (compiled on GPU);
-- :func:`dense_attention`: the explicit n x n mask, for tests and for pictures.
+- the pattern's own kernel: for :class:`Pattern`, :func:`chunked_attention` (queries in chunks,
+  each against only the keys its chunk needs; a dilated band folded into the batch; BigBird's
+  gathered blocks), so memory grows as O(n * w) and autograd works as usual;
+- :func:`flex_attention_kernel`: PyTorch's FlexAttention with a block mask built from the rule
+  (compiled on GPU);
+- the explicit n x n mask (``dense``), for short inputs, tests and pictures.
+
+:class:`PatternKernel` is the attention kernel of every sparse kind: it holds a pattern and
+chooses among the three per call.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiHeadAttention, attention_math
+from .attention import KVCache, Kernel, MultiHeadAttention, attention_math, math_kernel
 from .masks import AttentionMask
+
+NO_BIAS = ("ALiBi adds a bias over all keys, which sparse and compressed attention do not compute; "
+           "use sinusoidal, learned or rotary positions with them")
+
+
+class AttentionPattern(ABC):
+    """Which keys each query may see: the interface every sparse pattern implements.
+
+    Positions are absolute and end-aligned: with ``length`` keys and ``q_len`` queries, query
+    ``i`` sits at position ``length - q_len + i`` (a cache holds the earlier keys).
+    """
+
+    own_kernel: ClassVar[str]
+    """The name of the pattern's efficient kernel (:meth:`attend`), which a config may force."""
+
+    @abstractmethod
+    def allowed(self, q_pos: Tensor, k_pos: Tensor, length: int) -> Tensor:
+        """Bool, the broadcast of ``q_pos`` and ``k_pos``: True where that query may see that key.
+
+        Out-of-place tensor operations only: FlexAttention compiles the rule.
+        """
+
+    def rule(self, length: int, device: torch.device | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+        """:meth:`allowed` for ``length`` keys, with what it needs computed once (FlexAttention's
+        ``mask_mod`` calls it for every block)."""
+        return lambda q_pos, k_pos: self.allowed(q_pos, k_pos, length)
+
+    def dense(self, q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
+        """The explicit ``(q_len, k_len)`` mask, queries end-aligned with keys."""
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        return self.rule(k_len, device)(q_pos, torch.arange(k_len, device=device)[None, :])
+
+    def for_call(self, mask: AttentionMask, q_len: int, k_len: int) -> AttentionPattern:
+        """The pattern one call uses: the mask's ``causal`` flag applies to it. Raises a
+        ValueError for a call the pattern cannot take (a causal mask for an encoder-only one)."""
+        return self
+
+    @abstractmethod
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, dropout_p: float) -> Tensor:
+        """The pattern's own kernel: ``(B, H, Tq, Dh)`` without the ``Tq x Tk`` matrix.
+
+        ``padding``: ``(B, Tk)`` bool, True for real keys; ``dropout_p``: on the weights.
+        """
 
 
 @dataclass(frozen=True)
-class Pattern:
-    """Which keys a query may attend to.
+class Pattern(AttentionPattern):
+    """Which keys a query may attend to, along one sequence.
 
     Attributes:
         window: a query at ``i`` sees keys ``j`` with ``|i - j| <= window`` (0: no band).
@@ -41,6 +94,8 @@ class Pattern:
             with ``seed`` (BigBird); needs ``block``.
         causal: a query never sees a key after itself.
     """
+
+    own_kernel: ClassVar[str] = "chunked"
 
     window: int = 0
     dilation: int = 1
@@ -106,11 +161,16 @@ class Pattern:
             see = see & (k <= q)
         return see
 
-    def dense(self, q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
-        """The explicit ``(q_len, k_len)`` mask, queries end-aligned with keys (as with a cache)."""
-        q = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-        k = torch.arange(k_len, device=device)[None, :]
-        return self.allowed(q, k, k_len)
+    def rule(self, length: int, device: torch.device | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+        table = self.random_table(math.ceil(length / self.block), device) if self.random_blocks else None
+        return lambda q_pos, k_pos: self.allowed(q_pos, k_pos, length, table)
+
+    def for_call(self, mask: AttentionMask, q_len: int, k_len: int) -> Pattern:
+        """A decoder's self-attention is causal: the pattern takes the flag of each call's mask."""
+        return self if self.causal == mask.causal else replace(self, causal=mask.causal)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, dropout_p: float) -> Tensor:
+        return chunked_attention(q, k, v, self, padding, dropout_p)
 
     # ---- what a chunk of queries needs ----------------------------------------------------------
     def reach(self) -> int:
@@ -289,7 +349,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float) -> Te
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, dropout_p=dropout).masked_fill(empty, 0.0)
 
 
-def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
+def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, padding: Tensor | None = None,
                           compiled: bool = True) -> Tensor:
     """The pattern's attention through FlexAttention's block mask (``torch.nn.attention``).
 
@@ -300,11 +360,10 @@ def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, pad
 
     q_len, k_len = q.size(-2), k.size(-2)
     offset = k_len - q_len
-
-    table = pattern.random_table(math.ceil(k_len / pattern.block), q.device) if pattern.random_blocks else None
+    allowed = pattern.rule(k_len, q.device)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        see = pattern.allowed(q_idx + offset, kv_idx, k_len, table)
+        see = allowed(q_idx + offset, kv_idx)
         return see if padding is None else see & padding[b, kv_idx]
 
     batch = None if padding is None else q.size(0)
@@ -328,69 +387,89 @@ def _compiled_flex(device_type: str):
     return torch.compile(create_block_mask), torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
 
 
-KERNELS = ("auto", "chunked", "flex", "dense")
+# ---- the kernel of every sparse kind ----------------------------------------------------------
+DENSE_UP_TO = 256
+"""Keys up to which ``auto`` computes a pattern densely (SDPA under the explicit mask).
+
+One threshold for every pattern, counted in keys: measured on a CPU training step (batch 8,
+4 heads of 16), at 256 keys dense SDPA is within about 2x of each pattern's own kernel either
+way (a 16-wide band: 1.8x slower; BigBird blocks of 16: 1.5x faster; local 2-D, 2x2 blocks with
+a margin of 2 on a 16x16 grid: 2.9x faster), and below it dense wins for all of them (local
+2-D: 10x at 8x8). Past it the n x n matrix grows quadratically and the own kernels pull
+ahead: at 1024 keys a band is 3-6x faster than dense, local 2-D 1.4x (5x at 64x64). A
+per-pattern threshold would win a little at the edges and make the choice harder to predict.
+On CUDA, past the threshold, compiled FlexAttention keeps the time flat as the length grows
+(an H100 training step in bfloat16: a 16-wide band at 4096 keys took 1.4 ms, dense 1.9 ms;
+local 2-D on 64x64, 1.3 ms against 1.9 ms dense and 3.2 ms blocked) and its memory linear.
+"""
 
 
-def _self_attention(attn: MultiHeadAttention, x: Tensor, memory: Tensor | None,
-                    cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Queries, keys and values for a self-attention kind that cannot take cross-attention or ALiBi."""
-    if memory is not None:
-        raise ValueError(f"{type(attn).__name__} is for self-attention; keep cross_attention: sdpa")
-    q, k, v, bias = attn.project(x, None, cache)
-    if bias is not None:
-        raise ValueError("ALiBi adds a bias over all keys, which sparse and compressed attention do not compute; "
-                         "use sinusoidal, learned or rotary positions with them")
-    return q, k, v
+@dataclass(frozen=True)
+class PatternKernel:
+    """The attention kernel of the sparse kinds: attention restricted to ``pattern``.
+
+    ``choice`` picks the computation: ``dense`` (SDPA under the explicit mask), ``flex``
+    (compiled FlexAttention; GPU, or CPU inference), the pattern's own kernel
+    (``pattern.own_kernel``: ``chunked`` for 1-D patterns, ``blocked`` for local 2-D; any
+    device, training included) or ``auto``: dense up to ``dense_up_to`` keys (see
+    :data:`DENSE_UP_TO`), then FlexAttention on CUDA without attention dropout, else the
+    pattern's own kernel. Asking for the weights always uses the dense reference.
+
+    Takes padding and causal masks (the pattern takes the causal flag of each call); refuses a
+    positional bias (ALiBi), which no sparse computation forms.
+    """
+
+    pattern: AttentionPattern
+    choice: str = "auto"
+    dense_up_to: int = DENSE_UP_TO
+
+    def __post_init__(self) -> None:
+        choices = ("auto", "dense", "flex", self.pattern.own_kernel)
+        if self.choice not in choices:
+            raise ValueError(f"kernel must be one of {', '.join(choices)}, got {self.choice!r}")
+
+    def choose(self, k_len: int, device: torch.device, dropout_p: float = 0.0) -> str:
+        """The computation for ``k_len`` keys on ``device``: ``dense``, ``flex`` or the pattern's own."""
+        if self.choice != "auto":
+            return self.choice
+        if k_len <= self.dense_up_to:
+            return "dense"
+        return "flex" if device.type == "cuda" and not dropout_p else self.pattern.own_kernel
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
+                 need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        if bias is not None:
+            raise ValueError(NO_BIAS)
+        if mask.explicit is not None:
+            raise ValueError("a sparse pattern takes padding and causal masks, not an explicit one")
+        q_len, k_len = q.size(-2), k.size(-2)
+        pattern = self.pattern.for_call(mask, q_len, k_len)
+        padding = None if mask.padding is None else mask.padding.to(device=q.device, dtype=torch.bool)
+        choice = "dense" if need_weights else self.choose(k_len, q.device, dropout_p)
+        if choice == "dense":
+            allowed = pattern.dense(q_len, k_len, q.device)  # (Tq, Tk)
+            if padding is not None:
+                allowed = allowed & padding[:, None, None, :]  # (B, 1, Tq, Tk)
+            if need_weights:
+                return attention_math(q, k, v, allowed, None, dropout_p)
+            return _attend(q, k, v, allowed, dropout_p), None
+        if choice == "flex":
+            if dropout_p:
+                raise ValueError(f"FlexAttention has no attention dropout; set kernel: {pattern.own_kernel}, "
+                                 "or dropout: 0")
+            return flex_attention_kernel(q, k, v, pattern, padding, compiled=True), None
+        return pattern.attend(q, k, v, padding, dropout_p), None
 
 
 class SparseAttention(MultiHeadAttention):
-    """Multi-head self-attention restricted to a :class:`Pattern`.
+    """Multi-head self-attention restricted to a pattern: :class:`MultiHeadAttention` on a
+    :class:`PatternKernel` (``choice``: ``auto``, ``dense``, ``flex`` or the pattern's own kernel)."""
 
-    The pattern's ``causal`` flag is taken from the mask of each call (a decoder's
-    self-attention is causal). ``kernel`` picks the computation: ``chunked`` (O(n * w) memory,
-    any device, training included), ``flex`` (FlexAttention, compiled; GPU, or CPU inference),
-    ``dense`` (the explicit mask; small inputs and tests) or ``auto``: dense up to
-    ``dense_up_to`` keys, then compiled FlexAttention on CUDA without attention dropout, and
-    chunked otherwise. Asking for the weights always uses the dense reference.
-    """
+    self_only = True
 
-    def __init__(self, d_model: int, n_heads: int, pattern: Pattern, *, kernel: str = "auto", dense_up_to: int = 64,
+    def __init__(self, d_model: int, n_heads: int, pattern: AttentionPattern, *, choice: str = "auto",
                  **kwargs) -> None:
-        super().__init__(d_model, n_heads, **kwargs)
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
-        self.pattern = pattern
-        self.kernel = kernel
-        self.dense_up_to = dense_up_to
-
-    def choose_kernel(self, k_len: int, device: torch.device) -> str:
-        if self.kernel != "auto":
-            return self.kernel
-        if k_len <= self.dense_up_to:
-            return "dense"
-        dropout = self.dropout if self.training else 0.0
-        return "flex" if device.type == "cuda" and not dropout else "chunked"
-
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
-                cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        mask = mask or AttentionMask()
-        q, k, v = _self_attention(self, x, memory, cache)
-        pattern = replace(self.pattern, causal=mask.causal)
-        padding = None if mask.padding is None else mask.padding.to(device=q.device, dtype=torch.bool)
-        dropout = self.dropout if self.training else 0.0
-        weights = None
-        kernel = self.choose_kernel(k.size(-2), q.device)
-        if need_weights or kernel == "dense":
-            out, weights = dense_attention(q, k, v, pattern, padding)
-            out = F.dropout(weights, dropout, training=True) @ v if dropout else out
-        elif kernel == "flex":
-            if dropout:
-                raise ValueError("FlexAttention has no attention dropout; set kernel: chunked, or dropout: 0")
-            out = flex_attention_kernel(q, k, v, pattern, padding, compiled=True)
-        else:
-            out = chunked_attention(q, k, v, pattern, padding, dropout)
-        out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)  # (B, Tq, D)
-        return self.out_proj(out), weights if need_weights else None
+        super().__init__(d_model, n_heads, kernel=PatternKernel(pattern, choice), **kwargs)
 
 
 class MemoryCompressedAttention(MultiHeadAttention):
@@ -398,12 +477,17 @@ class MemoryCompressedAttention(MultiHeadAttention):
 
     Keys and values, after their projections, are each convolved over the sequence with kernel
     and stride ``compression`` (3 in the paper), so every query attends to ``ceil(n / c)``
-    summaries instead of ``n`` keys. Causal: a query sees a summary only once every position it
-    covers is at or before the query.
+    summaries instead of ``n`` keys (:meth:`kernel_inputs`). Causal: a query sees a summary only
+    once every position it covers is at or before the query. The kernel is
+    :func:`~transformer_zoo.core.attention.math_kernel`, which gives a query that sees no
+    summary yet (the first ``c - 1`` of a decoder) zeros.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, compression: int = 3, **kwargs) -> None:
-        super().__init__(d_model, n_heads, **kwargs)
+    self_only = True
+
+    def __init__(self, d_model: int, n_heads: int, *, compression: int = 3, kernel: Kernel = math_kernel,
+                 **kwargs) -> None:
+        super().__init__(d_model, n_heads, kernel=kernel, **kwargs)
         self.compression = compression
         self.compress_k = nn.Conv1d(d_model, d_model, compression, stride=compression)
         self.compress_v = nn.Conv1d(d_model, d_model, compression, stride=compression)
@@ -418,7 +502,7 @@ class MemoryCompressedAttention(MultiHeadAttention):
 
     def summary_mask(self, q_len: int, k_len: int, padding: Tensor | None, causal: bool,
                      device: torch.device) -> Tensor | None:
-        """Which summaries each query may see, ``(B or 1, 1, Tq, T')``."""
+        """Which summaries each query may see, ``(B or 1, 1, Tq, T')``; None: all of them."""
         c, n_summaries = self.compression, math.ceil(k_len / self.compression)
         mask = None
         if causal:
@@ -427,19 +511,15 @@ class MemoryCompressedAttention(MultiHeadAttention):
             mask = (last[None, :] <= q_pos[:, None])[None, None]
         if padding is not None:
             real = F.pad(padding.float(), (0, -k_len % c)).view(padding.size(0), n_summaries, c).amax(-1) > 0
-            real = real[:, None, None, :]
+            real = real[:, None, None, :].to(device)
             mask = real if mask is None else mask & real
         return mask
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
-                cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        mask = mask or AttentionMask()
-        q, k, v = _self_attention(self, x, memory, cache)
-        k_len = k.size(-2)
+    def kernel_inputs(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None,
+                      cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
+        """The keys and values compressed to summaries, and the mask over the summaries."""
+        if bias is not None:
+            raise ValueError(NO_BIAS)
+        summaries = self.summary_mask(q.size(-2), k.size(-2), mask.padding, mask.causal, q.device)
         k, v = self._compress(k, self.compress_k), self._compress(v, self.compress_v)  # (B, H, T', Dh)
-        summary = self.summary_mask(q.size(-2), k_len, mask.padding, mask.causal, q.device)
-        out, weights = attention_math(q, k, v, summary)
-        if self.training and self.dropout:
-            out = F.dropout(weights, self.dropout, training=True) @ v
-        out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)
-        return self.out_proj(out), weights if need_weights else None
+        return q, k, v, AttentionMask(explicit=summaries), None

@@ -1,7 +1,8 @@
 """A description of what each query may attend to, turned into a dense mask only when needed.
 
-Attention implementations receive an :class:`AttentionMask` rather than a dense matrix so
-that each can pick its fastest kernel: SDPA's ``is_causal`` flag, a block mask, a band.
+Attention kernels receive an :class:`AttentionMask` rather than a dense matrix so that each can
+pick its fastest computation: SDPA's ``is_causal`` flag, a FlexAttention block mask, a band of
+keys, prefix sums.
 """
 
 from __future__ import annotations
@@ -14,23 +15,33 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class AttentionMask:
-    """What a query may attend to.
+    """What a query may attend to: the keys allowed by all of the parts that are set.
+
+    Positions are aligned at the end. A call has ``q_len`` queries and ``k_len`` keys; with a
+    key/value cache ``q_len < k_len`` (the keys of earlier calls come first), and query ``i``
+    sits at key position ``k_len - q_len + i``. ``causal`` and every sparse pattern use these
+    positions, so a decoding step sees exactly what it would see in the whole sequence.
 
     Attributes:
-        padding: ``(batch, key_len)`` bool, True for a real key, False for padding; or None.
-        causal: whether a query may see only keys at its own position or earlier. Positions are
-            aligned at the end: with ``q_len < key_len`` (a key/value cache), query ``i`` sits at
-            key position ``key_len - q_len + i``.
+        padding: ``(batch, k_len)`` bool, True for a real key, False for padding; or None. A
+            padded key is never attended to; a query whose keys are all padding gets zeros.
+        causal: whether a query may see only keys at its own position or earlier.
+        explicit: bool, broadcastable to ``(batch, heads, q_len, k_len)``, True where a query may
+            attend; for rules neither of the above describes, such as memory-compressed
+            attention's summaries (a kind's ``kernel_inputs`` hook sets it). None for most calls.
     """
 
     padding: Tensor | None = None
     causal: bool = False
+    explicit: Tensor | None = None
 
     def is_empty(self) -> bool:
-        return self.padding is None and not self.causal
+        """Whether every query may see every key."""
+        return self.padding is None and not self.causal and self.explicit is None
 
     def dense(self, q_len: int, k_len: int, device: torch.device | None = None) -> Tensor | None:
-        """The explicit mask, broadcastable to ``(batch, heads, q_len, k_len)``; True = may attend."""
+        """The explicit mask, broadcastable to ``(batch, heads, q_len, k_len)``; True = may attend.
+        None when nothing is masked."""
         mask = None
         if self.causal:
             q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
@@ -38,6 +49,9 @@ class AttentionMask:
         if self.padding is not None:
             pad = self.padding[:, None, None, :].to(device=device, dtype=torch.bool)  # (B, 1, 1, Tk)
             mask = pad if mask is None else pad & mask
+        if self.explicit is not None:
+            explicit = self.explicit.to(device=device, dtype=torch.bool)
+            mask = explicit if mask is None else explicit & mask
         return mask
 
 

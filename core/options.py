@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 from torch import nn
 
+from .attention import AttentionPositional, Kernel, MultiHeadAttention, sdpa_kernel
 from .errors import UnknownNameError
 
 
@@ -69,15 +70,60 @@ class ComponentOptions(Options):
 
 
 class AttentionOptions(ComponentOptions):
-    """Attention kinds. ``build(d_model=, n_heads=, dropout=, positional=)`` returns a module
-    called as ``attn(x, memory=None, *, mask, cache, need_weights) -> (out, weights)``."""
+    """Attention kinds: a kernel and the options that choose it.
+
+    ``build(d_model=, n_heads=, dropout=, positional=, grid=)`` returns a module called as
+    ``attn(x, memory=None, *, mask, cache, need_weights) -> (out, weights)``: by default a
+    :class:`~transformer_zoo.core.attention.MultiHeadAttention` running :meth:`make_kernel`'s
+    kernel. A new kind declares its fields and overrides :meth:`make_kernel`; a kind that changes
+    keys and values (or keeps parameters of its own) overrides :meth:`build` to return a
+    ``MultiHeadAttention`` subclass with its ``kernel_inputs`` hook.
+    """
 
     category: ClassVar[str] = "attention"
     default_kind: ClassVar[str] = "sdpa"
-    full: ClassVar[bool] = True  # every query may see every key the mask allows (False: a sparse or compressed kind)
+    full: ClassVar[bool] = True
+    """Whether every query sees every key the mask allows, by softmax attention. False for sparse
+    and compressed kinds, and for kinds that see every key another way (linear attention): a
+    comparison measures a model with such a kind beside twins with a full kind in its place."""
+    takes_bias: ClassVar[bool] = True
+    """Whether the kernel adds a positional bias to the scores (ALiBi); see :meth:`check_positional`."""
+
+    bias: bool = Field(True, description="bias on the query, key, value and output projections")
+
+    def make_kernel(self) -> Kernel:
+        """The kind's kernel ``(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights)``
+        (:class:`~transformer_zoo.core.attention.Kernel`); full attention on SDPA by default."""
+        return sdpa_kernel
+
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
+              grid: tuple[int, int] | None = None) -> nn.Module:
+        """The attention module.
+
+        Args:
+            d_model, n_heads: the model's width and heads.
+            dropout: dropout on the attention weights.
+            positional: the in-attention positional scheme (rotary, ALiBi), or None.
+            grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
+                Kinds over a grid read it; the others ignore it.
+        """
+        return MultiHeadAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
+                                  positional=positional)
 
     def check(self, *, max_len: int) -> None:
         """Raise a ValueError if these options cannot work with sequences of up to ``max_len``."""
+
+    def check_positional(self, positional: PositionalOptions) -> None:
+        """Raise a ValueError if this kind cannot take the ``positional`` scheme.
+
+        A scheme with ``scores_bias`` (ALiBi) adds a bias to every query-key score; a kind whose
+        kernel never forms those scores (``takes_bias = False``) refuses it here, at validation,
+        rather than in the first forward pass.
+        """
+        if not self.takes_bias and getattr(positional, "scores_bias", False):
+            name = getattr(positional, "kind", type(positional).__name__)
+            raise ValueError(f"{self.kind} attention does not form every query-key score, so it cannot add the bias "
+                             f"{name} positions put on them; use sinusoidal, learned or rotary positions")
 
 
 class PositionalOptions(ComponentOptions):

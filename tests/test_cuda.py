@@ -134,7 +134,7 @@ def test_a_sparse_model_on_cuda_takes_flex_attention_at_every_length_without_rec
     chunked = tz.build_model(model.config, encoder={"attention": {"kind": "local-global", "kernel": "chunked"}})
     chunked.load_state_dict(model.state_dict())
     chunked.to(CUDA).eval()
-    assert model.encoder.layers[0].self_attn.choose_kernel(1000, CUDA) == "flex"
+    assert model.encoder.layers[0].self_attn.kernel.choose(1000, CUDA) == "flex"
     counters.clear()
     with torch.no_grad():
         for length in (200, 333, 517, 640, 701, 902, 1003, 1200, 1333, 1500):

@@ -98,9 +98,7 @@ def describe_validation_error(error: ValidationError, title: str) -> str:
     """One line per problem: the field's dotted path, what was wrong, and the value given."""
     lines = []
     for item in error.errors(include_url=False):
-        where = ""
-        for part in item["loc"]:
-            where += f"[{part}]" if isinstance(part, int) else f"{'.' if where else ''}{part}"
+        where = ".".join(str(part) for part in item["loc"])  # a list's item by its index: encoder.attention.1
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] not in ("missing", "value_error") and "input" in item:
             given = repr(item["input"])

@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 from torch import nn
 
-from transformer_zoo.core.attention import MathAttention, MultiHeadAttention
+from transformer_zoo.core.attention import MathAttention
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, TokenBatchNorm
 from transformer_zoo.core.options import (
@@ -39,18 +39,14 @@ class SDPAAttention(AttentionOptions):
     """Full multi-head attention on PyTorch's scaled_dot_product_attention."""
 
     kind: Literal["sdpa"] = "sdpa"
-    bias: bool = Field(True, description="bias on the query, key, value and output projections")
-
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
-        return MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional)
 
 
-class MathAttentionOptions(SDPAAttention):
+class MathAttentionOptions(AttentionOptions):
     """Full attention written out (no fused kernel): the n x n weights are made, a reference for kernels."""
 
     kind: Literal["math"] = "math"
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None, grid=None) -> nn.Module:
         return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional)
 
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import MultiHeadAttention, attention_math
+from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core import builders
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.image import (
@@ -30,8 +29,8 @@ from transformer_zoo.core.image import (
     SelfAttention2d,
     Sinusoidal2d,
     check_image,
-    local_2d_attention,
 )
+from transformer_zoo.core.local_attention import SparseAttention
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.model import ModelOutput, ZooModel
 from transformer_zoo.core.options import FFN, AttentionOptions, Norm, Stack, Variant, VariantConfig
@@ -41,63 +40,51 @@ Pair = tuple[int, int]
 
 
 # ---- local 2-D attention as an attention kind -----------------------------------------------
-class Local2dAttention(MultiHeadAttention):
-    """Multi-head self-attention over a grid of tokens, each query block seeing its memory block.
-
-    ``kernel``: ``blocked`` (:func:`~transformer_zoo.core.image.local_2d_attention`, memory
-    O(n * m)), ``dense`` (SDPA under the explicit 2-D mask) or ``auto``: dense up to
-    ``dense_up_to`` positions, where it is faster on CPU (measured on a training step: 16x faster
-    at 8x8, 5x slower at 64x64).
-    """
-
-    def __init__(self, d_model: int, n_heads: int, pattern: Local2dPattern, *, kernel: str = "auto",
-                 dense_up_to: int = 512, **kwargs) -> None:
-        super().__init__(d_model, n_heads, **kwargs)
-        self.pattern, self.kernel, self.dense_up_to = pattern, kernel, dense_up_to
-
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
-                cache=None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        if memory is not None or cache is not None or (mask is not None and (mask.causal or mask.padding is not None)):
-            raise ValueError("local-2d attention is encoder self-attention over a whole grid: no memory, cache, "
-                             "causal mask or padding")
-        q, k, v, bias = self.project(x)
-        if bias is not None:
-            raise ValueError("local-2d attention takes additive positions (sinusoidal-2d, learned-2d), not ALiBi")
-        weights = None
-        dropout = self.dropout if self.training else 0.0
-        if need_weights:
-            out, weights = attention_math(q, k, v, self.pattern.dense(q.device))
-        elif self.kernel == "dense" or (self.kernel == "auto" and q.size(-2) <= self.dense_up_to):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.pattern.dense(q.device), dropout_p=dropout)
-        else:
-            out = local_2d_attention(q, k, v, self.pattern, dropout)
-        return self.out_proj(out.transpose(1, 2).reshape(x.shape)), weights
+class Local2dAttention(SparseAttention):
+    """Multi-head self-attention over a grid of tokens, each query block seeing its memory block:
+    :class:`~transformer_zoo.core.local_attention.SparseAttention` with a
+    :class:`~transformer_zoo.core.image.Local2dPattern` (``choice``: ``auto``, ``dense``, ``flex``
+    or ``blocked``, :func:`~transformer_zoo.core.image.local_2d_attention`)."""
 
 
 class Local2dOptions(AttentionOptions):
     """Image Transformer's local 2-D attention: query blocks attend to the memory block around them."""
 
     full: ClassVar[bool] = False
+    takes_bias: ClassVar[bool] = False
     kind: Literal["local-2d"] = "local-2d"
     query_block: tuple[PositiveInt, PositiveInt] = Field((2, 2), description="rows and columns of a query block")
     memory: tuple[NonNegativeInt, NonNegativeInt] = Field(
         (1, 1), description="rows and columns the memory block extends its query block by, each side")
     grid: tuple[PositiveInt, PositiveInt] | None = Field(
-        None, description="rows and columns of the token grid; leave null: an image model sets it when it builds")
-    kernel: Literal["auto", "blocked", "dense"] = Field(
-        "auto", description="auto: dense (SDPA under the 2-D mask) up to 512 positions, blocked above")
-    bias: bool = Field(True, description="bias on the query, key, value and output projections")
+        None, exclude=True, description="deprecated, leave it out: the image model gives the grid when it builds; "
+        "configs written before may hold null or the model's own grid, which are accepted and dropped")
+    kernel: Literal["auto", "blocked", "flex", "dense"] = Field(
+        "auto", description="auto: dense up to 256 positions, then compiled FlexAttention on CUDA (no dropout), "
+        "else blocked")
 
     def check(self, *, max_len: int) -> None:  # called for token models only
         raise ValueError("local-2d attention runs over a grid of image patches: use it in an image model "
                          "(vit-tiny, image-transformer-tiny), which knows the grid")
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
-        if self.grid is None:
-            raise ValueError("local-2d attention needs the token grid: use it in an image model, which sets grid")
-        pattern = Local2dPattern(grid=self.grid, query_block=self.query_block, memory=self.memory)
-        return Local2dAttention(d_model, n_heads, pattern, kernel=self.kernel, dropout=dropout, bias=self.bias,
-                                positional=positional)
+    def pattern(self, grid: Pair) -> Local2dPattern:
+        """The pattern over a ``(rows, columns)`` grid of tokens; a ValueError if the query block
+        does not fit it (or a deprecated ``grid`` field names another grid)."""
+        if self.grid is not None and tuple(self.grid) != tuple(grid):
+            raise ValueError(f"grid {list(self.grid)} is not the patch grid {list(grid)}; leave grid out "
+                             "(deprecated): the model gives its grid")
+        return Local2dPattern(grid=tuple(grid), query_block=tuple(self.query_block), memory=tuple(self.memory))
+
+    def make_kernel(self) -> Kernel:
+        raise ValueError("local-2d attention needs the token grid: build it with grid=, as image models do")
+
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
+              grid: Pair | None = None) -> nn.Module:
+        if grid is None:
+            raise ValueError("local-2d attention needs the token grid (rows, columns): use it in an image model, "
+                             "which gives it")
+        return Local2dAttention(d_model, n_heads, self.pattern(grid), choice=self.kernel, dropout=dropout,
+                                bias=self.bias, positional=positional)
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------
@@ -169,6 +156,10 @@ class ImageEncoderConfig(ImageConfig):
                 if self.pooling == "cls":
                     raise ValueError("local-2d attention runs over the patch grid, which a class token is not on; "
                                      "use pooling: mean")
+                if attention.grid is not None and tuple(attention.grid) != self.grid:
+                    raise ValueError(f"encoder.attention.grid {list(attention.grid)} is not the patch grid "
+                                     f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}; "
+                                     "leave grid out (deprecated): the model gives its grid")
                 try:
                     attention.pattern(self.grid)
                 except ValueError as error:

@@ -21,31 +21,38 @@ Liu 2018's T-DMCA). The patterns and kernels are in :mod:`transformer_zoo.core.l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from pydantic import Field
 from torch import nn
 
+from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.local_attention import MemoryCompressedAttention, Pattern, SparseAttention
+from transformer_zoo.core.local_attention import MemoryCompressedAttention, Pattern, PatternKernel, SparseAttention
+from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions, Head, Positional, Stack, Variant
 from transformer_zoo.registry import hookimpl
 
 
 class _Sparse(AttentionOptions):
-    """Options every sparse kind shares."""
+    """Options every sparse kind shares: a pattern, computed by the sparse kernel chooser."""
 
     full: ClassVar[bool] = False
+    takes_bias: ClassVar[bool] = False
 
     kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
-        "auto", description="auto: dense for short inputs, compiled FlexAttention on CUDA, else chunked")
-    bias: bool = Field(True, description="bias on the query, key, value and output projections")
+        "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked")
 
     def pattern(self) -> Pattern:
         raise NotImplementedError
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
-        return SparseAttention(d_model, n_heads, self.pattern(), kernel=self.kernel, dropout=dropout, bias=self.bias,
+    def make_kernel(self) -> Kernel:
+        return PatternKernel(self.pattern(), self.kernel)
+
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
+              grid: tuple[int, int] | None = None) -> nn.Module:
+        return SparseAttention(d_model, n_heads, self.pattern(), choice=self.kernel, dropout=dropout, bias=self.bias,
                                positional=positional)
 
 
@@ -123,35 +130,36 @@ class BlockSparse(_Sparse):
             )
 
     def pattern(self) -> Pattern:
-        return Pattern(block=self.block, window=self.window_blocks, global_positions=tuple(range(self.global_blocks * self.block)),
-                       random_blocks=self.random_blocks, seed=self.seed)
-
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
-        return _EncoderOnly(d_model, n_heads, self.pattern(), kernel=self.kernel, dropout=dropout, bias=self.bias,
-                            positional=positional)
+        return _EncoderPattern(block=self.block, window=self.window_blocks,
+                               global_positions=tuple(range(self.global_blocks * self.block)),
+                               random_blocks=self.random_blocks, seed=self.seed)
 
 
-class _EncoderOnly(SparseAttention):
-    def forward(self, x, memory=None, *, mask=None, cache=None, need_weights=False):
-        if mask is not None and mask.causal:
+@dataclass(frozen=True)
+class _EncoderPattern(Pattern):
+    """BigBird's pattern, which a decoder refuses: its random and global blocks see the future."""
+
+    def for_call(self, mask: AttentionMask, q_len: int, k_len: int) -> Pattern:
+        if mask.causal:
             raise ValueError("block-sparse attention is for encoders (its random and global blocks see the future); "
                              "use sliding-window, block-local or local-global in a decoder")
-        return super().forward(x, memory, mask=mask, cache=cache, need_weights=need_weights)
+        return super().for_call(mask, q_len, k_len)
 
 
 class MemoryCompressed(AttentionOptions):
     """Keys and values shortened by a strided convolution of kernel and stride ``compression`` (Liu 2018)."""
 
     full: ClassVar[bool] = False
+    takes_bias: ClassVar[bool] = False
     kind: Literal["memory-compressed"] = "memory-compressed"
     compression: int = Field(3, ge=2, description="kernel and stride of the convolution (3 in the paper)")
-    bias: bool = Field(True, description="bias on the query, key, value and output projections")
 
     def check(self, *, max_len: int) -> None:
         if self.compression >= max_len:
             raise ValueError(f"memory-compressed compression={self.compression} is not below max_len={max_len}")
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None) -> nn.Module:
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
+              grid: tuple[int, int] | None = None) -> nn.Module:
         return MemoryCompressedAttention(d_model, n_heads, compression=self.compression, dropout=dropout,
                                          bias=self.bias, positional=positional)
 

@@ -124,3 +124,44 @@ def test_the_fused_sdpa_kernel_runs_where_pytorch_has_one(dropout, train):
     assert "aten::_scaled_dot_product_attention_math" not in kernels, kernels
     if train:
         assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in kernels
+
+
+def test_a_kind_is_a_kernel_called_on_heads_with_the_mask_and_bias():
+    from transformer_zoo.core.attention import sdpa_kernel
+
+    seen = {}
+
+    def recording_kernel(q, k, v, mask, bias, dropout_p, need_weights):
+        seen.update(q=q.shape, k=k.shape, mask=mask, bias=bias, dropout_p=dropout_p, need_weights=need_weights)
+        return sdpa_kernel(q, k, v, mask, bias, dropout_p, need_weights)
+
+    plain = MultiHeadAttention(16, 4).eval()
+    custom = MultiHeadAttention(16, 4, kernel=recording_kernel).eval()
+    custom.load_state_dict(plain.state_dict())
+    x, mask = torch.randn(2, 6, 16), AttentionMask(causal=True)
+    torch.testing.assert_close(custom(x, mask=mask)[0], plain(x, mask=mask)[0])
+    assert seen == {"q": (2, 4, 6, 4), "k": (2, 4, 6, 4), "mask": mask, "bias": None, "dropout_p": 0.0,
+                    "need_weights": False}
+    with pytest.raises(ValueError, match="not a module"):
+        MultiHeadAttention(16, 4, kernel=torch.nn.Identity())
+
+
+def test_the_kernel_inputs_hook_changes_what_the_kernel_receives():
+    class Uniform(MultiHeadAttention):
+        def kernel_inputs(self, q, k, v, mask, bias, cache):
+            return q * 0, k, v, mask, bias  # equal scores: each query averages the values it may see
+
+    attn = Uniform(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    out, weights = attn(x, mask=AttentionMask(causal=True), need_weights=True)
+    steps = torch.arange(1, 6, dtype=torch.float32)
+    torch.testing.assert_close(weights[0, 0], torch.ones(5, 5).tril() / steps[:, None])
+    v = attn.in_proj(x)[..., 32:]
+    torch.testing.assert_close(out, attn.out_proj(v.cumsum(1) / steps[None, :, None]), atol=1e-6, rtol=1e-5)
+
+
+def test_cache_reorder_selects_rows_of_a_kinds_own_state():
+    cache = KVCache()
+    cache.state["sums"] = torch.arange(3.0).view(3, 1)
+    cache.reorder(torch.tensor([1, 1, 2]))
+    assert cache.state["sums"].flatten().tolist() == [1.0, 1.0, 2.0] and len(cache) == 0

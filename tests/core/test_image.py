@@ -154,3 +154,28 @@ def test_a_sagan_block_saved_with_a_scalar_gamma_still_loads(tmp_path):
     safetensors.torch.save_file(old, str(tmp_path / "old.safetensors"))
     safetensors.torch.load_model(block, str(tmp_path / "old.safetensors"))
     assert block.gamma.shape == (1,) and block.gamma.item() == 0.25
+
+
+def test_local_2d_is_a_sparse_pattern_the_kernel_chooser_computes():
+    import warnings
+
+    from transformer_zoo.core.local_attention import DENSE_UP_TO, PatternKernel, flex_attention_kernel
+    from transformer_zoo.core.masks import AttentionMask
+
+    pattern = Local2dPattern(grid=(5, 7), query_block=(2, 3), memory=(1, 1))
+    q, k, v = (torch.randn(2, 3, 35, 8) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=pattern.dense())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(flex_attention_kernel(q, k, v, pattern, compiled=False), expected, atol=1e-5,
+                                   rtol=1e-5)
+    for choice in ("dense", "blocked", "auto"):
+        out, _ = PatternKernel(pattern, choice)(q, k, v, AttentionMask(), None, 0.0, False)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    kernel = PatternKernel(pattern)
+    cpu = torch.device("cpu")
+    assert [kernel.choose(n, cpu) for n in (DENSE_UP_TO, DENSE_UP_TO + 1)] == ["dense", "blocked"]
+    with pytest.raises(ValueError, match="kernel must be one of auto, dense, flex, blocked"):
+        PatternKernel(pattern, "chunked")
+    with pytest.raises(ValueError, match="no causal mask, padding or cache"):
+        kernel(q, k, v, AttentionMask(causal=True), None, 0.0, False)

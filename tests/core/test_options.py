@@ -148,8 +148,8 @@ def test_a_misspelt_key_in_a_nested_attention_kind_is_one_line_naming_its_path()
     [
         (["encoder.attention.window=-1"], "  encoder.attention.window: Input should be greater than or equal to 1 (got -1)"),
         (["encoder.attention=[sdpa, {kind: local-global, window: 0}]"],
-         "  encoder.attention[1].window: Input should be greater than or equal to 1 (got 0)"),
-        (["encoder.attention=[sdpa, nope]"], "  encoder.attention[1]: unknown attention kind 'nope'"),
+         "  encoder.attention.1.window: Input should be greater than or equal to 1 (got 0)"),
+        (["encoder.attention=[sdpa, nope]"], "  encoder.attention.1: unknown attention kind 'nope'"),
         (["encoder.attention=7"], "  encoder.attention: expected a attention kind name or a mapping with 'kind' or a list "
                                   "of them, got int"),
         (["encoder.attention=[]"], "  encoder.attention: give one attention kind or a non-empty list of them, got an "

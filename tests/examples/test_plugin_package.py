@@ -310,3 +310,86 @@ def test_the_new_kind_is_validated_like_a_built_in_one(site: Path, tmp_path: Pat
     result = python(site, tmp_path, OPTIONS)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+LINEAR = """
+import torch, torch.nn.functional as F, transformer_zoo as tz
+from transformer_zoo.core.decoding import greedy_decode
+from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.stack import DecoderCache
+
+registry = tz.get_registry()
+assert registry.provider("attention", "linear") == "example"
+assert registry.component("attention", "linear").full is False, "not softmax attention: measured against full twins"
+
+
+def reference(attn, x, padding, causal):
+    # (phi(q) phi(k)^T, masked) v / its row sums, written out with the layer's own projections
+    b, t, d = x.shape
+    q, k, v = (part.view(b, t, attn.n_heads, -1).transpose(1, 2) for part in attn.in_proj(x).chunk(3, dim=-1))
+    scores = (F.elu(q) + 1) @ (F.elu(k) + 1).transpose(-2, -1)  # (B, H, T, T)
+    allowed = padding[:, None, None, :] & (torch.ones(t, t).tril().bool() if causal else True)
+    weights = scores * allowed / (scores * allowed).sum(-1, keepdim=True)
+    return attn.out_proj((weights @ v).transpose(1, 2).reshape(b, t, d)), weights
+
+
+torch.manual_seed(0)
+x = torch.randn(2, 9, 32)
+padding = torch.ones(2, 9, dtype=torch.bool)
+padding[1, 6:] = False
+sizes = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+for causal in (False, True):
+    stack = {"layers": 1, "attention": "linear"}
+    model = tz.build_model("transformer-tiny", encoder=None if causal else stack, decoder=stack if causal else None,
+                           **sizes).eval()
+    attn = (model.decoder if causal else model.encoder).layers[0].self_attn
+    with torch.no_grad():
+        expected, expected_weights = reference(attn, x, padding, causal)
+        out, _ = attn(x, mask=AttentionMask(padding=padding, causal=causal))
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        out, weights = attn(x, mask=AttentionMask(padding=padding, causal=causal), need_weights=True)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(weights, expected_weights, atol=1e-5, rtol=1e-5)
+        ids = torch.randint(3, 50, (2, 9))
+        logits = model(ids, tgt_mask=padding).logits if causal else model(ids, src_mask=padding).logits
+        assert torch.isfinite(logits).all()
+
+# Cached decoding, a prompt then one token at a time, equals the uncached pass.
+lm = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 2, "attention": "linear"}, **sizes).eval()
+ids = torch.randint(3, 50, (2, 11))
+with torch.no_grad():
+    full = lm(ids).logits
+    cache = DecoderCache()
+    steps = [lm.decode(ids[:, :4], cache=cache).hidden] + [lm.decode(ids[:, i : i + 1], cache=cache).hidden
+                                                           for i in range(4, 11)]
+    torch.testing.assert_close(lm.head(torch.cat(steps, dim=1)), full, atol=1e-5, rtol=1e-5)
+assert torch.equal(greedy_decode(lm, prompt=ids, max_new_tokens=6),
+                   greedy_decode(lm, prompt=ids, max_new_tokens=6, use_cache=False))
+
+# It trains, with attention dropout; and ALiBi, a bias on scores it never forms, is refused at validation.
+lm = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": "linear"},
+                    **{**sizes, "dropout": 0.1})
+lm.loss(lm(ids), ids).backward()
+assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in lm.parameters())
+try:
+    tz.load_config("transformer-tiny", {"positional": "alibi", "encoder": {"attention": "linear"}})
+except tz.ConfigError as error:
+    assert "encoder.attention" in str(error) and "rotary" in str(error), error
+else:
+    raise AssertionError("linear attention with ALiBi was accepted")
+print("ok")
+"""
+
+
+def test_the_linear_kind_equals_the_written_out_formula_and_decodes_on_the_cache(site: Path, tmp_path: Path) -> None:
+    result = python(site, tmp_path, LINEAR)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_the_linear_kind_in_the_docs_is_the_file_the_package_ships() -> None:
+    page = (ROOT / "docs" / "writing-a-plugin.md").read_text()
+    shown = re.search(r'```python title="tzoo_example_plugin/linear.py"\n(.*?)```', page, flags=re.DOTALL)
+    shipped = EXAMPLE / "tzoo_example_plugin" / "linear.py"
+    assert shown is not None and shown.group(1) == shipped.read_text()
+    assert len(shipped.read_text().splitlines()) <= 40, "the worked example stays a kind of at most 40 lines"

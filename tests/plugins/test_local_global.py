@@ -210,5 +210,27 @@ def test_weights_are_the_dense_reference():
     model = tz.build_model("local-global-encoder-tiny", dropout=0.0).eval()
     out = model(torch.randint(3, 1000, (1, 60)), need_weights=True)
     weights = out.attentions["encoder"][0]["self"][0, 0]  # (T, T)
-    allowed = model.encoder.layers[0].self_attn.pattern.dense(60, 60)
+    allowed = model.encoder.layers[0].self_attn.kernel.pattern.dense(60, 60)
     assert (weights[~allowed] == 0).all() and torch.allclose(weights.sum(-1), torch.ones(60))
+
+
+def test_one_rule_chooses_the_kernel_of_every_sparse_kind():
+    from transformer_zoo.core.local_attention import DENSE_UP_TO, PatternKernel
+
+    kernel = PatternKernel(pattern("local-global"))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [kernel.choose(n, cpu) for n in (DENSE_UP_TO, DENSE_UP_TO + 1)] == ["dense", "chunked"]
+    assert kernel.choose(DENSE_UP_TO + 1, cuda) == "flex", "compiled FlexAttention on CUDA"
+    assert kernel.choose(DENSE_UP_TO + 1, cuda, dropout_p=0.1) == "chunked", "FlexAttention has no dropout"
+    assert PatternKernel(pattern("block-local"), "flex").choose(10, cpu) == "flex", "a forced choice is kept"
+    with pytest.raises(ValueError, match="kernel must be one of auto, dense, flex, chunked"):
+        PatternKernel(pattern("block-local"), "blocked")
+
+
+def test_sparse_kinds_refuse_alibi_at_validation_and_cross_attention_when_run():
+    with pytest.raises(ConfigError, match="encoder.attention: sliding-window attention does not form every query-key "
+                                          "score.*use sinusoidal, learned or rotary"):
+        tz.load_config("transformer-tiny", {"positional": "alibi", "encoder": {"attention": "sliding-window"}})
+    model = tz.build_model("transformer-tiny", decoder={"cross_attention": "memory-compressed"}, vocab_size=50)
+    with pytest.raises(ValueError, match="MemoryCompressedAttention is for self-attention; keep cross_attention: sdpa"):
+        model(torch.randint(3, 50, (1, 6)), torch.randint(3, 50, (1, 4)))
