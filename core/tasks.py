@@ -1,8 +1,10 @@
 """The task interface: data as ``datasets.Dataset`` splits, what a model needs, how it is scored.
 
-A task says which model outputs it needs (``objective``) and which config values it fixes
-(``model_overrides``: vocabulary size, head); a variant that cannot serve the objective is
-refused with a reason before any training starts.
+A task declares what its batches offer a model (``inputs``: tokens, images or both), which
+model outputs it needs (``objective``), and its scores with the way each is better
+(``metrics``). For a model config it says why the model cannot do it (``unfit_reason``) and
+which config values it fixes (``model_overrides``: vocabulary size, head, image size); a
+variant that cannot do the task is refused with the reason before any training starts.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import datasets
 import torch
@@ -21,8 +23,37 @@ from .decoding import beam_search, greedy_decode
 PAD, BOS, EOS = 0, 1, 2
 CLS = BOS  # classification tasks start each sequence with this id; the head pools it
 
-LOWER_IS_BETTER = frozenset({"perplexity", "loss", "frechet_distance"})
-"""Metric names where a smaller value is better; every other metric is better when larger."""
+Better = Literal["higher", "lower"]
+"""Which way a metric is better."""
+
+
+def model_reads(config: Any) -> str:
+    """What a model config's forward reads: its ``inputs`` (``"tokens"``, or ``"image"`` for an image model)."""
+    return getattr(config, "inputs", "tokens")
+
+
+def objective_reason(config: Any, objective: str) -> str | None:
+    """Why a model made for one objective (an image model's ``objective``) cannot train for
+    ``objective``; None when it is made for it, or says nothing of what it is for."""
+    made_for = getattr(config, "objective", objective)
+    return None if made_for == objective else f"the model is for {made_for}, and this task is {objective}"
+
+
+def declared_metrics() -> dict[str, Better]:
+    """Every metric that a task class defined so far declares, with its direction (the first
+    declaration of a name wins): for scores recorded without their task's directions."""
+    found: dict[str, Better] = {}
+    pending: list[type[Task]] = [Task]
+    while pending:
+        cls = pending.pop(0)
+        for name, better in vars(cls).get("metrics", {}).items():
+            found.setdefault(name, better)
+        pending += cls.__subclasses__()
+    return found
+
+
+def _input_words(kind: str) -> str:
+    return "images" if kind == "image" else kind
 
 
 def pad_batch(rows: list[list[int]], pad: int = PAD) -> tuple[Tensor, Tensor]:
@@ -40,14 +71,17 @@ class Task:
     """Base of every task.
 
     Attributes:
+        inputs: what a batch offers a model: ``"tokens"`` (ids and masks: ``src``, ``tgt``),
+            ``"image"`` (``(B, C, H, W)`` under ``image``), or both; a model reads one of them
+            (its config's ``inputs``).
         objective: what the model must produce: ``seq2seq``, ``sequence-classification``, ...
-        metric: the name of the headline metric in :meth:`evaluate`'s result (higher is better).
+        metrics: every score :meth:`evaluate` returns, with the way it is better (``"higher"``
+            or ``"lower"``); the first is the headline (:attr:`metric`).
     """
 
+    inputs: ClassVar[frozenset[str]] = frozenset({"tokens"})
     objective: ClassVar[str] = ""
-    metric: ClassVar[str] = ""
-    images: ClassVar[bool] = False  # batches also hold "image" (B, C, H, W), for image models
-    image_objective: ClassVar[str] = "image-classification"  # what an image model must be for, to train on it
+    metrics: ClassVar[dict[str, Better]] = {}
     baseline: ClassVar[str] = "Majority-class baseline"  # what :meth:`baselines` scores, for reports
     options: Any = None
 
@@ -55,6 +89,11 @@ class Task:
     def name(self) -> str:
         """The task's kind, as named in configs."""
         return getattr(self.options, "kind", type(self).__name__)
+
+    @property
+    def metric(self) -> str:
+        """The headline metric: the first of :attr:`metrics`."""
+        return next(iter(self.metrics), "")
 
     def dataset(self, split: str) -> datasets.Dataset:
         raise NotImplementedError
@@ -67,39 +106,33 @@ class Task:
     def splits(self) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def model_overrides(self) -> dict[str, Any]:
-        """Config values the task fixes in any model trained on it (vocabulary, head).
+    def unfit_reason(self, config: Any) -> str | None:
+        """Why a model config cannot do this task, or None if it can.
+
+        The base refuses a model that reads none of the task's :attr:`inputs`; a task adds what
+        it needs of a model that reads each input it offers (a subclass calls this first)."""
+        reads = model_reads(config)
+        if reads not in self.inputs:
+            offered = " and ".join(_input_words(kind) for kind in sorted(self.inputs))
+            return f"the model reads {_input_words(reads)}, and this task has none (it offers {offered})"
+        return None
+
+    def model_overrides(self, config: Any) -> dict[str, Any]:
+        """Config values the task fixes in ``config`` (vocabulary and head for a token model;
+        image size, channels and classes for an image model).
 
         Applied after :meth:`unfit_reason` accepted the config.
         """
-        return {}
-
-    def unfit_reason(self, config: Any) -> str | None:
-        """Why a model config cannot do this task, or None if it can."""
-        return None
-
-    def image_unfit_reason(self, config: Any) -> str | None:
-        """What :meth:`unfit_reason` is to token models, for image models."""
-        if not self.images:
-            return "the model reads images, and this task has none (image tasks: digits, digits-generation)"
-        objective = getattr(config, "objective", "image-classification")
-        if objective != self.image_objective:
-            return f"the model is for {objective}, and this task is {self.image_objective}"
-        return None
-
-    def image_overrides(self) -> dict[str, Any]:
-        """What :meth:`model_overrides` is to token models, for image models (``inputs = "image"``):
-        the image size, channels and classes."""
         return {}
 
     def model_inputs(self, model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         """The part of a batch the model's forward reads: the image for an image model, the
         token ids and masks otherwise."""
         config = getattr(model, "config", None)
-        if getattr(config, "inputs", "tokens") == "image":
+        if model_reads(config) == "image":
             if "image" not in batch:
                 raise ValueError(f"variant {config.variant!r} reads images, and task {self.name!r} has none; "
-                                 "train it on an image task such as digits")
+                                 "train it on a task that offers them")
             return {"image": batch["image"]}
         return {k: v for k, v in batch.items() if k not in ("targets", "image")}
 
@@ -159,18 +192,20 @@ class Seq2SeqTask(Task):
     """
 
     objective: ClassVar[str] = "seq2seq"
-    metric: ClassVar[str] = "token_accuracy"
+    metrics: ClassVar[dict[str, Better]] = {"token_accuracy": "higher", "sequence_accuracy": "higher"}
     vocab_size: int = 0
     pad_id, bos_id, eos_id = PAD, BOS, EOS
     beam_size: int = 1  # 1: greedy decoding when scoring
 
-    def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "head": {"kind": "lm"}}
-
     def unfit_reason(self, config: Any) -> str | None:
+        if reason := super().unfit_reason(config):
+            return reason
         if getattr(config, "encoder", None) is None or getattr(config, "decoder", None) is None:
             return "a seq2seq task needs an encoder-decoder model"
         return None
+
+    def model_overrides(self, config: Any) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "head": {"kind": "lm"}}
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         src, src_mask = pad_batch([r["src"] for r in rows], self.pad_id)
@@ -240,12 +275,19 @@ class ClassificationTask(Task):
     """
 
     objective: ClassVar[str] = "sequence-classification"
-    metric: ClassVar[str] = "accuracy"
+    metrics: ClassVar[dict[str, Better]] = {"accuracy": "higher"}
     vocab_size: int = 0
     num_classes: int = 0
     pad_id, cls_id = PAD, CLS
 
-    def model_overrides(self) -> dict[str, Any]:
+    def unfit_reason(self, config: Any) -> str | None:
+        if reason := super().unfit_reason(config):
+            return reason
+        if getattr(config, "encoder", None) is None:
+            return "a classification task needs a model with an encoder"
+        return None
+
+    def model_overrides(self, config: Any) -> dict[str, Any]:
         return {
             "vocab_size": self.vocab_size,
             "tgt_vocab_size": None,
@@ -253,11 +295,6 @@ class ClassificationTask(Task):
             "decoder": None,
             "head": {"kind": "sequence-classification", "num_classes": self.num_classes, "pooling": "cls"},
         }
-
-    def unfit_reason(self, config: Any) -> str | None:
-        if getattr(config, "encoder", None) is None:
-            return "a classification task needs a model with an encoder"
-        return None
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         src, src_mask = pad_batch([[self.cls_id, *r["src"]] for r in rows], self.pad_id)
@@ -344,18 +381,20 @@ class LanguageModelTask(Task):
     """
 
     objective: ClassVar[str] = "language-modeling"
-    metric: ClassVar[str] = "perplexity"
+    metrics: ClassVar[dict[str, Better]] = {"perplexity": "lower", "token_accuracy": "higher"}
     vocab_size: int = 0
     pad_id: int = PAD
 
-    def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "encoder": None,
-                "head": {"kind": "lm"}}
-
     def unfit_reason(self, config: Any) -> str | None:
+        if reason := super().unfit_reason(config):
+            return reason
         if getattr(config, "decoder", None) is None:
             return "a language-modelling task needs a causal decoder (an encoder-only model does masked LM: text-mlm)"
         return None
+
+    def model_overrides(self, config: Any) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "encoder": None,
+                "head": {"kind": "lm"}}
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         tgt, tgt_mask = pad_batch([r["ids"][:-1] for r in rows], self.pad_id)
@@ -378,20 +417,22 @@ class MaskedLMTask(Task):
     """
 
     objective: ClassVar[str] = "masked-lm"
-    metric: ClassVar[str] = "masked_accuracy"
+    metrics: ClassVar[dict[str, Better]] = {"masked_accuracy": "higher", "perplexity": "lower"}
     vocab_size: int = 0
     pad_id, bos_id, eos_id, mask_id = PAD, BOS, EOS, 3
     special_ids: tuple[int, ...] = (PAD, BOS, EOS)
     mask_probability: float = 0.15
 
-    def model_overrides(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "decoder": None,
-                "head": {"kind": "lm"}}
-
     def unfit_reason(self, config: Any) -> str | None:
+        if reason := super().unfit_reason(config):
+            return reason
         if getattr(config, "encoder", None) is None:
             return "a masked-LM task needs a bidirectional encoder (a decoder-only model does text-lm)"
         return None
+
+    def model_overrides(self, config: Any) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "decoder": None,
+                "head": {"kind": "lm"}}
 
     def collate(self, rows: list[dict[str, Any]], generator: torch.Generator | None = None) -> dict[str, Tensor]:
         ids, mask = pad_batch([r["ids"] for r in rows], self.pad_id)

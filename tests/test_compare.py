@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import random
+from typing import ClassVar, Literal
 
+import datasets
 import jsonschema
 import pytest
 
@@ -282,3 +285,60 @@ def test_model_options_reach_every_variant_that_has_the_field():
     assert models["transformer-tiny"] == {"variant": "transformer-tiny", "dropout": 0.0}
     assert models["sagan-classifier-tiny"] == "sagan-classifier-tiny", "it has no dropout to turn off"
     assert models['vit-tiny {"dropout"=0.2}'] == {"variant": "vit-tiny", "dropout": 0.2}, "a variant's own value wins"
+
+
+def test_a_task_of_its_own_with_a_lower_is_better_metric_is_read_that_way(tmp_path):
+    """A task plugin declares its inputs and metrics; the summary, the report and the plot follow
+    its directions with no library file naming them."""
+    from transformer_zoo import plots
+    from transformer_zoo.core.options import TaskOptions
+    from transformer_zoo.core.tasks import ClassificationTask
+    from transformer_zoo.registry import hookimpl
+
+    class ParityErrors(TaskOptions):
+        kind: Literal["parity-errors"] = "parity-errors"
+
+        def build(self):
+            return ParityErrorsTask(self)
+
+    class ParityErrorsTask(ClassificationTask):
+        inputs: ClassVar[frozenset[str]] = frozenset({"tokens"})
+        metrics: ClassVar[dict] = {"error_rate": "lower", "accuracy": "higher"}
+        splits: ClassVar[tuple[str, ...]] = ("train", "test")
+        vocab_size, num_classes = 8, 2
+
+        def __init__(self, options):
+            self.options = options
+
+        def dataset(self, split):
+            rng = random.Random(split)
+            rows = [[rng.randrange(3, 8) for _ in range(6)] for _ in range(32)]
+            return datasets.Dataset.from_dict({"src": rows, "label": [sum(row) % 2 for row in rows]})
+
+        def evaluate(self, model, split, batch_size=128):
+            accuracy = super().evaluate(model, split, batch_size)["accuracy"]
+            return {"error_rate": 1 - accuracy, "accuracy": accuracy}
+
+    class Inline:
+        @hookimpl
+        def tzoo_tasks(self):
+            return [ParityErrors]
+
+    registry = get_registry()
+    registry.register(Inline(), "inline-task")
+    try:
+        spec = load_spec({"variants": ["transformer-tiny", "vit-tiny"], "tasks": ["parity-errors"], "steps": 2,
+                          "seeds": [0], "train": {"batch_size": 4}})
+        results = compare(spec, tmp_path)
+    finally:
+        registry.unregister("inline-task")
+    (run,) = results.runs
+    assert run.metric == "error_rate" and run.better == {"error_rate": "lower", "accuracy": "higher"}
+    assert [s.reason for s in results.skipped] == [
+        "variant 'vit-tiny' cannot do task 'parity-errors': the model reads images, and this task has none (it "
+        "offers tokens)"]
+    (summary,) = results.summaries
+    assert {c.name: c.better for c in summary.columns if c.kind == "metric"} == \
+        {"test accuracy": "higher", "test error_rate": "lower"}
+    panel = next(ax for ax in plots.metric_figure(results.runs).axes if ax.get_title())
+    assert panel.get_ylabel() == "test error rate (lower is better)"

@@ -17,7 +17,7 @@ import torch
 import transformer_zoo as tz
 from transformer_zoo.core.decoding import greedy_decode
 from transformer_zoo.core.local_attention import chunked_attention, dense_attention, flex_attention_kernel
-from transformer_zoo.train import _only, load_train_config, train
+from transformer_zoo.train import load_train_config, train, trains_only
 
 from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 from test_all_variants import example_batch, generators
@@ -61,7 +61,7 @@ def test_every_variant_takes_a_finite_training_step(name, bf16):
             return model.loss(out, targets)
 
     for phase in phases:  # as training runs them: each phase with the others frozen
-        with _only(phase.parameters, model), torch.autocast(CUDA.type, dtype=torch.bfloat16, enabled=bf16):
+        with trains_only(phase.parameters, model), torch.autocast(CUDA.type, dtype=torch.bfloat16, enabled=bf16):
             loss = loss_of(phase)
         assert torch.isfinite(loss), f"{phase.name} loss {loss.item()}"
         loss.backward()

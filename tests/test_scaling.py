@@ -69,7 +69,8 @@ def test_a_pass_that_fails_is_recorded_and_the_others_kept(monkeypatch):
 
     monkeypatch.setattr(scaling, "measure", out_of_memory_at_256)
     task = load_spec({"variants": ["bert-tiny"], "tasks": [LISTOPS]}).tasks[0].build()
-    config = tz.load_config("transformer-tiny", task.model_overrides())
+    model = tz.load_config("transformer-tiny")
+    config = tz.load_config(model, task.model_overrides(model))
     points = measure_scaling([("t", config)], task, ScalingSpec(lengths=[64, 256], repeats=1), progress=False)
     failed = [p for p in points if p.error]
     assert [(p.length, p.seconds) for p in failed] == [(256, None), (256, None)]
@@ -91,7 +92,8 @@ def test_stretched_tiles_each_sequence_to_the_length():
 def test_sparse_memory_grows_linearly_and_written_out_attention_quadratically():
     spec = ScalingSpec(lengths=[512, 2048], repeats=1, references=["sdpa", "math"])
     task = load_spec({"variants": ["bert-tiny"], "tasks": [LISTOPS]}).tasks[0].build()
-    config = tz.load_config("local-global-encoder-tiny", task.model_overrides())
+    model = tz.load_config("local-global-encoder-tiny")
+    config = tz.load_config(model, task.model_overrides(model))
     points = measure_scaling([("lg", config)], task, spec, progress=False)
     assert {(p.attention, p.mode) for p in points} == {(a, m) for a in ("as configured", "sdpa", "math")
                                                        for m in ("forward", "train")}

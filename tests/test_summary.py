@@ -69,6 +69,24 @@ def test_lower_is_better_for_perplexity():
     assert summarize_task(runs).best == "a"
 
 
+def test_a_task_of_its_own_says_which_way_its_metrics_are_better():
+    """No library file names the metric: the task declares it, and the records carry it (or,
+    written without it, take it from the task classes that declare the name)."""
+    from transformer_zoo.core.tasks import Task
+
+    class Regret(Task):
+        metrics = {"test_regret": "lower", "test_hits": "higher"}
+
+    def runs(**fields):
+        return [record(v, seed, base + NOISE[seed], metric="test_regret", task="bandit", **fields)
+                for v, base in (("a", 5.0), ("b", 9.0)) for seed in range(5)]
+
+    for records in (runs(better=Regret.metrics), runs()):
+        summary = summarize_task(records)
+        assert next(c.better for c in summary.columns if c.name == "test test_regret") == "lower"
+        assert summary.best == summary.leaders[0] == "a"
+
+
 def test_a_permutation_test_of_three_seeds_says_it_cannot_separate():
     runs = [record(v, seed, base + NOISE[seed]) for v, base in (("a", 0.5), ("b", 0.9)) for seed in range(3)]
     welch = summarize_task(runs, test="welch")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 
 import pytest
@@ -10,7 +12,8 @@ import torch
 
 from transformer_zoo.cli import main
 from transformer_zoo.core.tasks import Seq2SeqTask
-from transformer_zoo.train import TrainingDiverged, evaluate_run, load_train_config, train
+from transformer_zoo import train as train_module
+from transformer_zoo.train import Trainer, TrainingDiverged, evaluate_run, load_train_config, train
 
 SMALL_MODEL = {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.1}
 SMALL_TASK = {"kind": "reverse", "train_size": 300, "test_size": 20, "train_lengths": [1, 6], "test_lengths": [7, 8]}
@@ -142,3 +145,28 @@ def test_a_compiled_run_follows_the_eager_curve_and_reports_its_flops(tmp_path):
     assert eager["train_flops_per_step"] == compiled["train_flops_per_step"] > 0  # counted eagerly, the same step
     assert eager["mfu"] == pytest.approx(eager["train_tflops_per_second"] / 0.5)
     assert compiled["mfu"] is None, "no known peak on a CPU"
+
+
+def test_a_trainer_in_parts_takes_the_steps_train_takes(tmp_path):
+    config = small_config(steps=3, log_every=1)
+    summary = train(config, tmp_path / "whole", progress=False)
+    trainer = Trainer(config, tmp_path / "parts", progress=False).setup()
+    assert [phase.name for phase in trainer.phases] == list(trainer.optimizers) == ["model"]
+    batch = trainer.batch(0)
+    assert all(torch.equal(batch[k], v) for k, v in trainer.batch(0).items()), "a step's batch depends on the step only"
+    losses, flops = trainer.counted_step(0, batch)
+    assert flops == summary["train_flops_per_step"] > 0
+    assert losses["model"] == pytest.approx(summary["history"][0]["loss"], abs=0)
+    assert trainer.step(1)["model"] == pytest.approx(summary["history"][1]["loss"], abs=0)
+    trainer.save(2)
+    resumed = Trainer(config, tmp_path / "parts", progress=False).setup()
+    assert resumed.start == 2 and resumed.run()["history"][-1]["loss"] == summary["history"][-1]["loss"]
+    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "whole").values(), weights(tmp_path / "parts").values()))
+
+
+def test_no_function_of_the_trainer_is_longer_than_a_screen():
+    tree = ast.parse(inspect.getsource(train_module))
+    spans = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    assert "run" in spans and "step" in spans
+    assert {name: lines for name, lines in spans.items() if lines > 60} == {}

@@ -34,11 +34,12 @@ from .api import _read, build_model, from_pretrained, load_config, validate
 from .core.errors import ConfigError
 from .core.model import atomic_write
 from .core.options import Options, Task
+from .core.tasks import Better, declared_metrics
 from .registry import get_registry
 from .scaling import PeakMemory, ScalingPoint, ScalingSpec, measure_scaling
 from .stats import TEST_NAMES, TestKind
 from .summary import TaskSummary, summarize
-from .train import TrainConfig, model_config_for, resolve_device, train
+from .train import TrainConfig, Trainer, model_config_for, resolve_device, train
 
 
 class CompareSpec(Options):
@@ -121,12 +122,24 @@ class RunRecord(BaseModel):
         False, description="finished by an earlier invocation and kept: its costs were measured under other conditions")
     metric: str = Field(description="the task's headline metric")
     metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
+    better: dict[str, Better] = Field(
+        {}, description="which way each metric is better, as the task declares it (its metrics); a metric a record "
+        "does not give takes the direction the tasks that declare its name give it (higher where none does)")
     curve: list[dict[str, float]] = Field(description="the learning curve: step, loss, lr, and test metrics when evaluated")
     ponder_time: dict[str, float] = Field(
         {}, description="models with a recurrent stack: mean steps per real test position, by stack (fixed without ACT)"
     )
     ponder_plot: str | None = Field(None, description="a heat map of one test example's ponder times, relative to the report")
     samples_plot: str | None = Field(None, description="a generation task: a grid of samples, relative to the report")
+
+    @model_validator(mode="after")
+    def _every_direction(self) -> RunRecord:
+        names = {self.metric, *(name for scores in self.metrics.values() for name in scores)}
+        if not names <= self.better.keys():  # written before records carried them, or by hand
+            get_registry()  # the plugins' task classes are imported, with what they declare
+            declared = declared_metrics()
+            self.better = {**{name: declared.get(name, "higher") for name in sorted(names)}, **self.better}
+        return self
 
 
 class Skipped(BaseModel):
@@ -299,7 +312,7 @@ def _run(args: tuple[str, dict[str, Any], str, str, bool]) -> dict[str, Any] | N
         parameters=summary["parameters"], flops_per_token=flops,
         train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak / 2**20,
         steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
-        metrics=summary["metrics"], curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
+        metrics=summary["metrics"], better=task.metrics, curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
         samples_plot=None if samples is None else str(Path("runs") / Path(run_dir).name / samples.name),
         started=when, threads=torch.get_num_threads(), cpus=available_cores(), load_average=load,
         invocation=invocation,
@@ -309,8 +322,8 @@ def _run(args: tuple[str, dict[str, Any], str, str, bool]) -> dict[str, Any] | N
 
 
 def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) -> tuple[float, float]:
-    """One training step on a batch of the run's size, as training runs it (each phase's loss,
-    backward and AdamW step), counted, not estimated:
+    """One training step on the run's first batch, as :class:`~transformer_zoo.train.Trainer`
+    takes it (each phase's loss, backward, gradient clipping and AdamW step), counted, not estimated:
 
     - FLOPs of its forward and backward passes per token the model reads, by
       ``torch.utils.flop_counter`` (matrix products and attention; a recurrent stack counts the
@@ -318,25 +331,15 @@ def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) 
     - the peak bytes of tensor storage alive at once: the weights, and what the step creates
       (activations, gradients, AdamW's state), by :class:`~transformer_zoo.scaling.PeakMemory`.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from .train import _batch, _only, _optimizers
-
-    model.train()
+    # in this process alone (under torchrun only process 0 measures), eagerly, from the model as it is
+    trainer = Trainer(config, task=task, progress=False, world=distributed.World()).attach(model.train())
     model.zero_grad(set_to_none=True)  # as each training step starts: gradients are the step's own
-    batch = _batch(task, task.dataset("train"), 0, config, next(model.parameters()).device)
-    phases, optimizers, _ = _optimizers(model, config)
+    batch = trainer.batch(0)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in itertools.chain(model.parameters(), model.buffers())}
-    with PeakMemory() as memory, FlopCounterMode(display=False) as counter:
-        for phase in phases:
-            if len(phases) == 1:
-                task.loss(model, batch).backward()
-            else:
-                with _only(phase.parameters, model):  # as training runs it: no gradient for the other phases
-                    task.loss(model, batch, phase.name).backward()
-            optimizers[phase.name].step()
-    return counter.get_total_flops() / max(task.tokens_in(batch), 1), sum(storages.values()) + memory.peak
+    with PeakMemory() as memory:
+        _, flops = trainer.counted_step(0, batch)
+    return flops / max(task.tokens_in(batch), 1), sum(storages.values()) + memory.peak
 
 
 @torch.no_grad()

@@ -23,7 +23,6 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from .compare import RunRecord
-from .core.tasks import LOWER_IS_BETTER
 from .scaling import MODE_NAMES, MODES, ScalingPoint
 from .stats import interval
 
@@ -207,7 +206,8 @@ def metric_figure(records: list[RunRecord]) -> Figure:
     for ax, task in zip(axes, tasks):
         groups = _by_variant(r for r in records if r.task == task)
         seeded += groups.values()
-        metric = next(iter(groups.values()))[0].metric
+        first = next(iter(groups.values()))[0]
+        metric = first.metric
         sizes = []
         for variant, runs in groups.items():
             mean, error = _mean_and_error([r.metrics["test"][r.metric] for r in runs])
@@ -216,7 +216,7 @@ def metric_figure(records: list[RunRecord]) -> Figure:
                         **styles[variant])
             sizes.append(size)
         log_axis(ax, "x", min(sizes), max(sizes))
-        better = "lower" if metric in LOWER_IS_BETTER else "higher"
+        better = first.better[metric]
         ax.set_title(task, fontsize=10)
         ax.set(xlabel="trainable parameters", ylabel=f"test {metric.replace('_', ' ')} ({better} is better)")
         ax.grid(alpha=0.3)

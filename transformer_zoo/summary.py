@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from .core.tasks import LOWER_IS_BETTER
 from .stats import ALPHA, TEST_NAMES, TestKind, difference, interval, smallest_p
 
 if TYPE_CHECKING:
@@ -85,7 +84,8 @@ class _Getter:
 def _getters(records: list[RunRecord]) -> list[_Getter]:
     splits = sorted({split for r in records for split in r.metrics}, key=lambda s: (s != HEADLINE_SPLIT, s))
     names = sorted({name for r in records for values in r.metrics.values() for name in values})
-    getters = [_Getter(Column(name=f"{split} {name}", kind="metric", better="lower" if name in LOWER_IS_BETTER else "higher"),
+    better = {name: next(r.better[name] for r in records if name in r.better) for name in names}  # as the task declares
+    getters = [_Getter(Column(name=f"{split} {name}", kind="metric", better=better[name]),
                        lambda r, s=split, n=name: r.metrics.get(s, {}).get(n))
                for split in splits for name in names]
     for stack in sorted({stack for r in records for stack in r.ponder_time}):
@@ -134,7 +134,7 @@ def summarize_task(records: list[RunRecord], reference: str | None = None, test:
              for c in columns if c.kind == "metric"
              for v in variants if v != reference and values[v][c.name] and values[reference][c.name]
              for d in [difference(values[v][c.name], values[reference][c.name], test)]]
-    higher = metric not in LOWER_IS_BETTER
+    higher = records[0].better[metric] == "higher"
     leaders = _leaders(values, headline, higher, test)
     seeds = min(len(values[v][headline]) for v in variants)
     best = next(c.best for c in columns if c.name == headline)

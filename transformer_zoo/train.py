@@ -10,11 +10,13 @@ resumed from step k sees exactly the batches an uninterrupted run sees.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -97,24 +99,10 @@ def model_config_for(config: TrainConfig, task) -> VariantConfig:
         ValueError: the variant cannot do the task (before anything is built).
     """
     model = load_config({"variant": config.model} if isinstance(config.model, str) else config.model)
-    images = getattr(model, "inputs", "tokens") == "image"
-    reason = task.image_unfit_reason(model) if images else task.unfit_reason(model)
+    reason = task.unfit_reason(model)
     if reason:
         raise ValueError(f"variant {model.variant!r} cannot do task {config.task.kind!r}: {reason}")
-    return load_config(model, task.image_overrides() if images else task.model_overrides())
-
-
-def _step_seed(config: TrainConfig, step: int) -> int:
-    """The seed of step ``step``'s batch: the same whatever ran before it, so resuming is exact."""
-    return config.seed * 1_000_003 + step
-
-
-def _batch(task, dataset, step: int, config: TrainConfig, device: torch.device) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(_step_seed(config, step))
-    index = torch.randint(len(dataset), (config.batch_size,), generator=generator).tolist()
-    rows = dataset[index]
-    batch = task.collate([dict(zip(rows, values)) for values in zip(*rows.values())])
-    return {k: v.to(device) for k, v in batch.items()}
+    return load_config(model, task.model_overrides(model))
 
 
 def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, step: int, history: list,
@@ -139,6 +127,14 @@ def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, s
     shutil.rmtree(old, ignore_errors=True)
 
 
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run folder's checkpoint, or the previous one a crash while swapping left; None if neither."""
+    for candidate in (run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.old"):
+        if (candidate / "state.json").is_file():
+            return candidate
+    return None
+
+
 def fused_adamw(device: torch.device, sharded: bool = False) -> bool:
     """Whether AdamW takes its fused kernel: on CUDA, where it updates every parameter in a few
     launches instead of a dozen per parameter group (a bert-base step spent 4% of its time in the
@@ -146,7 +142,7 @@ def fused_adamw(device: torch.device, sharded: bool = False) -> bool:
     return device.type == "cuda" and not sharded
 
 
-def _optimizers(model, config: TrainConfig, fused: bool = False) -> tuple[list, dict, dict]:
+def phase_optimizers(model, config: TrainConfig, fused: bool = False) -> tuple[list, dict, dict]:
     """The model's phases, with an AdamW optimizer and a learning-rate schedule for each
     (``fused``: AdamW's fused kernel).
 
@@ -172,24 +168,8 @@ def _optimizers(model, config: TrainConfig, fused: bool = False) -> tuple[list, 
     return phases, optimizers, schedulers
 
 
-def _load_optimizers(path: Path, optimizers: dict, schedulers: dict, device: torch.device, sharded: bool) -> None:
-    # sharded: read on the CPU, and each process moves only its shards to the device
-    states = torch.load(path, map_location="cpu" if sharded else device, weights_only=True)
-    if "optimizer" in states and len(optimizers) == 1:  # written before models had phases
-        name = next(iter(optimizers))
-        states = {"optimizers": {name: states["optimizer"]}, "schedulers": {name: states["scheduler"]}}
-    saved = sorted(states.get("optimizers", {}))
-    if saved != sorted(optimizers):
-        raise ValueError(f"the checkpoint in {path.parent} has optimizers for the phases {saved}, and the model trains "
-                         f"in {sorted(optimizers)}; resume with the model it was written by, or start over (--restart)")
-    for name in optimizers:
-        state = states["optimizers"][name]
-        optimizers[name].load_state_dict(distributed.sharded_optimizer(state, optimizers[name]) if sharded else state)
-        schedulers[name].load_state_dict(states["schedulers"][name])
-
-
 @contextlib.contextmanager
-def _only(parameters, model):
+def trains_only(parameters, model) -> Iterator[None]:
     """Freeze every parameter of ``model`` but ``parameters`` (no gradient is computed for them)."""
     keep = {id(p) for p in parameters}
     frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in keep]
@@ -202,11 +182,6 @@ def _only(parameters, model):
             p.requires_grad_(True)
 
 
-def _latest_checkpoint(run_dir: Path) -> Path | None:
-    for candidate in (run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.old"):
-        if (candidate / "state.json").is_file():
-            return candidate
-    return None
 
 
 class TrainingDiverged(RuntimeError):
@@ -234,6 +209,373 @@ def peak_tflops(config: TrainConfig, device: torch.device) -> float | None:
     return datasheet_tflops(device) if config.bf16 else None
 
 
+def flop_rates(step_flops: float | None, steps: int, seconds: float, peak: float | None,
+               processes: int) -> dict[str, float | None]:
+    """The summary's FLOP figures: one step's FLOPs (``step_flops``, of the global batch), the
+    rate over ``steps`` steps in ``seconds``, and the model FLOPs utilisation of ``processes``
+    devices of ``peak`` TFLOP/s each; None where nothing was counted or no peak is known."""
+    rate = step_flops * steps / max(seconds, 1e-9) if steps > 0 and step_flops is not None else None
+    return {
+        "train_flops_per_step": step_flops if steps > 0 else None,
+        "train_tflops_per_second": None if rate is None else rate / 1e12,
+        "mfu": None if rate is None or peak is None else rate / (peak * 1e12 * processes),
+    }
+
+
+class Trainer:
+    """One training run, in parts: :meth:`setup` builds the task, the model and its optimizers
+    (continuing from the run folder's checkpoint), :meth:`batch` draws a step's batch,
+    :meth:`step` takes one optimizer step of every phase, :meth:`evaluate` scores the model,
+    :meth:`save` writes a checkpoint, and :meth:`run` trains to the budget and returns the summary.
+
+    Under torchrun each process runs its own trainer over its share of every global batch (see
+    :mod:`~transformer_zoo.distributed`); process 0 writes the run folder and evaluates.
+
+    Attributes:
+        task: the task (given, or built by :meth:`setup`).
+        model: the model trained (sharded in place under ``parallel: fsdp``).
+        phases: the model's training phases, stepped in turn on every batch.
+        optimizers, schedulers: each phase's AdamW and learning-rate schedule, by phase name.
+        start: the first step :meth:`run` takes (the checkpoint's step when resuming).
+        history: the learning curve so far.
+        step_flops: FLOPs of one step over the global batch, counted on :meth:`run`'s first step.
+    """
+
+    def __init__(self, config: TrainConfig, run_dir: str | os.PathLike | None = None, *, task: Any = None,
+                 progress: bool = True, world: distributed.World | None = None) -> None:
+        """
+        Args:
+            run_dir: the run folder (None: a trainer that never saves, to measure a step).
+            task: ``config.task`` already built; None: :meth:`setup` builds it.
+            progress: show a progress bar with loss and throughput.
+            world: the processes training together; None: those torchrun started, or this one.
+        """
+        self.here = distributed.world() if world is None else world
+        if self.here.size > 1 and config.batch_size % self.here.size:
+            raise ValueError(f"batch_size {config.batch_size} is the global batch, split over {self.here.size} "
+                             f"processes; use a multiple of {self.here.size}")
+        self.config, self.task, self.progress = config, task, progress
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.device = resolve_device(config.device)
+        if self.device.type == "cuda" and self.here.launched:
+            self.device = torch.device("cuda", self.here.local_rank)  # world() made it the process's current device
+        self.bf16 = config.bf16 and self.device.type == "cuda"
+        self.wrapped = self.sharded = False  # trained over torchrun's processes; with parallel: fsdp
+        self.model: Any = None
+        self.phases: list = []
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.schedulers: dict[str, LambdaLR] = {}
+        self.start, self.history, self.tokens = 0, [], 0
+        self.step_flops: float | None = None
+        self._replica: Any = None  # what the loss calls (set by attach): the model, or DDP's replica of it
+        self._trained_loss: Any = None  # the loss of a step (set by attach): eager_loss, compiled with compile: true
+        self._whole = None  # a sharded model's weights gathered on process 0, on the CPU: what is saved and evaluated
+
+    # ---- setup ------------------------------------------------------------------------------
+    def setup(self, resume: bool = True) -> Trainer:
+        """Build the task, the model and its optimizers, and write ``train.json``; with ``resume``,
+        continue from the run folder's checkpoint, if it has one."""
+        checkpoint = latest_checkpoint(self.run_dir) if resume and self.run_dir is not None else None
+        if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
+            self.task = self.config.task.with_assets(self.run_dir).build()
+        elif self.task is None:
+            self.task = self.config.task.build()
+        self.model = self.build_model()
+        if checkpoint is not None:
+            self.load_checkpoint(checkpoint)
+        self.attach(self.model)
+        if checkpoint is not None:
+            self.load_optimizer_states(checkpoint)
+        if self.here.main and self.run_dir is not None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "train.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=2))
+            if checkpoint is None:
+                self.task.save_assets(self.run_dir)
+        return self
+
+    @property
+    def home(self) -> torch.device:
+        """Where the whole model lives before training: the CPU under FSDP, which moves each
+        process's shards to the device; the device otherwise."""
+        return torch.device("cpu") if self.sharded else self.device
+
+    def build_model(self) -> torch.nn.Module:
+        """The model for the task, initialised from the seed, in train mode on :attr:`home`.
+
+        Raises:
+            ValueError: the model trains in several phases, over processes or compiled.
+        """
+        torch.manual_seed(self.config.seed)
+        model = build_model(model_config_for(self.config, self.task))
+        phases = [phase.name for phase in model.phases()]
+        if len(phases) > 1 and (self.here.size > 1 or self.config.compile):
+            raise ValueError(f"{model.config.variant!r} trains in phases {phases}; training over several processes "
+                             "and compile: true are for one-phase models: run it in one process, eager")
+        self.wrapped = self.here.launched and len(phases) == 1  # a phase-trained model runs in a job of one, unwrapped
+        self.sharded = self.wrapped and self.config.parallel == "fsdp"
+        return model.to(self.home).train()
+
+    def attach(self, model: torch.nn.Module) -> Trainer:
+        """Train ``model`` from here: spread over the processes (:meth:`distribute`), with each
+        phase's optimizer and schedule, and its loss compiled with ``compile: true``."""
+        self.model = model
+        self._replica = self.distribute(model)
+        self.phases, self.optimizers, self.schedulers = phase_optimizers(
+            model, self.config, fused_adamw(self.device, self.sharded))
+        # compiled, the task's loss is one graph with the model: the float32 cross-entropy over the vocabulary fuses
+        # with the logits' cast (a compiled bf16 step of bert-base took 17% less time than with the loss left eager)
+        self._trained_loss = torch.compile(self.eager_loss) if self.config.compile else self.eager_loss
+        return self
+
+    def distribute(self, model: torch.nn.Module) -> torch.nn.Module:
+        """What the task's loss calls: under ``parallel: fsdp`` the model itself, its parameters
+        sharded over the processes in place (so the optimizers see the shards); under ``ddp`` a
+        replica that averages gradients; in one process, the model."""
+        if self.sharded:
+            distributed.fully_shard(model, self.device, self.here)
+            return model
+        return distributed.replicate(model, self.device) if self.wrapped else model
+
+    @functools.cached_property
+    def train_data(self):
+        """The task's training split."""
+        return self.task.dataset("train")
+
+    # ---- a step -----------------------------------------------------------------------------
+    def step_seed(self, step: int) -> int:
+        """The seed of step ``step``'s batch: the same whatever ran before it, so resuming is exact."""
+        return self.config.seed * 1_000_003 + step
+
+    def batch(self, step: int) -> dict[str, torch.Tensor]:
+        """Step ``step``'s batch, on the device: ``batch_size`` examples drawn by a generator
+        seeded from (seed, step); under torchrun, this process's rows of that global batch
+        (every process draws the same one, masking included), and dropout seeded per process."""
+        if self.here.launched:
+            torch.manual_seed(self.step_seed(step))
+        generator = torch.Generator().manual_seed(self.step_seed(step))
+        index = torch.randint(len(self.train_data), (self.config.batch_size,), generator=generator).tolist()
+        rows = self.train_data[index]
+        batch = self.task.collate([dict(zip(rows, values)) for values in zip(*rows.values())])
+        batch = distributed.shard({k: v.to(self.device) for k, v in batch.items()}, self.here)
+        if self.here.launched:
+            torch.manual_seed(self.step_seed(step) * 1009 + 1 + self.here.rank)
+        return batch
+
+    def eager_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss of a one-phase model on ``batch``, as the task computes it (through DDP's replica)."""
+        # a task written before phases existed takes (model, batch)
+        return self.task.loss(self._replica, batch)
+
+    def loss(self, phase: str, batch: dict[str, torch.Tensor], *, eager: bool = False) -> torch.Tensor:
+        """``phase``'s loss on ``batch``; a one-phase model's through the compiled graph with
+        ``compile: true``, unless ``eager``."""
+        if len(self.phases) > 1:
+            return self.task.loss(self.model, batch, phase)
+        return self.eager_loss(batch) if eager else self._trained_loss(batch)
+
+    def step(self, step: int, batch: dict[str, torch.Tensor] | None = None, *, eager: bool = False) -> dict[str, float]:
+        """One optimizer step of every phase in turn, each with the others frozen, on ``batch``
+        (None: :meth:`batch` of ``step``); returns each phase's loss.
+
+        Raises:
+            TrainingDiverged: a loss was not finite (in any process).
+        """
+        batch = self.batch(step) if batch is None else batch
+        losses = {}
+        for phase in self.phases:
+            alone = trains_only(phase.parameters, self.model) if len(self.phases) > 1 else contextlib.nullcontext()
+            with alone:
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                    loss = self.loss(phase.name, batch, eager=eager)
+                self.check_finite(loss, phase.name, step)
+                self.optimizers[phase.name].zero_grad(set_to_none=True)
+                loss.backward()
+                if self.config.grad_clip is not None:
+                    torch.nn.utils.clip_grad_norm_(phase.parameters, self.config.grad_clip)
+                self.optimizers[phase.name].step()
+                self.schedulers[phase.name].step()
+            losses[phase.name] = loss.item()
+        return losses
+
+    def check_finite(self, loss: torch.Tensor, phase: str, step: int) -> None:
+        """Stop every process when ``loss`` is not finite in any of them."""
+        if distributed.any_true(not torch.isfinite(loss), self.here, self.device):
+            kept = "" if self.run_dir is None else f"; the last good checkpoint is kept in {self.run_dir / CHECKPOINT}"
+            raise TrainingDiverged(f"{phase} loss became {loss.item()} at step {step + 1}{kept}; lower lr "
+                                   f"(now {self.config.lr}) or set grad_clip")
+
+    def counted_step(self, step: int, batch: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, float], float]:
+        """:meth:`step`, run eagerly under PyTorch's FLOP counter: the losses, and the FLOPs of
+        its forward and backward passes over the global batch (every process's share).
+
+        Eagerly, because a compiled loss first called under the counter would never compile."""
+        with FlopCounterMode(display=False) as counter:
+            losses = self.step(step, batch, eager=True)
+        return losses, counter.get_total_flops() * self.here.size
+
+    # ---- evaluate, save, resume ---------------------------------------------------------------
+    def gather(self) -> torch.nn.Module | None:
+        """A sharded model's weights, whole, in a model on process 0's CPU (None elsewhere);
+        every process takes part."""
+        weights = distributed.gathered_weights(self.model, self.here)
+        if not self.here.main:
+            return None
+        if self._whole is None:
+            with torch.random.fork_rng(devices=[]):  # building draws initial weights: leave training's stream alone
+                self._whole = build_model(self.model.config)
+        self._whole.load_state_dict(weights)
+        return self._whole
+
+    def evaluate(self, split: str) -> dict[str, float] | None:
+        """The trained model's scores on ``split``, from process 0 (None elsewhere)."""
+        whole = self.gather() if self.sharded else None
+        if not self.here.main:
+            return None
+        if not self.sharded:
+            return self.task.evaluate(self.model, split)
+        try:
+            return self.task.evaluate(whole.to(self.device), split)
+        finally:
+            whole.cpu()
+
+    def save(self, step: int) -> None:
+        """Checkpoint ``step`` into the run folder (written by process 0, every process taking part)."""
+        if self.sharded:
+            model = self.gather()
+            states = {name: distributed.gathered_optimizer(optimizer, self.here)
+                      for name, optimizer in self.optimizers.items()}
+        else:
+            model, states = self.model, {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
+        if self.here.main:
+            _save_checkpoint(self.run_dir, model, states, self.schedulers, step, self.history, self.device)
+        distributed.barrier(self.here)
+
+    def load_checkpoint(self, checkpoint: Path) -> None:
+        """Continue from ``checkpoint``: its weights (into the model before :meth:`attach`), its
+        step, learning curve and random state."""
+        safetensors.torch.load_model(self.model, str(checkpoint / "model.safetensors"), device=str(self.home))
+        state = json.loads((checkpoint / "state.json").read_text())
+        self.start, self.history = state["step"], state["history"]
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+        if self.device.type == "cuda" and "cuda_rng" in state:
+            torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), self.device)
+
+    def load_optimizer_states(self, checkpoint: Path) -> None:
+        """Each phase's optimizer and schedule state from ``checkpoint`` (after :meth:`attach`).
+
+        Raises:
+            ValueError: the checkpoint holds the optimizers of other phases.
+        """
+        path = checkpoint / "optimizer.pt"
+        # sharded: read on the CPU, and each process moves only its shards to the device
+        states = torch.load(path, map_location="cpu" if self.sharded else self.device, weights_only=True)
+        if "optimizer" in states and len(self.optimizers) == 1:  # written before models had phases
+            name = next(iter(self.optimizers))
+            states = {"optimizers": {name: states["optimizer"]}, "schedulers": {name: states["scheduler"]}}
+        saved = sorted(states.get("optimizers", {}))
+        if saved != sorted(self.optimizers):
+            raise ValueError(f"the checkpoint in {checkpoint} has optimizers for the phases {saved}, and the model trains "
+                             f"in {sorted(self.optimizers)}; resume with the model it was written by, or start over "
+                             "(--restart)")
+        for name, optimizer in self.optimizers.items():
+            state = states["optimizers"][name]
+            optimizer.load_state_dict(distributed.sharded_optimizer(state, optimizer) if self.sharded else state)
+            self.schedulers[name].load_state_dict(states["schedulers"][name])
+
+    # ---- the run ------------------------------------------------------------------------------
+    def run(self, stop_after: int | None = None) -> dict[str, Any]:
+        """Train from :attr:`start` to ``steps`` (or ``max_seconds``), checkpoint, evaluate and
+        return the summary (also in ``summary.json``, with the model in ``model/``).
+
+        Args:
+            stop_after: stop (after checkpointing) once this step is reached, as an interruption
+                would; returns ``{"step", "stopped": True}``.
+        """
+        end = self.config.steps if stop_after is None else min(self.config.steps, stop_after)
+        started = time.perf_counter()
+        end = self.train_steps(end, started)
+        elapsed = time.perf_counter() - started
+        self.save(end)
+        if stop_after is not None and end < self.config.steps:
+            return {"step": end, "stopped": True}
+        if not self.here.main:
+            return {"step": end, "rank": self.here.rank}
+        return self.summary(end, elapsed)
+
+    def train_steps(self, end: int, started: float) -> int:
+        """Steps :attr:`start` up to ``end``, the first counted; returns the step reached (earlier
+        than ``end`` when ``max_seconds`` ran out)."""
+        with self.progress_bar() as bar:
+            shown = bar.add_task(f"{self.config.task.kind}", total=self.config.steps, completed=self.start, status="")
+            for step in range(self.start, end):
+                batch = self.batch(step)
+                if step == self.start:
+                    losses, self.step_flops = self.counted_step(step, batch)
+                else:
+                    losses = self.step(step, batch)
+                self.tokens += self.task.tokens_in(batch) * self.here.size
+                loss = self.after_step(step + 1, losses)
+                rate = self.tokens / (time.perf_counter() - started)
+                bar.update(shown, completed=step + 1, status=f"loss {loss:.3f}  {rate:,.0f} tok/s")
+                if self.out_of_time(started):
+                    return step + 1  # the time budget is spent: finish as if this were the last step
+        return end
+
+    def after_step(self, done: int, losses: dict[str, float]) -> float:
+        """The learning curve, evaluation and checkpoint due after step ``done``; returns the
+        headline loss (the first phase's; the global batch's where recorded)."""
+        config, first = self.config, self.phases[0].name
+        loss = losses[first]
+        if done % config.log_every == 0 or done == config.steps:
+            loss = distributed.mean(loss, self.here, self.device)  # the global batch's
+            phase_losses = {f"loss_{name}": value for name, value in losses.items()} if len(self.phases) > 1 else {}
+            self.history.append({"step": done, "loss": loss, **phase_losses,
+                                 "lr": self.schedulers[first].get_last_lr()[0]})
+        if config.eval_every and done % config.eval_every == 0 and done != config.steps:
+            scores = self.evaluate("test")
+            if self.here.main:
+                self.history.append({"step": done, **{f"test_{k}": v for k, v in scores.items()}})
+        if config.checkpoint_every and done % config.checkpoint_every == 0:
+            self.save(done)
+        return loss
+
+    def out_of_time(self, started: float) -> bool:
+        """Whether ``max_seconds`` of training have passed (in any process, so that all stop together)."""
+        if self.config.max_seconds is None:
+            return False
+        spent = time.perf_counter() - started >= self.config.max_seconds
+        return distributed.any_true(spent, self.here, self.device)
+
+    def progress_bar(self) -> Progress:
+        """A bar of steps with the loss and throughput (process 0's, when ``progress``)."""
+        return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
+                        disable=not (self.progress and self.here.main), transient=True)
+
+    def summary(self, end: int, elapsed: float) -> dict[str, Any]:
+        """Process 0's summary of a run that reached step ``end`` in ``elapsed`` seconds, after
+        :meth:`save`: scores on every split but train, sizes, throughput and the learning curve;
+        written to ``summary.json``, and the model to ``model/``."""
+        held = distributed.held_parameters(self.model)
+        model = self._whole.to(self.device) if self.sharded else self.model  # save() has just gathered the final weights
+        metrics = {split: self.task.evaluate(model, split) for split in self.task.splits if split != "train"}
+        summary = {
+            "step": end,
+            "train_seconds": elapsed,
+            "metrics": metrics,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters_per_process": held,  # process 0's shards with parallel: fsdp, else every parameter
+            "processes": self.here.size,
+            "parallel": self.config.parallel if self.wrapped else None,  # under torchrun: ddp or fsdp
+            "train_tokens_per_second": self.tokens / max(elapsed, 1e-9),
+            **flop_rates(self.step_flops, end - self.start, elapsed, peak_tflops(self.config, self.device), self.here.size),
+            "history": self.history,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        model.save_pretrained(self.run_dir / "model")
+        return summary
+
+
 def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = True, progress: bool = True,
           stop_after: int | None = None, task: Any = None) -> dict[str, Any]:
     """Train ``config.model`` on ``config.task``; returns the run summary (also in ``summary.json``).
@@ -245,180 +587,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         task: ``config.task`` already built (a comparison builds each task once for all its
             seeds); None: built here.
     """
-    here = distributed.world()  # one process, or one of those torchrun started
-    if here.size > 1 and config.batch_size % here.size:
-        raise ValueError(f"batch_size {config.batch_size} is the global batch, split over {here.size} processes; "
-                         f"use a multiple of {here.size}")
-    run_dir = Path(run_dir)
-    device = resolve_device(config.device)
-    if device.type == "cuda" and here.launched:
-        device = torch.device("cuda", here.local_rank)  # world() made it the process's current device
-    checkpoint = _latest_checkpoint(run_dir) if resume else None
-    if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
-        task = config.task.with_assets(run_dir).build()
-    elif task is None:
-        task = config.task.build()
-    torch.manual_seed(config.seed)
-    model = build_model(model_config_for(config, task))
-    phase_names = [phase.name for phase in model.phases()]
-    if len(phase_names) > 1 and (here.size > 1 or config.compile):
-        raise ValueError(f"{model.config.variant!r} trains in phases {phase_names}; training over several processes "
-                         "and compile: true are for one-phase models: run it in one process, eager")
-    wrapped = here.launched and len(phase_names) == 1  # a phase-trained model runs in a job of one, unwrapped
-    sharded = wrapped and config.parallel == "fsdp"
-    home = torch.device("cpu") if sharded else device  # sharding moves each process's shards to the device
-    model.to(home).train()
-    start, history = 0, []
-    if checkpoint is not None:
-        safetensors.torch.load_model(model, str(checkpoint / "model.safetensors"), device=str(home))
-        state = json.loads((checkpoint / "state.json").read_text())
-        start, history = state["step"], state["history"]
-        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
-        if device.type == "cuda" and "cuda_rng" in state:
-            torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), device)
-    if sharded:
-        distributed.fully_shard(model, device, here)  # in place: the optimizers must see the sharded parameters
-    phases, optimizers, schedulers = _optimizers(model, config, fused_adamw(device, sharded))
-    if checkpoint is not None:
-        _load_optimizers(checkpoint / "optimizer.pt", optimizers, schedulers, device, sharded)
-    if here.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "train.json").write_text(json.dumps(config.model_dump(mode="json"), indent=2))
-        if checkpoint is None:
-            task.save_assets(run_dir)
-    eager = distributed.replicate(model, device) if wrapped and not sharded else model  # what the task calls
-    # compiled, the task's loss is one graph with the model: the float32 cross-entropy over the vocabulary fuses
-    # with the logits' cast (a compiled bf16 step of bert-base took 17% less time than with the loss left eager)
-    def eager_loss(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return task.loss(eager, batch)
-
-    trained_loss = torch.compile(eager_loss) if config.compile else eager_loss
-    whole = None  # a sharded model's weights gathered on process 0, on the CPU: what is saved and evaluated
-
-    def gather() -> None:
-        """Refresh ``whole`` (every process takes part; only process 0 keeps the weights)."""
-        nonlocal whole
-        weights = distributed.gathered_weights(model, here)
-        if here.main:
-            if whole is None:
-                with torch.random.fork_rng(devices=[]):  # building draws initial weights: leave training's stream alone
-                    whole = build_model(model.config)
-            whole.load_state_dict(weights)
-
-    def save(step: int) -> None:
-        if sharded:
-            gather()
-            states = {name: distributed.gathered_optimizer(optimizer, here) for name, optimizer in optimizers.items()}
-        else:
-            states = {name: optimizer.state_dict() for name, optimizer in optimizers.items()}
-        if here.main:
-            _save_checkpoint(run_dir, whole if sharded else model, states, schedulers, step, history, device)
-        distributed.barrier(here)
-
-    def evaluate(split: str) -> dict[str, float] | None:
-        """The trained model's scores on ``split``, from process 0 (None elsewhere)."""
-        if sharded:
-            gather()
-        if not here.main:
-            return None
-        if not sharded:
-            return task.evaluate(model, split)
-        try:
-            return task.evaluate(whole.to(device), split)
-        finally:
-            whole.cpu()
-
-    train_data = task.dataset("train")
-    end = config.steps if stop_after is None else min(config.steps, stop_after)
-    tokens, started = 0, time.perf_counter()
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TextColumn("{task.fields[status]}"), TimeRemainingColumn(), disable=not (progress and here.main),
-                   transient=True)
-    bf16 = config.bf16 and device.type == "cuda"
-    with bar:
-        bar_task = bar.add_task(f"{config.task.kind}", total=config.steps, completed=start, status="")
-        for step in range(start, end):
-            if here.launched:  # every process draws the same global batch (masking included), then its own dropout
-                torch.manual_seed(_step_seed(config, step))
-            batch = distributed.shard(_batch(task, train_data, step, config, device), here)
-            if here.launched:
-                torch.manual_seed(_step_seed(config, step) * 1009 + 1 + here.rank)
-            losses = {}
-            # the first step is counted, eagerly: a compiled module called under the counter would never compile
-            counting = step == start
-            counter = FlopCounterMode(display=False) if counting else contextlib.nullcontext()
-            with counter:
-                for phase in phases:
-                    with _only(phase.parameters, model) if len(phases) > 1 else contextlib.nullcontext():
-                        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                            # a task written before phases existed takes (model, batch)
-                            if len(phases) > 1:
-                                loss = task.loss(model, batch, phase.name)
-                            else:
-                                loss = (eager_loss if counting else trained_loss)(batch)
-                        if distributed.any_true(not torch.isfinite(loss), here, device):
-                            raise TrainingDiverged(
-                                f"{phase.name} loss became {loss.item()} at step {step + 1}; the last good checkpoint is "
-                                f"kept in {run_dir / CHECKPOINT}; lower lr (now {config.lr}) or set grad_clip"
-                            )
-                        optimizers[phase.name].zero_grad(set_to_none=True)
-                        loss.backward()
-                        if config.grad_clip is not None:
-                            torch.nn.utils.clip_grad_norm_(phase.parameters, config.grad_clip)
-                        optimizers[phase.name].step()
-                        schedulers[phase.name].step()
-                    losses[phase.name] = loss.item()
-            if counting:
-                step_flops = counter.get_total_flops() * here.size  # every process's share of the global batch
-            loss = losses[phases[0].name]  # the headline loss; every phase's is in the curve too
-            tokens += task.tokens_in(batch) * here.size
-            done = step + 1
-            if done % config.log_every == 0 or done == config.steps:
-                loss = distributed.mean(loss, here, device)  # the global batch's
-                phase_losses = {f"loss_{name}": value for name, value in losses.items()} if len(phases) > 1 else {}
-                history.append({"step": done, "loss": loss, **phase_losses,
-                                "lr": schedulers[phases[0].name].get_last_lr()[0]})
-            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-                scores = evaluate("test")
-                if here.main:
-                    history.append({"step": done, **{f"test_{k}": v for k, v in scores.items()}})
-            if config.checkpoint_every and done % config.checkpoint_every == 0:
-                save(done)
-            rate = tokens / (time.perf_counter() - started)
-            bar.update(bar_task, completed=done, status=f"loss {loss:.3f}  {rate:,.0f} tok/s")
-            spent = config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds
-            if config.max_seconds is not None and distributed.any_true(spent, here, device):  # all stop together
-                end = done  # the time budget is spent: finish as if this were the last step
-                break
-    elapsed = time.perf_counter() - started
-    save(end)
-    if stop_after is not None and end < config.steps:
-        return {"step": end, "stopped": True}
-    if not here.main:
-        return {"step": end, "rank": here.rank}
-    held = distributed.held_parameters(model)
-    if sharded:  # save() has just gathered the final weights
-        model = whole.to(device)
-    metrics = {split: task.evaluate(model, split) for split in task.splits if split != "train"}
-    flops_per_second = step_flops * (end - start) / max(elapsed, 1e-9) if end > start else None
-    peak = peak_tflops(config, device)
-    summary = {
-        "step": end,
-        "train_seconds": elapsed,
-        "metrics": metrics,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "parameters_per_process": held,  # process 0's shards with parallel: fsdp, else every parameter
-        "processes": here.size,
-        "parallel": config.parallel if wrapped else None,  # under torchrun: ddp or fsdp, whatever the processes
-        "train_tokens_per_second": tokens / max(elapsed, 1e-9),
-        "train_flops_per_step": step_flops if end > start else None,
-        "train_tflops_per_second": None if flops_per_second is None else flops_per_second / 1e12,
-        "mfu": None if flops_per_second is None or peak is None else flops_per_second / (peak * 1e12 * here.size),
-        "history": history,
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    model.save_pretrained(run_dir / "model")
-    return summary
+    return Trainer(config, run_dir, task=task, progress=progress).setup(resume).run(stop_after)
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[TrainConfig, Any, torch.nn.Module]:

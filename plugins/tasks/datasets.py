@@ -23,7 +23,7 @@ import datasets
 from pydantic import Field, model_validator
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.tasks import ClassificationTask, LanguageModelTask, Seq2SeqTask, Task
+from transformer_zoo.core.tasks import Better, ClassificationTask, LanguageModelTask, Seq2SeqTask, Task
 
 from .text import Tokenized, TokenizerSource, fingerprint, lm_windows, resolve_files, special_ids
 from .translation import BleuScored
@@ -316,6 +316,8 @@ class Seq2Seq(DatasetOptions):
 
 class Seq2SeqDataTask(BleuScored, DatasetTask, Seq2SeqTask):
     """Source and target as token ids (one tokenizer for both), with the reference text kept for BLEU."""
+
+    metrics: ClassVar[dict[str, Better]] = {**Seq2SeqTask.metrics, "bleu": "higher"}
 
     def __init__(self, options: Seq2Seq) -> None:
         super().__init__(options)

@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 
 from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import ClassificationTask
+from transformer_zoo.core.tasks import ClassificationTask, model_reads, objective_reason
 
 LEVELS = 17  # grey levels 0..16
 FIRST_TOKEN = 2  # after PAD and CLS
@@ -34,18 +34,26 @@ class Digits(TaskOptions):
 
 
 class DigitsTask(ClassificationTask):
-    """The digits images as pixel-token sequences (``src``) and image arrays (``image``)."""
+    """The digits images as pixel-token sequences (``src``) and image arrays (``image``): a
+    sequence classifier reads the tokens, an image classifier the image."""
 
+    inputs: ClassVar[frozenset[str]] = frozenset({"tokens", "image"})
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
-    images: ClassVar[bool] = True
     vocab_size = FIRST_TOKEN + LEVELS
     num_classes = 10
 
     def __init__(self, options: Digits) -> None:
         self.options = options
 
-    def image_overrides(self) -> dict[str, Any]:
-        return {"image_size": (8, 8), "channels": 1, "num_classes": self.num_classes}
+    def unfit_reason(self, config: Any) -> str | None:
+        if model_reads(config) == "image":
+            return objective_reason(config, "image-classification")
+        return super().unfit_reason(config)
+
+    def model_overrides(self, config: Any) -> dict[str, Any]:
+        if model_reads(config) == "image":
+            return {"image_size": (8, 8), "channels": 1, "num_classes": self.num_classes}
+        return super().model_overrides(config)
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         return {**super().collate(rows), "image": torch.tensor([r["image"] for r in rows], dtype=torch.float32)}

@@ -39,7 +39,7 @@ from pydantic import field_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import Task
+from transformer_zoo.core.tasks import Better, Task, objective_reason
 
 from .digits import Digits
 
@@ -139,10 +139,9 @@ class DigitsGeneration(TaskOptions):
 class DigitsGenerationTask(Task):
     """The digits images and labels, for class-conditional image generators."""
 
+    inputs: ClassVar[frozenset[str]] = frozenset({"image"})
     objective: ClassVar[str] = "image-generation"
-    metric: ClassVar[str] = "frechet_distance"
-    images: ClassVar[bool] = True
-    image_objective: ClassVar[str] = "image-generation"
+    metrics: ClassVar[dict[str, Better]] = {"frechet_distance": "lower", "classifier_accuracy": "higher"}
     baseline: ClassVar[str] = "Real digits (the classifier on the test images; training images against them)"
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
     num_classes = 10
@@ -154,11 +153,13 @@ class DigitsGenerationTask(Task):
     def dataset(self, split: str) -> datasets.Dataset:
         return self.digits.dataset(split)
 
-    def unfit_reason(self, config: Any) -> str | None:  # token models
-        return "digits-generation needs an image generator, such as sagan-gan"
+    def unfit_reason(self, config: Any) -> str | None:
+        if super().unfit_reason(config):
+            return "digits-generation needs an image generator, such as sagan-gan"
+        return objective_reason(config, self.objective)
 
-    def image_overrides(self) -> dict[str, Any]:
-        return self.digits.image_overrides()
+    def model_overrides(self, config: Any) -> dict[str, Any]:
+        return self.digits.model_overrides(config)  # the image size, channels and classes of digits
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         return {"image": torch.tensor([r["image"] for r in rows], dtype=torch.float32),

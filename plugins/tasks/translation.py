@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from tokenizers import Tokenizer
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.tasks import Seq2SeqTask
+from transformer_zoo.core.tasks import Better, Seq2SeqTask
 
 from .text import Tokenized, TokenizerSource, fingerprint, resolve_files, special_ids
 
@@ -88,7 +88,7 @@ class BleuScored:
 class TranslationTask(BleuScored, Tokenized, Seq2SeqTask):
     """Sentence pairs as token ids, with the reference text kept for BLEU."""
 
-    metric: ClassVar[str] = "bleu"
+    metrics: ClassVar[dict[str, Better]] = {"bleu": "higher", **Seq2SeqTask.metrics}
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
 
     def __init__(self, options: Translation) -> None:

@@ -1,10 +1,14 @@
-"""core.tasks: BERT's masked-LM corruption (15% selected; of those 80% [MASK], 10% random, 10% unchanged)."""
+"""core.tasks: the task contract (inputs, metrics and their directions, one fitness check and one
+set of overrides for every input kind), and BERT's masked-LM corruption (15% selected; of those
+80% [MASK], 10% random, 10% unchanged)."""
 
 from __future__ import annotations
 
 import torch
 
-from transformer_zoo.core.tasks import mask_tokens
+from types import SimpleNamespace
+
+from transformer_zoo.core.tasks import ClassificationTask, LanguageModelTask, Task, declared_metrics, mask_tokens
 
 SPECIAL = (0, 1, 2, 4)  # pad, bos, eos, unk
 MASK = 3
@@ -46,3 +50,36 @@ def test_a_batch_always_has_something_to_predict():
                                  generator=torch.Generator().manual_seed(seed))
         chosen = (targets != 0).nonzero()[:, 1].tolist()
         assert len(chosen) == 1 and chosen[0] in (1, 2)
+
+
+TOKEN_MODEL = SimpleNamespace(variant="t", encoder=object(), decoder=None)  # a config with no inputs: tokens
+IMAGE_CLASSIFIER = SimpleNamespace(variant="i", inputs="image", objective="image-classification")
+
+
+class Sounds(Task):
+    """A task of a new input kind: it touches no other file."""
+
+    inputs = frozenset({"audio"})
+    objective = "audio-classification"
+    metrics = {"word_error_rate": "lower", "accuracy": "higher"}
+
+    def model_overrides(self, config):
+        return {"sample_rate": 16_000}
+
+
+def test_a_task_declares_its_inputs_and_its_metrics_with_their_directions():
+    assert ClassificationTask().metric == "accuracy" and LanguageModelTask().metric == "perplexity"
+    assert Sounds().metric == "word_error_rate"
+    declared = declared_metrics()
+    assert declared["perplexity"] == declared["word_error_rate"] == "lower" and declared["accuracy"] == "higher"
+
+
+def test_one_fitness_check_refuses_a_model_that_reads_none_of_the_inputs():
+    assert ClassificationTask().unfit_reason(TOKEN_MODEL) is None
+    assert ClassificationTask().unfit_reason(IMAGE_CLASSIFIER) == \
+        "the model reads images, and this task has none (it offers tokens)"
+    assert ClassificationTask().unfit_reason(SimpleNamespace(encoder=None)) == \
+        "a classification task needs a model with an encoder"
+    assert Sounds().unfit_reason(TOKEN_MODEL) == "the model reads tokens, and this task has none (it offers audio)"
+    assert Sounds().unfit_reason(SimpleNamespace(inputs="audio")) is None
+    assert Sounds().model_overrides(SimpleNamespace(inputs="audio")) == {"sample_rate": 16_000}

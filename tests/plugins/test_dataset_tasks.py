@@ -16,6 +16,7 @@ import datasets
 import pytest
 import tokenizers
 
+import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.registry import get_registry
 from transformer_zoo.train import evaluate_run, load_run, load_train_config, train
@@ -103,7 +104,7 @@ def test_a_loaded_tokenizer_brings_its_own_special_ids(data, tmp_path):
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     task = task_on("text-classification", data / "data.csv", tokenizer=str(tmp_path / "tokenizer.json"))
-    assert (task.cls_id, task.pad_id, task.model_overrides()["pad_id"]) == (0, 3, 3)
+    assert (task.cls_id, task.pad_id, task.model_overrides(tz.load_config("bert-tiny"))["pad_id"]) == (0, 3, 3)
     batch = task.collate([{"src": [4], "label": 0}, {"src": [4, 5, 6], "label": 1}])
     assert batch["src"].tolist() == [[0, 4, 3, 3], [0, 4, 5, 6]]
 

@@ -20,7 +20,7 @@ import torch
 
 import transformer_zoo as tz
 
-from ..train import _only
+from ..train import trains_only
 from .common import add_device_options, autocast, device_name, device_of, paired_medians, precision, write_json
 
 COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}
@@ -78,7 +78,7 @@ def workload(model: torch.nn.Module, batch: int, length: int, amp: Callable) -> 
 
         def train() -> None:
             for phase, phase_optimizer in phases:
-                with _only(phase.parameters, model):
+                with trains_only(phase.parameters, model):
                     with amp():
                         loss = model.adversarial_loss(images, labels, phase.name)
                     loss.backward()
