@@ -182,8 +182,6 @@ def trains_only(parameters, model) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-
-
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
