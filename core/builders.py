@@ -4,6 +4,9 @@ A family's config validates what a user wrote, then unpacks it into these functi
 of the chosen kinds and plain sizes go in, ready modules come out. Nothing here reads a config
 object or calls back into one (data flows one way: config, builder, modules).
 
+- :func:`encoder_decoder`: the whole base model: embeddings, the encoder and/or decoder stacks,
+  the head;
+- :func:`positional_modules`: a positional scheme built, additive or in-attention;
 - :func:`transformer_layer`: one layer, self-attention (and cross-attention), a feed-forward
   network and their norms;
 - :func:`stack`: the layers a stack kind asks for, handed to it built;
@@ -13,12 +16,91 @@ object or calls back into one (data flows one way: config, builder, modules).
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from .attention import AttentionPositional
+from .embedding import Embeddings
 from .layers import TransformerLayer
-from .options import AttentionOptions, FFNOptions, NormOptions, StackOptions
+from .model import EncoderDecoder
+from .options import AttentionOptions, FFNOptions, HeadOptions, NormOptions, PositionalOptions, StackOptions
 from .stack import RecurrentStack, StepSignal
+
+
+def encoder_decoder(
+    *,
+    vocab_size: int,
+    d_model: int,
+    n_heads: int,
+    d_ff: int,
+    dropout: float,
+    max_len: int,
+    positional: PositionalOptions,
+    norm: NormOptions,
+    ffn: FFNOptions,
+    head: HeadOptions,
+    encoder: StackOptions | None = None,
+    decoder: StackOptions | None = None,
+    tgt_vocab_size: int | None = None,
+    pad_id: int = 0,
+    share_embeddings: bool = True,
+    scale_embeddings: bool = True,
+    pre_norm: bool = False,
+    final_norm: bool = False,
+    positions_per_step: bool = False,
+) -> EncoderDecoder:
+    """The base encoder-decoder: leave out ``decoder`` for an encoder-only model, ``encoder`` for
+    a decoder-only one.
+
+    Args:
+        share_embeddings: the decoder reuses the encoder's token table (and a tied head reads it).
+        scale_embeddings: embeddings start at N(0, 1/d_model) and are multiplied by sqrt(d_model).
+        final_norm: a norm after the last layer of each stack.
+        positions_per_step: a recurrent stack adds additive positions at every step, in its step
+            signal (the Universal Transformer's ``P^t``), instead of the embeddings adding them once.
+    """
+    layers = dict(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, ffn=ffn, norm=norm, pre_norm=pre_norm,
+                  final_norm=final_norm)
+
+    def token_embedding(size: int) -> nn.Embedding:
+        token = nn.Embedding(size, d_model)
+        if scale_embeddings:
+            # N(0, 1/d_model), as in the reference implementation (tensor2tensor): scaled by sqrt(d_model)
+            # the inputs have unit variance, and a tied output layer starts with logits of unit scale.
+            nn.init.normal_(token.weight, std=d_model**-0.5)
+        return token
+
+    def side(options: StackOptions, token: nn.Embedding, cross: bool) -> tuple[Embeddings, nn.Module]:
+        additive, in_attention = positional_modules(positional, d_model=d_model, n_heads=n_heads, max_len=max_len)
+        signal = None
+        if options.recurrent and positions_per_step:
+            signal, additive = StepSignal(d_model, options.layers, positional=additive), None
+        embed = Embeddings(token, positional=additive, scale=math.sqrt(d_model) if scale_embeddings else 1.0,
+                           dropout=dropout)
+        return embed, stack(options, **layers, cross=cross, positional=in_attention, signal=signal)
+
+    src_embed = built_encoder = tgt_embed = built_decoder = None
+    if encoder is not None:
+        src_embed, built_encoder = side(encoder, token_embedding(vocab_size), cross=False)
+    if decoder is not None:
+        shared = src_embed is not None and share_embeddings
+        token = src_embed.token if shared else token_embedding(tgt_vocab_size or vocab_size)
+        tgt_embed, built_decoder = side(decoder, token, cross=encoder is not None)
+    output_vocab = (tgt_vocab_size or vocab_size) if decoder is not None else vocab_size
+    built_head = head.build(d_model=d_model, vocab_size=output_vocab, embedding=(tgt_embed or src_embed).token,
+                            pad_id=pad_id, dropout=dropout)
+    return EncoderDecoder(head=built_head, encoder=built_encoder, src_embed=src_embed, decoder=built_decoder,
+                          tgt_embed=tgt_embed)
+
+
+def positional_modules(
+    options: PositionalOptions, *, d_model: int, n_heads: int, max_len: int
+) -> tuple[nn.Module | None, AttentionPositional | None]:
+    """The scheme ``options`` describe, built: ``(additive module, None)`` for one added to the
+    embeddings (sinusoidal, learned), ``(None, scheme)`` for one acting inside attention (rotary, ALiBi)."""
+    positional = options.build(d_model=d_model, n_heads=n_heads, max_len=max_len)
+    return (None, positional) if isinstance(positional, AttentionPositional) else (positional, None)
 
 
 def transformer_layer(

@@ -1,14 +1,13 @@
 """The config of the base encoder-decoder, shared by every family built on it.
 
 A family subclasses :class:`EncoderDecoderConfig`, sets ``family`` and its paper's defaults;
-``build()`` composes the registered components into an
-:class:`~transformer_zoo.core.model.EncoderDecoder`. Leave out ``decoder`` for an
+``build()`` unpacks the config into :func:`~transformer_zoo.core.builders.encoder_decoder`,
+which returns an :class:`~transformer_zoo.core.model.EncoderDecoder`. Leave out ``decoder`` for an
 encoder-only model and ``encoder`` for a decoder-only one.
 """
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -16,10 +15,8 @@ from torch import nn
 
 from . import builders
 from .attention import AttentionPositional
-from .embedding import Embeddings
 from .model import EncoderDecoder
 from .options import FFN, Head, Norm, Positional, Stack, StackOptions, VariantConfig
-from .stack import StepSignal
 
 
 class EncoderDecoderConfig(VariantConfig):
@@ -84,55 +81,30 @@ class EncoderDecoderConfig(VariantConfig):
     def output_vocab_size(self) -> int:
         return (self.tgt_vocab_size or self.vocab_size) if self.decoder is not None else self.vocab_size
 
+    @property
+    def uses_final_norm(self) -> bool:
+        return self.norm_placement == "pre" if self.final_norm is None else self.final_norm
+
     def positional_modules(self) -> tuple[nn.Module | None, AttentionPositional | None]:
         """The positional scheme built: ``(additive module or None, in-attention scheme or None)``."""
-        positional = self.positional.build(d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len)
-        if isinstance(positional, AttentionPositional):
-            return None, positional
-        return positional, None
+        return builders.positional_modules(self.positional, d_model=self.d_model, n_heads=self.n_heads,
+                                           max_len=self.max_len)
 
     def stack(self, options: StackOptions, *, cross: bool, in_attention: AttentionPositional | None,
-              signal: nn.Module | None = None, final_norm: bool | None = None) -> nn.Module:
-        """One of the model's stacks, with this config's sizes, norm and feed-forward kinds."""
-        if final_norm is None:
-            final_norm = self.norm_placement == "pre" if self.final_norm is None else self.final_norm
+              final_norm: bool | None = None) -> nn.Module:
+        """One of the model's stacks, with this config's sizes, norm and feed-forward kinds (for a
+        family that builds its own embeddings, as BERT does)."""
         return builders.stack(options, d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-                              ffn=self.ffn, norm=self.norm, pre_norm=self.norm_placement == "pre", final_norm=final_norm,
-                              cross=cross, positional=in_attention, signal=signal)
-
-    def _side(self, options: StackOptions, token: nn.Embedding, cross: bool) -> tuple[Embeddings, nn.Module]:
-        """The embeddings and the stack of the encoder or the decoder."""
-        additive, in_attention = self.positional_modules()
-        signal = None
-        if options.recurrent and self.positions_per_step:
-            signal, additive = StepSignal(self.d_model, options.layers, positional=additive), None
-        embed = Embeddings(token, positional=additive, scale=math.sqrt(self.d_model) if self.scale_embeddings else 1.0,
-                           dropout=self.dropout)
-        return embed, self.stack(options, cross=cross, in_attention=in_attention, signal=signal)
-
-    def _token_embedding(self, vocab_size: int) -> nn.Embedding:
-        token = nn.Embedding(vocab_size, self.d_model)
-        if self.scale_embeddings:
-            # N(0, 1/d_model), as in the reference implementation (tensor2tensor): scaled by sqrt(d_model)
-            # the inputs have unit variance, and a tied output layer starts with logits of unit scale.
-            nn.init.normal_(token.weight, std=self.d_model**-0.5)
-        return token
+                              ffn=self.ffn, norm=self.norm, pre_norm=self.norm_placement == "pre",
+                              final_norm=self.uses_final_norm if final_norm is None else final_norm, cross=cross,
+                              positional=in_attention)
 
     def build(self) -> EncoderDecoder:
-        src_embed = encoder = tgt_embed = decoder = None
-        if self.encoder is not None:
-            src_embed, encoder = self._side(self.encoder, self._token_embedding(self.vocab_size), cross=False)
-        if self.decoder is not None:
-            if src_embed is not None and self.share_embeddings:
-                token = src_embed.token
-            else:
-                token = self._token_embedding(self.tgt_vocab_size or self.vocab_size)
-            tgt_embed, decoder = self._side(self.decoder, token, cross=self.encoder is not None)
-        head = self.head.build(
-            d_model=self.d_model,
-            vocab_size=self.output_vocab_size,
-            embedding=(tgt_embed or src_embed).token,
-            pad_id=self.pad_id,
-            dropout=self.dropout,
+        return builders.encoder_decoder(
+            vocab_size=self.vocab_size, tgt_vocab_size=self.tgt_vocab_size, d_model=self.d_model, n_heads=self.n_heads,
+            d_ff=self.d_ff, dropout=self.dropout, max_len=self.max_len, pad_id=self.pad_id,
+            share_embeddings=self.share_embeddings, scale_embeddings=self.scale_embeddings, positional=self.positional,
+            norm=self.norm, ffn=self.ffn, head=self.head, encoder=self.encoder, decoder=self.decoder,
+            pre_norm=self.norm_placement == "pre", final_norm=self.uses_final_norm,
+            positions_per_step=self.positions_per_step,
         )
-        return EncoderDecoder(head=head, encoder=encoder, src_embed=src_embed, decoder=decoder, tgt_embed=tgt_embed)

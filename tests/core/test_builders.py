@@ -79,3 +79,18 @@ def test_image_models_give_local_2d_attention_its_grid_as_a_builder_argument():
     attention = model.encoder.layers[0].self_attn
     assert type(attention).__name__ == "Local2dAttention"
     assert "grid" not in model.config.model_dump()["encoder"]["attention"]  # derived, not a user field
+
+
+def test_a_family_config_is_unpacked_into_the_encoder_decoder_builder():
+    config = tz.load_config("transformer-tiny", {"positional": "rotary", "norm_placement": "pre"})
+    torch.manual_seed(0)
+    by_name = tz.build_model(config)
+    torch.manual_seed(0)
+    by_hand = builders.encoder_decoder(
+        vocab_size=config.vocab_size, d_model=config.d_model, n_heads=config.n_heads, d_ff=config.d_ff,
+        dropout=config.dropout, max_len=config.max_len, positional=options("positional", "rotary"),
+        norm=options("norm", "layernorm"), ffn=options("ffn", "mlp"), head=options("head", "lm"),
+        encoder=config.encoder, decoder=config.decoder, pre_norm=True, final_norm=True,
+    )
+    assert by_hand.state_dict().keys() == by_name.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(by_hand.state_dict().values(), by_name.state_dict().values()))
