@@ -126,8 +126,10 @@ def transformer_layer(
             None for sequences.
     """
 
+    where = {} if grid is None else {"grid": grid}  # a kind written for sequences need not take grid
+
     def attend(options: AttentionOptions, scheme: AttentionPositional | None) -> nn.Module:
-        return options.build(d_model=d_model, n_heads=n_heads, dropout=dropout, positional=scheme, grid=grid)
+        return options.build(d_model=d_model, n_heads=n_heads, dropout=dropout, positional=scheme, **where)
 
     return TransformerLayer(
         attend(attention, positional),

@@ -68,13 +68,15 @@ class EncoderDecoderConfig(VariantConfig):
         if self.pad_id >= min(self.vocab_size, self.tgt_vocab_size or self.vocab_size):
             raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary (vocab_size={self.vocab_size})")
         for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
-            kinds = [] if stack is None else stack.attention if isinstance(stack.attention, list) else [stack.attention]
-            for kind in kinds:
+            if stack is None:
+                continue
+            listed = isinstance(stack.attention, list)
+            for index, kind in enumerate(stack.attention if listed else [stack.attention]):
                 try:
                     kind.check(max_len=self.max_len)
                     kind.check_positional(self.positional)
                 except ValueError as error:
-                    raise ValueError(f"{name}.attention: {error}") from None
+                    raise ValueError(f"{name}.attention{f'.{index}' if listed else ''}: {error}") from None
         return self
 
     @property

@@ -235,7 +235,7 @@ class ComponentField:
             value = {"kind": value}
         if not isinstance(value, dict):
             listing = " or a list of them" if self.many else ""
-            raise ValueError(f"expected a {self.category} kind name or a mapping with 'kind'{listing}, "
+            raise ValueError(f"expected the name of one {self.category} kind or a mapping with 'kind'{listing}, "
                              f"got {type(value).__name__}")
         kind = value.get("kind", kinds.default_kind(self.category))
         try:

@@ -129,12 +129,13 @@ class Task:
         """The part of a batch the model's forward reads: the image for an image model, the
         token ids and masks otherwise."""
         config = getattr(model, "config", None)
-        if model_reads(config) == "image":
-            if "image" not in batch:
-                raise ValueError(f"variant {config.variant!r} reads images, and task {self.name!r} has none; "
-                                 "train it on a task that offers them")
-            return {"image": batch["image"]}
-        return {k: v for k, v in batch.items() if k not in ("targets", "image")}
+        kind = model_reads(config)
+        if kind != "tokens":  # any other input kind is one batch key of its name (image, audio, ...)
+            if kind not in batch:
+                raise ValueError(f"variant {config.variant!r} reads {_input_words(kind)}, and task {self.name!r} has "
+                                 "none; train it on a task that offers them")
+            return {kind: batch[kind]}
+        return {k: v for k, v in batch.items() if k != "targets" and k not in self.inputs}
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         """A batch of examples to model inputs and ``targets``."""

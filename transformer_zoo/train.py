@@ -438,6 +438,8 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """Checkpoint ``step`` into the run folder (written by process 0, every process taking part)."""
+        if self.run_dir is None:
+            raise ValueError("this Trainer has no run folder to save into; give run_dir to Trainer(...)")
         if self.sharded:
             model = self.gather()
             states = {name: distributed.gathered_optimizer(optimizer, self.here)

@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 from torch import nn
 
-from transformer_zoo.core.attention import MathAttention
+from transformer_zoo.core.attention import AttentionPositional, Kernel, MathAttention, math_kernel
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, TokenBatchNorm
 from transformer_zoo.core.options import (
@@ -46,7 +46,11 @@ class MathAttentionOptions(AttentionOptions):
 
     kind: Literal["math"] = "math"
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional=None, grid=None) -> nn.Module:
+    def make_kernel(self) -> Kernel:
+        return math_kernel
+
+    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
+              grid: tuple[int, int] | None = None) -> nn.Module:
         return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional)
 
 

@@ -150,8 +150,10 @@ def test_a_misspelt_key_in_a_nested_attention_kind_is_one_line_naming_its_path()
         (["encoder.attention=[sdpa, {kind: local-global, window: 0}]"],
          "  encoder.attention.1.window: Input should be greater than or equal to 1 (got 0)"),
         (["encoder.attention=[sdpa, nope]"], "  encoder.attention.1: unknown attention kind 'nope'"),
-        (["encoder.attention=7"], "  encoder.attention: expected a attention kind name or a mapping with 'kind' or a list "
-                                  "of them, got int"),
+        (["encoder.attention=[sdpa, {kind: sliding-window, window: 5000}]"],
+         "  encoder.attention.1: sliding-window window=5000 is not smaller than max_len=4096"),
+        (["encoder.attention=7"], "  encoder.attention: expected the name of one attention kind or a mapping with 'kind' or a "
+                                  "list of them, got int"),
         (["encoder.attention=[]"], "  encoder.attention: give one attention kind or a non-empty list of them, got an "
                                    "empty list"),
     ],
@@ -205,6 +207,7 @@ def test_no_core_module_imports_the_registry():
     assert (core / "options.py").is_file()
     for path in sorted(core.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [f"{node.module}"] if isinstance(node, ast.ImportFrom) and node.module else []
+            names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.append(node.module)
             assert not any("registry" in name for name in names), f"{path.name} imports {names}"

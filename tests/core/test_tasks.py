@@ -4,9 +4,10 @@ set of overrides for every input kind), and BERT's masked-LM corruption (15% sel
 
 from __future__ import annotations
 
-import torch
-
 from types import SimpleNamespace
+
+import pytest
+import torch
 
 from transformer_zoo.core.tasks import ClassificationTask, LanguageModelTask, Task, declared_metrics, mask_tokens
 
@@ -83,3 +84,16 @@ def test_one_fitness_check_refuses_a_model_that_reads_none_of_the_inputs():
     assert Sounds().unfit_reason(TOKEN_MODEL) == "the model reads tokens, and this task has none (it offers audio)"
     assert Sounds().unfit_reason(SimpleNamespace(inputs="audio")) is None
     assert Sounds().model_overrides(SimpleNamespace(inputs="audio")) == {"sample_rate": 16_000}
+
+
+def test_a_model_of_a_new_input_kind_gets_the_batch_key_of_that_name():
+    class Sounds(Task):
+        inputs = frozenset({"tokens", "audio"})
+
+    batch = {"src": torch.ones(2, 3), "audio": torch.zeros(2, 16), "targets": torch.ones(2)}
+    listener = SimpleNamespace(config=SimpleNamespace(inputs="audio", variant="listener"))
+    reader = SimpleNamespace(config=SimpleNamespace(inputs="tokens", variant="reader"))
+    assert list(Sounds().model_inputs(listener, batch)) == ["audio"]
+    assert list(Sounds().model_inputs(reader, batch)) == ["src"]
+    with pytest.raises(ValueError, match="reads audio, and task .* has none"):
+        Sounds().model_inputs(listener, {"src": batch["src"]})
