@@ -62,36 +62,53 @@ def encoder_decoder(
     """
     layers = dict(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, ffn=ffn, norm=norm, pre_norm=pre_norm,
                   final_norm=final_norm)
-
-    def token_embedding(size: int) -> nn.Embedding:
-        token = nn.Embedding(size, d_model)
-        if scale_embeddings:
-            # N(0, 1/d_model), as in the reference implementation (tensor2tensor): scaled by sqrt(d_model)
-            # the inputs have unit variance, and a tied output layer starts with logits of unit scale.
-            nn.init.normal_(token.weight, std=d_model**-0.5)
-        return token
-
-    def side(options: StackOptions, token: nn.Embedding, cross: bool) -> tuple[Embeddings, nn.Module]:
-        additive, in_attention = positional_modules(positional, d_model=d_model, n_heads=n_heads, max_len=max_len)
-        signal = None
-        if options.recurrent and positions_per_step:
-            signal, additive = StepSignal(d_model, options.layers, positional=additive), None
-        embed = Embeddings(token, positional=additive, scale=math.sqrt(d_model) if scale_embeddings else 1.0,
-                           dropout=dropout)
-        return embed, stack(options, **layers, cross=cross, positional=in_attention, signal=signal)
-
+    sides = dict(positional=positional, max_len=max_len, scale_embeddings=scale_embeddings,
+                 positions_per_step=positions_per_step, layers=layers)
     src_embed = built_encoder = tgt_embed = built_decoder = None
     if encoder is not None:
-        src_embed, built_encoder = side(encoder, token_embedding(vocab_size), cross=False)
+        token = token_embedding(vocab_size, d_model, scaled=scale_embeddings)
+        src_embed, built_encoder = embedded_stack(encoder, token, cross=False, **sides)
     if decoder is not None:
         shared = src_embed is not None and share_embeddings
-        token = src_embed.token if shared else token_embedding(tgt_vocab_size or vocab_size)
-        tgt_embed, built_decoder = side(decoder, token, cross=encoder is not None)
+        token = src_embed.token if shared else token_embedding(tgt_vocab_size or vocab_size, d_model, scaled=scale_embeddings)
+        tgt_embed, built_decoder = embedded_stack(decoder, token, cross=encoder is not None, **sides)
     output_vocab = (tgt_vocab_size or vocab_size) if decoder is not None else vocab_size
     built_head = head.build(d_model=d_model, vocab_size=output_vocab, embedding=(tgt_embed or src_embed).token,
                             pad_id=pad_id, dropout=dropout)
     return EncoderDecoder(head=built_head, encoder=built_encoder, src_embed=src_embed, decoder=built_decoder,
                           tgt_embed=tgt_embed)
+
+
+def token_embedding(vocab_size: int, d_model: int, *, scaled: bool) -> nn.Embedding:
+    """A token table; ``scaled``: drawn from N(0, 1/d_model), for embeddings multiplied by sqrt(d_model)."""
+    token = nn.Embedding(vocab_size, d_model)
+    if scaled:
+        # as in the reference implementation (tensor2tensor): scaled by sqrt(d_model) the inputs have unit
+        # variance, and a tied output layer starts with logits of unit scale
+        nn.init.normal_(token.weight, std=d_model**-0.5)
+    return token
+
+
+def embedded_stack(
+    options: StackOptions,
+    token: nn.Embedding,
+    *,
+    cross: bool,
+    positional: PositionalOptions,
+    max_len: int,
+    scale_embeddings: bool,
+    positions_per_step: bool,
+    layers: dict,
+) -> tuple[Embeddings, nn.Module]:
+    """The embeddings and the stack of one side (encoder or decoder). ``layers`` holds the
+    :func:`stack` arguments every layer shares (sizes, dropout, ffn, norm and its placement)."""
+    d_model, dropout = layers["d_model"], layers["dropout"]
+    additive, in_attention = positional_modules(positional, d_model=d_model, n_heads=layers["n_heads"], max_len=max_len)
+    signal = None
+    if options.recurrent and positions_per_step:
+        signal, additive = StepSignal(d_model, options.layers, positional=additive), None
+    embed = Embeddings(token, positional=additive, scale=math.sqrt(d_model) if scale_embeddings else 1.0, dropout=dropout)
+    return embed, stack(options, **layers, cross=cross, positional=in_attention, signal=signal)
 
 
 def positional_modules(

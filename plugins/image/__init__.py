@@ -151,8 +151,14 @@ class ImageEncoderConfig(ImageConfig):
         if self.positional == "learned-2d" and self.d_model % 2:
             raise ValueError(f"learned-2d positions need an even d_model (half rows, half columns), got {self.d_model}")
         kinds = self.encoder.attention if isinstance(self.encoder.attention, list) else [self.encoder.attention]
+        tokens = self.grid[0] * self.grid[1] + (self.pooling == "cls")
         for attention in kinds:
-            if isinstance(attention, Local2dOptions):
+            if not isinstance(attention, Local2dOptions):
+                try:
+                    attention.check(max_len=tokens)
+                except ValueError as error:
+                    raise ValueError(f"encoder.attention: {error}") from None
+            else:
                 if self.pooling == "cls":
                     raise ValueError("local-2d attention runs over the patch grid, which a class token is not on; "
                                      "use pooling: mean")

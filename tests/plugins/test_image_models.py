@@ -101,3 +101,10 @@ def test_bad_sagan_configs_are_refused():
         tz.load_config("sagan-classifier-tiny", {"attention_at": [2]})
     with pytest.raises(ConfigError, match="reduction=8 does not divide stage 0's width 12"):
         tz.load_config("sagan-classifier-tiny", {"widths": [12, 64]})
+
+
+def test_an_image_encoder_checks_its_attention_kinds_against_its_token_count():
+    with pytest.raises(ConfigError, match="encoder.attention: sliding-window window=1000 is not smaller than max_len=17"):
+        tz.load_config("vit-tiny", {"encoder": {"attention": {"kind": "sliding-window", "window": 1000}}})
+    model = tz.build_model("vit-tiny", encoder={"attention": {"kind": "sliding-window", "window": 4}})
+    assert model(torch.rand(2, 1, 8, 8)).logits.shape == (2, 10)
