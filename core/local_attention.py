@@ -391,16 +391,15 @@ def _compiled_flex(device_type: str):
 DENSE_UP_TO = 256
 """Keys up to which ``auto`` computes a pattern densely (SDPA under the explicit mask).
 
-One threshold for every pattern, counted in keys: measured on a CPU training step (batch 8,
-4 heads of 16), at 256 keys dense SDPA is within about 2x of each pattern's own kernel either
-way (a 16-wide band: 1.8x slower; BigBird blocks of 16: 1.5x faster; local 2-D, 2x2 blocks with
-a margin of 2 on a 16x16 grid: 2.9x faster), and below it dense wins for all of them (local
-2-D: 10x at 8x8). Past it the n x n matrix grows quadratically and the own kernels pull
-ahead: at 1024 keys a band is 3-6x faster than dense, local 2-D 1.4x (5x at 64x64). A
-per-pattern threshold would win a little at the edges and make the choice harder to predict.
-On CUDA, past the threshold, compiled FlexAttention keeps the time flat as the length grows
-(an H100 training step in bfloat16: a 16-wide band at 4096 keys took 1.4 ms, dense 1.9 ms;
-local 2-D on 64x64, 1.3 ms against 1.9 ms dense and 3.2 ms blocked) and its memory linear.
+One threshold for every pattern, counted in keys, so the choice is easy to predict. Measured on
+a 2-core CPU, one training pass of the attention (batch 8, 4 heads of 16;
+``python benchmarks/dense_threshold.py --device cpu``), dense against the pattern's own kernel:
+at 64 keys dense is faster for every pattern (a 16-wide band 0.88x the time, BigBird blocks of
+16 0.25x, local 2-D 0.13x); at 256 it is 1.3x slower for the band and still faster for blocks
+(0.47x) and local 2-D (0.20x); at 1024 it is 4.0x slower for the band and 1.7x for blocks, and
+local 2-D is the last to lose (0.71x at 1024). The n x n matrix also grows quadratically in
+memory, which the own kernels avoid. On CUDA, past the threshold, ``auto`` takes compiled
+FlexAttention instead (docs/benchmarks.md, "On a GPU").
 """
 
 

@@ -170,3 +170,16 @@ def test_no_function_of_the_trainer_is_longer_than_a_screen():
              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     assert "run" in spans and "step" in spans
     assert {name: lines for name, lines in spans.items() if lines > 60} == {}
+
+
+def test_compare_and_scaling_use_only_the_trainers_public_names():
+    import transformer_zoo.compare
+    import transformer_zoo.scaling
+
+    for module in (transformer_zoo.compare, transformer_zoo.scaling):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("train"):
+                private = [alias.name for alias in node.names if alias.name.startswith("_")]
+                assert not private, f"{module.__name__} imports {private} from {node.module}"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "train":
+                assert not node.attr.startswith("_"), f"{module.__name__} uses train.{node.attr}"

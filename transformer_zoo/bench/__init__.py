@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sagan-gan": ("sagan_gan", "sagan-gan against the same GAN without attention, on digits-generation"),
     "mfu": ("mfu", "model FLOPs utilisation of a compiled bf16 training step, against the device's peak"),
     "contention": ("contention", "a training run alone and beside a CPU-bound process, by thread count"),
+    "dense-threshold": ("dense_threshold", "a sparse pattern's own kernel against dense SDPA under its mask, by length"),
 }
 
 
