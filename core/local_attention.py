@@ -461,14 +461,11 @@ class PatternKernel:
 
 
 class SparseAttention(MultiHeadAttention):
-    """Multi-head self-attention restricted to a pattern: :class:`MultiHeadAttention` on a
-    :class:`PatternKernel` (``choice``: ``auto``, ``dense``, ``flex`` or the pattern's own kernel)."""
+    """Multi-head self-attention restricted to a pattern: :class:`MultiHeadAttention` given a
+    :class:`PatternKernel`, refusing to attend to an encoder's memory (its pattern is over the
+    positions of one sequence)."""
 
     self_only = True
-
-    def __init__(self, d_model: int, n_heads: int, pattern: AttentionPattern, *, choice: str = "auto",
-                 **kwargs) -> None:
-        super().__init__(d_model, n_heads, kernel=PatternKernel(pattern, choice), **kwargs)
 
 
 class MemoryCompressedAttention(MultiHeadAttention):

@@ -30,7 +30,7 @@ from transformer_zoo.core.image import (
     Sinusoidal2d,
     check_image,
 )
-from transformer_zoo.core.local_attention import SparseAttention
+from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.model import ModelOutput, ZooModel
 from transformer_zoo.core.options import FFN, AttentionOptions, Norm, Stack, Variant, VariantConfig
@@ -42,9 +42,10 @@ Pair = tuple[int, int]
 # ---- local 2-D attention as an attention kind -----------------------------------------------
 class Local2dAttention(SparseAttention):
     """Multi-head self-attention over a grid of tokens, each query block seeing its memory block:
-    :class:`~transformer_zoo.core.local_attention.SparseAttention` with a
-    :class:`~transformer_zoo.core.image.Local2dPattern` (``choice``: ``auto``, ``dense``, ``flex``
-    or ``blocked``, :func:`~transformer_zoo.core.image.local_2d_attention`)."""
+    :class:`~transformer_zoo.core.local_attention.SparseAttention` given a
+    :class:`~transformer_zoo.core.local_attention.PatternKernel` over a
+    :class:`~transformer_zoo.core.image.Local2dPattern` (``auto``, ``dense``, ``flex`` or
+    ``blocked``, :func:`~transformer_zoo.core.image.local_2d_attention`)."""
 
 
 class Local2dOptions(AttentionOptions):
@@ -83,7 +84,7 @@ class Local2dOptions(AttentionOptions):
         if grid is None:
             raise ValueError("local-2d attention needs the token grid (rows, columns): use it in an image model, "
                              "which gives it")
-        return Local2dAttention(d_model, n_heads, self.pattern(grid), choice=self.kernel, dropout=dropout,
+        return Local2dAttention(d_model, n_heads, kernel=PatternKernel(self.pattern(grid), self.kernel), dropout=dropout,
                                 bias=self.bias, positional=positional)
 
 

@@ -52,7 +52,7 @@ class _Sparse(AttentionOptions):
 
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
-        return SparseAttention(d_model, n_heads, self.pattern(), choice=self.kernel, dropout=dropout, bias=self.bias,
+        return SparseAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
                                positional=positional)
 
 
