@@ -104,10 +104,12 @@ def embedded_stack(
     :func:`stack` arguments every layer shares (sizes, dropout, ffn, norm and its placement)."""
     d_model, dropout = layers["d_model"], layers["dropout"]
     additive, in_attention = positional_modules(positional, d_model=d_model, n_heads=layers["n_heads"], max_len=max_len)
-    signal = None
+    signal, random_offset = None, positional.random_offset
     if options.recurrent and positions_per_step:
-        signal, additive = StepSignal(d_model, options.layers, positional=additive), None
-    embed = Embeddings(token, positional=additive, scale=math.sqrt(d_model) if scale_embeddings else 1.0, dropout=dropout)
+        signal = StepSignal(d_model, options.layers, positional=additive, random_offset=random_offset)
+        additive = None
+    embed = Embeddings(token, positional=additive, scale=math.sqrt(d_model) if scale_embeddings else 1.0,
+                       dropout=dropout, random_offset=random_offset)
     return embed, stack(options, **layers, cross=cross, positional=in_attention, signal=signal)
 
 
@@ -115,9 +117,18 @@ def positional_modules(
     options: PositionalOptions, *, d_model: int, n_heads: int, max_len: int
 ) -> tuple[nn.Module | None, AttentionPositional | None]:
     """The scheme ``options`` describe, built: ``(additive module, None)`` for one added to the
-    embeddings (sinusoidal, learned), ``(None, scheme)`` for one acting inside attention (rotary, ALiBi)."""
-    positional = options.build(d_model=d_model, n_heads=n_heads, max_len=max_len)
-    return (None, positional) if isinstance(positional, AttentionPositional) else (positional, None)
+    embeddings (sinusoidal, learned), ``(None, scheme)`` for one acting inside attention (rotary, ALiBi).
+
+    An additive module is built for ``max_len + options.random_offset`` positions, room for the
+    random starts its caller adds in training (:func:`~.positional.position_starts`).
+    """
+    positional = options.build(d_model=d_model, n_heads=n_heads, max_len=max_len + options.random_offset)
+    if not isinstance(positional, AttentionPositional):
+        return positional, None
+    if options.random_offset:
+        raise ValueError(f"random_offset shifts additive positions, but {options.kind} positions act inside attention; "
+                         f"remove random_offset, or use sinusoidal or learned positions")
+    return None, positional
 
 
 def transformer_layer(

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .positional import add_positions, position_starts
+
 
 def check_token_ids(ids: Tensor, vocab_size: int, name: str = "token ids") -> None:
     """Raise a ValueError unless ``ids`` is an integer ``(batch, seq)`` tensor in ``[0, vocab_size)``."""
@@ -36,6 +38,9 @@ class Embeddings(nn.Module):
         positional: an additive positional module taking ``(x, offset)``, or None.
         scale: the factor on the looked-up vectors (``sqrt(d_model)`` in Vaswani et al. 2017).
         dropout: dropout on the sum.
+        random_offset: in training, each sequence's positions start at a random offset in
+            ``[0, random_offset)`` past ``offset`` (:func:`~.positional.position_starts`); 0: off.
+            ``positional`` must cover ``random_offset`` more positions than the longest input.
     """
 
     def __init__(
@@ -45,12 +50,14 @@ class Embeddings(nn.Module):
         positional: nn.Module | None = None,
         scale: float = 1.0,
         dropout: float = 0.0,
+        random_offset: int = 0,
     ) -> None:
         super().__init__()
         self.token = token
         self.positional = positional
         self.scale = scale
         self.dropout = nn.Dropout(dropout)
+        self.random_offset = random_offset
 
     @classmethod
     def scaled(cls, token: nn.Embedding, **kwargs) -> Embeddings:
@@ -63,5 +70,5 @@ class Embeddings(nn.Module):
         if self.scale != 1.0:
             x = x * self.scale
         if self.positional is not None:
-            x = self.positional(x, offset)
+            x = add_positions(self.positional, x, position_starts(x, offset, self.random_offset, self.training))
         return self.dropout(x)

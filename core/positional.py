@@ -2,7 +2,9 @@
 
 Additive modules take ``(B, T, D)`` and a start ``offset`` (the number of tokens already
 decoded) and return ``(B, T, D)``; in-attention modules subclass
-:class:`~transformer_zoo.core.attention.AttentionPositional`.
+:class:`~transformer_zoo.core.attention.AttentionPositional`. Their callers start the positions
+through :func:`position_starts` and :func:`add_positions`, which add the Universal Transformer's
+random start offsets in training to any additive module.
 """
 
 from __future__ import annotations
@@ -31,6 +33,37 @@ def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
     table[:, 0::2] = torch.sin(position * inv_freq)
     table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
     return table.float()
+
+
+def position_starts(x: Tensor, offset: int, random_offset: int, training: bool) -> int | Tensor:
+    """Where the positions of each sequence of ``x`` ``(B, T, D)`` start.
+
+    ``offset`` for every sequence, unless ``training`` with ``random_offset`` K > 0: then
+    ``offset`` plus a start per sequence drawn uniformly from ``[0, K)`` (Dehghani et al. 2018,
+    section 3.3), a CPU ``LongTensor`` ``(B,)`` drawn from the global RNG (a seed repeats it).
+    """
+    if not training or random_offset == 0:
+        return offset
+    # drawn on the CPU generator: seeded alike on every device, and read back without a device sync
+    return offset + torch.randint(random_offset, (x.size(0),))
+
+
+def add_positions(positional: nn.Module, x: Tensor, start: int | Tensor) -> Tensor:
+    """``positional(x, start)`` for an additive module ``(x, offset) -> x'``, ``x`` ``(B, T, D)``.
+
+    With a tensor ``start`` ``(B,)`` (from :func:`position_starts`), row ``b`` has its positions
+    start at ``start[b]``: the module is called once per distinct start on the rows having it,
+    so any module with the ``(x, offset: int)`` call takes per-sequence starts unchanged.
+    """
+    if isinstance(start, int):
+        return positional(x, start)
+    parts, rows = [], []
+    for value in start.unique().tolist():
+        index = (start == value).nonzero().squeeze(1)
+        parts.append(positional(x[index.to(x.device)], value))
+        rows.append(index)
+    order = torch.cat(rows).argsort()  # puts the rows back in the batch's order
+    return torch.cat(parts)[order.to(x.device)]
 
 
 class SinusoidalPositional(nn.Module):

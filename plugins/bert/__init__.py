@@ -26,6 +26,7 @@ from transformer_zoo.core.layers import ACTIVATIONS
 from transformer_zoo.core.masks import AttentionMask, as_padding_mask
 from transformer_zoo.core.model import EncoderDecoder, ModelOutput
 from transformer_zoo.core.options import FFN, Head, Norm, Positional, Stack, Variant
+from transformer_zoo.core.positional import add_positions, position_starts
 from transformer_zoo.core.stack import StackOutput
 from transformer_zoo.registry import hookimpl
 
@@ -42,16 +43,19 @@ class BertEmbeddings(nn.Module):
         positional: an additive positional module taking ``(x, offset)`` (BERT: learned), or None
             when positions act inside attention.
         norm: the embedding layer norm.
+        random_offset: in training, each sequence's positions start at a random offset in
+            ``[0, random_offset)`` (:func:`~transformer_zoo.core.positional.position_starts`); 0: off.
     """
 
     def __init__(self, token: nn.Embedding, token_type: nn.Embedding | None, positional: nn.Module | None,
-                 norm: nn.Module, *, dropout: float = 0.0) -> None:
+                 norm: nn.Module, *, dropout: float = 0.0, random_offset: int = 0) -> None:
         super().__init__()
         self.token = token
         self.token_type = token_type
         self.positional = positional
         self.norm = norm
         self.dropout = nn.Dropout(dropout)
+        self.random_offset = random_offset
 
     def forward(self, ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         check_token_ids(ids, self.token.num_embeddings, "input_ids")
@@ -67,7 +71,7 @@ class BertEmbeddings(nn.Module):
         elif token_type_ids is not None:
             raise ValueError("this model has no token types (type_vocab_size: 0); do not pass token_type_ids")
         if self.positional is not None:
-            x = self.positional(x)
+            x = add_positions(self.positional, x, position_starts(x, 0, self.random_offset, self.training))
         return self.dropout(self.norm(x))
 
 
@@ -223,6 +227,7 @@ class BertConfig(EncoderDecoderConfig):
             additive,
             self.norm.build(d_model=self.d_model),
             dropout=self.dropout,
+            random_offset=self.positional.random_offset,
         )
         encoder = self.stack(self.encoder, cross=False, in_attention=in_attention, final_norm=False)
         model = Bert(embed=embed, encoder=encoder, pooler=BertPooler(self.d_model) if self._pooled else None,

@@ -7,11 +7,16 @@ import math
 import pytest
 import torch
 
+import transformer_zoo as tz
+from transformer_zoo.core import stack as stack_module
+from transformer_zoo.core.decoding import greedy_decode
+from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.positional import (
     ALiBiPositional,
     LearnedPositional,
     RotaryPositional,
     SinusoidalPositional,
+    add_positions,
     sinusoid_table,
 )
 
@@ -61,3 +66,133 @@ def test_alibi_bias_is_minus_slope_times_distance():
     assert bias[0, 0, 2].item() == 0.0  # the future is masked elsewhere, not penalised here
     symmetric = ALiBiPositional(4, symmetric=True).bias(3, 3, torch.device("cpu"))
     assert symmetric[0, 0, 2].item() == pytest.approx(-2 * slopes[0])
+
+
+# ---- random start offsets (Dehghani et al. 2018, section 3.3) ---------------------------------
+SMALL = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, dropout=0.0, max_len=64)
+
+
+def model_with(positional: dict | str, variant: str = "transformer-tiny", **extra) -> torch.nn.Module:
+    config = tz.load_config({"variant": variant, "positional": positional, **SMALL, **extra})
+    return config.build()
+
+
+def test_add_positions_takes_one_start_per_row_and_keeps_gradients():
+    learned = LearnedPositional(8, 20)
+    x = torch.randn(4, 3, 8, requires_grad=True)
+    start = torch.tensor([2, 0, 2, 5])
+    out = add_positions(learned, x, start)
+    expected = torch.stack([learned(x[b : b + 1], int(start[b]))[0] for b in range(4)])
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+    assert learned.embedding.weight.grad[[0, 1, 2, 3, 4, 5, 6, 7]].abs().sum() > 0
+    assert learned.embedding.weight.grad[8:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
+def test_training_positions_start_at_a_random_offset_below_k(kind):
+    embed = model_with({"kind": kind, "random_offset": 5}).src_embed.train()
+    torch.nn.init.zeros_(embed.token.weight)  # the embeddings are then the positions alone
+    table = embed.positional.table if kind == "sinusoidal" else embed.positional.embedding.weight
+    ids = torch.randint(1, 60, (64, 7))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        added = embed(ids)  # (B, T, D)
+    starts = []
+    for row in added:
+        matches = [r for r in range(len(table) - 7 + 1) if torch.allclose(row, table[r : r + 7], atol=1e-6)]
+        assert len(matches) == 1, "each row holds consecutive table rows"
+        starts.append(matches[0])
+    assert max(starts) < 5
+    assert len(set(starts)) > 1, "the start is drawn per sequence"
+    torch.manual_seed(0)
+    with torch.no_grad():
+        torch.testing.assert_close(embed(ids), added)  # a seed repeats the draws
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
+def test_evaluation_starts_at_zero(kind):
+    torch.manual_seed(0)
+    model = model_with({"kind": kind, "random_offset": 5}).eval()
+    plain = model_with(kind).eval()
+    state = model.state_dict()
+    if kind == "learned":  # the plain table has the first max_len of the K-offset model's rows
+        for key in ("src_embed.positional.embedding.weight", "tgt_embed.positional.embedding.weight"):
+            state[key] = state[key][: SMALL["max_len"]]
+    plain.load_state_dict(state)
+    src, tgt = torch.randint(1, 60, (3, 9)), torch.randint(1, 60, (3, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt).logits, plain(src, tgt).logits)
+        assert not torch.allclose(model.train()(src, tgt).logits, plain(src, tgt).logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
+def test_cached_greedy_decoding_ignores_the_random_offset(kind):
+    torch.manual_seed(0)
+    model = model_with({"kind": kind, "random_offset": 5}, head={"tie_weights": False}).eval()
+    src = torch.randint(3, 60, (4, 9))
+    cached = greedy_decode(model, src, bos_id=1, max_new_tokens=12)
+    uncached = greedy_decode(model, src, bos_id=1, max_new_tokens=12, use_cache=False)
+    assert len(set(cached[:, 1:].flatten().tolist())) > 3
+    assert torch.equal(cached, uncached)
+
+
+def test_random_offset_is_off_by_default():
+    model = model_with("sinusoidal")
+    assert tz.load_config("transformer-tiny").positional.random_offset == 0
+    src, tgt = torch.randint(1, 60, (3, 9)), torch.randint(1, 60, (3, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(model.train()(src, tgt).logits, model.eval()(src, tgt).logits)
+
+
+def test_universal_transformer_keeps_one_start_at_every_step(monkeypatch):
+    calls: dict[int, list] = {}
+
+    def spy(positional, x, start):
+        calls.setdefault(id(positional), []).append(start)
+        return add_positions(positional, x, start)
+
+    monkeypatch.setattr(stack_module, "add_positions", spy)
+    torch.manual_seed(0)
+    model = model_with({"kind": "sinusoidal", "random_offset": 5}, variant="universal-transformer-tiny",
+                       encoder={"kind": "recurrent", "layers": 3, "act": False},
+                       decoder={"kind": "recurrent", "layers": 3, "act": True}).train()
+    src, tgt = torch.randint(1, 60, (16, 9)), torch.randint(1, 60, (16, 6))
+    model(src, tgt)
+    assert len(calls) == 2, "the encoder's and the decoder's step signals"
+    for starts in calls.values():
+        assert len(starts) >= 3, "positions are added at every step"
+        assert isinstance(starts[0], torch.Tensor) and len(set(starts[0].tolist())) > 1
+        assert all(torch.equal(start, starts[0]) for start in starts)
+    calls.clear()
+    model.eval()(src, tgt)
+    assert all(start == 0 for starts in calls.values() for start in starts)
+
+
+@pytest.mark.parametrize("kind", ["rotary", "alibi"])
+def test_relative_schemes_refuse_a_random_offset(kind):
+    with pytest.raises(ConfigError, match=f"{kind} positions depend only on the distance between query and key.*"
+                                          "use sinusoidal or learned positions"):
+        tz.load_config({"variant": "transformer-tiny", "positional": {"kind": kind, "random_offset": 3}})
+    assert tz.load_config({"variant": "transformer-tiny", "positional": {"kind": kind}}).positional.random_offset == 0
+
+
+def test_a_learned_table_has_room_for_the_offsets():
+    model = model_with({"kind": "learned", "random_offset": 4})
+    assert model.src_embed.positional.embedding.num_embeddings == SMALL["max_len"] + 4
+    assert model_with("learned").src_embed.positional.embedding.num_embeddings == SMALL["max_len"]
+    bert = tz.build_model("bert-tiny", positional={"kind": "learned", "random_offset": 4}, max_len=32, dropout=0.0)
+    assert bert.src_embed.positional.embedding.num_embeddings == 36
+
+
+def test_bert_embeddings_start_at_a_random_offset_in_training():
+    torch.manual_seed(0)
+    bert = tz.build_model("bert-tiny", positional={"kind": "learned", "random_offset": 4}, max_len=32, dropout=0.0)
+    ids = torch.randint(1, 100, (8, 10))
+    with torch.no_grad():
+        trained, evaluated = bert.train().src_embed(ids), bert.eval().src_embed(ids)
+        unshifted = bert.src_embed.norm(bert.src_embed.token(ids) + bert.src_embed.token_type(torch.zeros_like(ids))
+                                    + bert.src_embed.positional.embedding.weight[:10])
+    torch.testing.assert_close(evaluated, unshifted)
+    assert not torch.allclose(trained, evaluated)
