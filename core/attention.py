@@ -9,7 +9,10 @@ plain function (or a callable object holding its settings, never parameters)::
 
 ``Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V`` is :func:`attention_math`, written out;
 :func:`sdpa_kernel` computes it with PyTorch's fused kernels, :func:`math_kernel` always with the
-written-out formula.
+written-out formula. Every kernel divides the scores by ``sqrt(d_k)``; a module given another
+``scale`` multiplies its queries by ``scale * sqrt(d_k)`` first, so any kernel computes
+``softmax(scale * Q K^T) V`` (``scale=1.0``: the unscaled dot products that section 3.2.1 of
+the paper argues against at large ``d_k``).
 """
 
 from __future__ import annotations
@@ -175,6 +178,10 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights, in training only.
         bias: whether the projections have a bias.
         positional: an in-attention positional scheme, or None.
+        scale: the factor on the query-key dot products; None: ``1 / sqrt(d_head)``, the
+            paper's. The queries are multiplied by ``scale * sqrt(d_head)`` before
+            :meth:`kernel_inputs` (the kernels divide by ``sqrt(d_head)``); no parameter or
+            buffer is added, so state dicts do not change.
     """
 
     self_only: ClassVar[bool] = False
@@ -191,10 +198,13 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         positional: AttentionPositional | None = None,
+        scale: float | None = None,
     ) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if scale is not None and not scale > 0:
+            raise ValueError(f"scale must be positive (or None for 1/sqrt(d_head)), got {scale}")
         if isinstance(kernel, nn.Module):
             raise ValueError("a kernel is a function or a callable object without parameters, not a module; "
                              "keep parameters on a MultiHeadAttention subclass and use them in kernel_inputs")
@@ -207,9 +217,11 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.positional = positional
+        self.scale = scale
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, kernel={_kernel_name(self.kernel)}"
+        scale = "" if self.scale is None else f", scale={self.scale:g}"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, kernel={_kernel_name(self.kernel)}{scale}"
 
     def _heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
         """``(B, T, parts * D)`` to ``parts`` tensors of ``(B, H, T, Dh)``."""
@@ -254,9 +266,11 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
         """What the kernel receives: the one place a kind changes queries, keys or values.
 
-        Called with the queries ``(B, H, Tq, Dh)``, the keys and values ``(B, H, Tk, Dh)`` of every
-        key so far (cache read, positions applied), the call's mask and positional bias, and the
-        cache (None without one). Returns them as the kernel should see them; the default
+        Called with the queries ``(B, H, Tq, Dh)`` (already multiplied for a ``scale`` other than
+        the paper's), the keys and values ``(B, H, Tk, Dh)`` of every key so far (cache read,
+        positions applied), the call's mask and positional bias, and the cache (None without
+        one). A kind that normalises the queries here (cosine attention) discards that factor,
+        and its options refuse ``scale``. Returns them as the kernel should see them; the default
         changes nothing. A kind that changes the keys changes what ``mask`` and ``bias`` index
         too: it returns a mask over its new keys (``AttentionMask.explicit``) and refuses a bias
         it cannot carry over. State to keep between decoding steps goes in ``cache.state``.
@@ -279,6 +293,8 @@ class MultiHeadAttention(nn.Module):
         if memory is not None and self.self_only:
             raise ValueError(f"{type(self).__name__} is for self-attention; keep cross_attention: sdpa")
         q, k, v, bias = self.project(x, memory, cache)
+        if self.scale is not None:  # the kernels divide by sqrt(d_head); this leaves ``scale`` on q . k
+            q = q * (self.scale * math.sqrt(self.d_head))
         q, k, v, mask, bias = self.kernel_inputs(q, k, v, mask or AttentionMask(), bias, cache)
         dropout = self.dropout if self.training else 0.0
         out, weights = self.kernel(q, k, v, mask, bias, dropout, need_weights)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
@@ -13,14 +15,26 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.G
 
 
 class TokenBatchNorm(nn.BatchNorm1d):
-    """Batch normalisation over the feature axis of ``(B, T, D)`` tensors.
+    """Batch normalisation over the feature axis of ``(B, T, D)`` tensors (Ioffe & Szegedy 2015).
 
-    Statistics are taken over batch and time, padding included: the contrast with layer
-    norm that the lectures draw, made measurable.
+    Statistics are over real positions only: padding neither enters the batch mean and
+    variance nor the running statistics, so a batch's statistics jitter only as its real
+    tokens do (the contrast with layer norm that the lectures draw, made measurable). Padded
+    positions come out as zeros whenever batch statistics are used; with running statistics
+    (eval) every position is normalised by them. The state dict is ``nn.BatchNorm1d``'s.
     """
 
-    def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.transpose(1, 2)).transpose(1, 2)
+    takes_padding: ClassVar[bool] = True
+
+    def forward(self, x: Tensor, real: Tensor | None = None) -> Tensor:
+        """``x``: ``(B, T, D)``; ``real``: ``(B, T)`` bool, True for a real token, or None (all real)."""
+        uses_batch_stats = self.training or self.running_mean is None
+        if real is None or not uses_batch_stats:
+            return super().forward(x.transpose(1, 2)).transpose(1, 2)
+        normed = super().forward(x[real])  # (N_real, D): the parent's statistics and running update
+        out = normed.new_zeros(x.shape)
+        out[real] = normed
+        return out
 
 
 class FeedForward(nn.Module):
@@ -55,6 +69,25 @@ class GatedFeedForward(nn.Module):
         return self.down(self.dropout(self.activation(gate) * up))
 
 
+def real_positions(x: Tensor, mask: AttentionMask | None) -> Tensor | None:
+    """``(B, T)`` bool, True for the real tokens of ``x`` ``(B, T, D)``; None when ``mask`` has no
+    padding. With a key/value cache the mask covers earlier keys too, and ``x`` holds the last."""
+    if mask is None or mask.padding is None:
+        return None
+    return mask.padding[:, -x.size(1):].bool()
+
+
+def apply_norm(norm: nn.Module, x: Tensor, real: Tensor | None) -> Tensor:
+    """``norm(x, real=real)`` for a norm whose class sets ``takes_padding = True``, else ``norm(x)``.
+
+    A norm that mixes positions (batch norm) declares ``takes_padding`` to keep padding out of
+    its statistics; any other module on ``(B, T, D)`` is called as it always was.
+    """
+    if getattr(norm, "takes_padding", False):
+        return norm(x, real=real)
+    return norm(x)
+
+
 class TransformerLayer(nn.Module):
     """One layer: self-attention, optional cross-attention, feed-forward, each in a residual.
 
@@ -65,7 +98,8 @@ class TransformerLayer(nn.Module):
     Args:
         self_attn: attention over the layer's own input.
         ffn: the position-wise network.
-        norms: one norm per sub-layer, in order (2 without cross-attention, 3 with).
+        norms: one norm per sub-layer, in order (2 without cross-attention, 3 with); a norm
+            declaring ``takes_padding`` is told which of ``x``'s positions are real (:func:`apply_norm`).
         cross_attn: attention to the encoder memory, or None.
         dropout: residual dropout.
         pre_norm: norm placement.
@@ -92,10 +126,10 @@ class TransformerLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
 
-    def _residual(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    def _residual(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor], real: Tensor | None) -> Tensor:
         if self.pre_norm:
-            return x + self.dropout(fn(norm(x)))
-        return norm(x + self.dropout(fn(x)))
+            return x + self.dropout(fn(apply_norm(norm, x, real)))
+        return apply_norm(norm, x + self.dropout(fn(x)), real)
 
     def forward(
         self,
@@ -113,6 +147,7 @@ class TransformerLayer(nn.Module):
         """
         weights: dict[str, Tensor] = {}
         self_cache, cross_cache = cache if cache is not None else (None, None)
+        real = real_positions(x, self_mask)  # every norm of the layer acts on the queries' positions
 
         def attend(h: Tensor) -> Tensor:
             out, w = self.self_attn(h, mask=self_mask, cache=self_cache, need_weights=need_weights)
@@ -120,7 +155,7 @@ class TransformerLayer(nn.Module):
                 weights["self"] = w
             return out
 
-        x = self._residual(x, self.norms[0], attend)
+        x = self._residual(x, self.norms[0], attend, real)
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this decoder layer attends to an encoder memory, but none was given")
@@ -131,6 +166,6 @@ class TransformerLayer(nn.Module):
                     weights["cross"] = w
                 return out
 
-            x = self._residual(x, self.norms[1], cross)
-        x = self._residual(x, self.norms[-1], self.ffn)
+            x = self._residual(x, self.norms[1], cross, real)
+        x = self._residual(x, self.norms[-1], self.ffn, real)
         return x, weights

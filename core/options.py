@@ -88,8 +88,35 @@ class AttentionOptions(ComponentOptions):
     comparison measures a model with such a kind beside twins with a full kind in its place."""
     takes_bias: ClassVar[bool] = True
     """Whether the kernel adds a positional bias to the scores (ALiBi); see :meth:`check_positional`."""
+    takes_scale: ClassVar[bool] = True
+    """Whether the kind honours ``scale``: its module is a ``MultiHeadAttention`` built with
+    ``scale=self.scale`` and its kernel divides the scores by ``sqrt(d_head)``, as SDPA does. A
+    kind that overrides :meth:`build` or :meth:`make_kernel` takes it only when it says so
+    (``takes_scale = True`` in its class body); otherwise a non-null ``scale`` is refused at
+    validation rather than silently ignored (see :meth:`check_scale`)."""
 
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
+    scale: float | None = Field(None, gt=0, description="factor on the query-key dot products; None: 1/sqrt(d_head) "
+                                "(Vaswani et al. 2017); 1.0: unscaled dot products")
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        # A kind with its own module or kernel has not promised to apply the scale until it says so.
+        own = vars(cls)
+        if ("build" in own or "make_kernel" in own) and "takes_scale" not in own:
+            cls.takes_scale = False
+
+    @model_validator(mode="after")
+    def _scale_is_taken(self) -> AttentionOptions:
+        self.check_scale()
+        return self
+
+    def check_scale(self) -> None:
+        """Raise a ValueError if ``scale`` is set and this kind cannot apply it (``takes_scale``)."""
+        if self.scale is not None and not self.takes_scale:
+            raise ValueError(f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
+                             "remove scale, or use kind: sdpa")
 
     def make_kernel(self) -> Kernel:
         """The kind's kernel ``(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights)``
@@ -108,7 +135,7 @@ class AttentionOptions(ComponentOptions):
                 Kinds over a grid read it; the others ignore it.
         """
         return MultiHeadAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
-                                  positional=positional)
+                                  positional=positional, scale=self.scale)
 
     def check(self, *, max_len: int) -> None:
         """Raise a ValueError if these options cannot work with sequences of up to ``max_len``."""
@@ -133,6 +160,21 @@ class PositionalOptions(ComponentOptions):
     category: ClassVar[str] = "positional"
     default_kind: ClassVar[str] = "sinusoidal"
     scores_bias: ClassVar[bool] = False  # adds a bias to the attention scores (ALiBi): a kernel must take bias
+    relative: ClassVar[bool] = False
+    """Whether the scheme depends only on query-key distance, so shifting every position changes
+    nothing (rotary, ALiBi); such a scheme refuses ``random_offset``."""
+
+    random_offset: int = Field(
+        0, ge=0, description="in training, each sequence's positions start at an offset drawn uniformly from "
+        "[0, random_offset) (Dehghani et al. 2018, section 3.3); 0: off. Built for max_len + random_offset positions"
+    )
+
+    @model_validator(mode="after")
+    def _offset_needs_absolute_positions(self) -> PositionalOptions:
+        if self.random_offset and self.relative:
+            raise ValueError(f"{self.kind} positions depend only on the distance between query and key, so a random "
+                             f"offset changes no score; remove random_offset, or use sinusoidal or learned positions")
+        return self
 
 
 class NormOptions(ComponentOptions):

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
+from .layers import apply_norm, real_positions
 from .masks import AttentionMask
-from .positional import sinusoid_table
+from .positional import add_positions, position_starts, sinusoid_table
 
 
 class DecoderCache:
@@ -88,7 +89,7 @@ class StandardStack(nn.Module):
             )
             if need_weights:
                 attentions.append(weights)
-        return StackOutput(self.final_norm(x), attentions)
+        return StackOutput(apply_norm(self.final_norm, x, real_positions(x, self_mask)), attentions)
 
 
 class StepSignal(nn.Module):
@@ -101,16 +102,29 @@ class StepSignal(nn.Module):
         steps: the number of steps.
         positional: an additive positional module taking ``(x, offset)``, or None when the
             positions are added once by the embeddings or act inside attention.
+        random_offset: in training, each sequence's positions start at a random offset in
+            ``[0, random_offset)`` (:meth:`starts`); 0: off.
     """
 
-    def __init__(self, d_model: int, steps: int, positional: nn.Module | None = None) -> None:
+    def __init__(self, d_model: int, steps: int, positional: nn.Module | None = None, *,
+                 random_offset: int = 0) -> None:
         super().__init__()
         self.register_buffer("timestep", sinusoid_table(steps + 1, d_model), persistent=False)  # (T + 1, D): t = 1..T
         self.positional = positional
+        self.random_offset = random_offset
 
-    def forward(self, x: Tensor, step: int, offset: int = 0) -> Tensor:
+    def starts(self, x: Tensor, offset: int) -> int | Tensor:
+        """Where the positions of each sequence of ``x`` start, drawn once per forward of the stack
+        so that a sequence keeps one start at every step (:func:`~.positional.position_starts`)."""
+        if self.positional is None:
+            return offset
+        return position_starts(x, offset, self.random_offset, self.training)
+
+    def forward(self, x: Tensor, step: int, offset: int | Tensor = 0) -> Tensor:
+        """``x`` ``(B, T, D)`` plus the signal of ``step``; ``offset``: the first position, or one
+        per sequence ``(B,)`` from :meth:`starts`."""
         if self.positional is not None:
-            x = self.positional(x, offset)
+            x = add_positions(self.positional, x, offset)
         return x + self.timestep[step + 1].to(x.dtype)  # step 0 is the paper's t = 1
 
 
@@ -158,7 +172,8 @@ class RecurrentStack(nn.Module):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
     ) -> StackOutput:
-        offset = 0 if cache is None else cache.offset
+        # with a cache the positions continue from the tokens already decoded, never at random
+        offset = self.signal.starts(x, 0) if cache is None else cache.offset
         attentions: list[dict[str, Tensor]] = []
 
         def apply(h: Tensor, step: int) -> Tensor:
@@ -169,12 +184,13 @@ class RecurrentStack(nn.Module):
                 attentions.append(weights)
             return out
 
-        real = _real_positions(x, self_mask)  # (B, T) bool
+        padding = real_positions(x, self_mask)  # (B, T) bool, or None: no padding
+        real = padding if padding is not None else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         if self.halting is None:
             for step in range(self.steps):
                 x = apply(x, step)
             ponder = real.to(x.dtype) * self.steps
-            return StackOutput(self.final_norm(x), attentions, extras={"ponder_time": ponder})
+            return StackOutput(apply_norm(self.final_norm, x, padding), attentions, extras={"ponder_time": ponder})
 
         running = real.clone()
         halted_sum = torch.zeros(real.shape, device=x.device)  # float32 book-keeping, whatever x's dtype
@@ -199,11 +215,6 @@ class RecurrentStack(nn.Module):
             running = continues
         ponder = (updates + remainder) * real  # rho = N + R (Graves 2016, eq. 11)
         aux = self.ponder_weight * ponder.sum() / real.sum().clamp(min=1)
-        return StackOutput(self.final_norm(output), attentions, aux_loss=aux, extras={"ponder_time": ponder})
+        return StackOutput(apply_norm(self.final_norm, output, padding), attentions, aux_loss=aux,
+                           extras={"ponder_time": ponder})
 
-
-def _real_positions(x: Tensor, mask: AttentionMask | None) -> Tensor:
-    """``(B, T)``: True for real tokens of the current input, False for padding."""
-    if mask is None or mask.padding is None:
-        return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-    return mask.padding[:, -x.size(1):].bool()

@@ -45,13 +45,14 @@ class MathAttentionOptions(AttentionOptions):
     """Full attention written out (no fused kernel): the n x n weights are made, a reference for kernels."""
 
     kind: Literal["math"] = "math"
+    takes_scale: ClassVar[bool] = True
 
     def make_kernel(self) -> Kernel:
         return math_kernel
 
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
-        return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional)
+        return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional, scale=self.scale)
 
 
 # ---- positional ---------------------------------------------------------------------------
@@ -78,6 +79,7 @@ class Rotary(PositionalOptions):
     """Rotary embeddings applied to queries and keys inside self-attention (Su et al. 2021)."""
 
     kind: Literal["rotary"] = "rotary"
+    relative: ClassVar[bool] = True
     base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotations")
 
     def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
@@ -89,6 +91,7 @@ class ALiBi(PositionalOptions):
 
     kind: Literal["alibi"] = "alibi"
     scores_bias: ClassVar[bool] = True
+    relative: ClassVar[bool] = True
     symmetric: bool = Field(
         True, description="penalise distance to later keys too (encoders); causal decoders never see them anyway"
     )
@@ -119,7 +122,8 @@ class RMSNorm(NormOptions):
 
 
 class BatchNorm(NormOptions):
-    """Batch normalisation over batch and time (Ioffe & Szegedy 2015), for comparison."""
+    """Batch normalisation over batch and time (Ioffe & Szegedy 2015), for comparison; its
+    statistics, batch and running, are over real tokens only, padding left out."""
 
     kind: Literal["batchnorm"] = "batchnorm"
     eps: float = Field(1e-5, gt=0.0, description="added to the variance for stability")

@@ -53,6 +53,7 @@ class Local2dOptions(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    takes_scale: ClassVar[bool] = True
     kind: Literal["local-2d"] = "local-2d"
     query_block: tuple[PositiveInt, PositiveInt] = Field((2, 2), description="rows and columns of a query block")
     memory: tuple[NonNegativeInt, NonNegativeInt] = Field(
@@ -85,7 +86,7 @@ class Local2dOptions(AttentionOptions):
             raise ValueError("local-2d attention needs the token grid (rows, columns): use it in an image model, "
                              "which gives it")
         return Local2dAttention(d_model, n_heads, kernel=PatternKernel(self.pattern(grid), self.kernel), dropout=dropout,
-                                bias=self.bias, positional=positional)
+                                bias=self.bias, positional=positional, scale=self.scale)
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------

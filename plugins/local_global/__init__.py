@@ -40,6 +40,7 @@ class _Sparse(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    takes_scale: ClassVar[bool] = True
 
     kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
         "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked")
@@ -53,7 +54,7 @@ class _Sparse(AttentionOptions):
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
         return SparseAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
-                               positional=positional)
+                               positional=positional, scale=self.scale)
 
 
 class SlidingWindow(_Sparse):
@@ -150,6 +151,7 @@ class MemoryCompressed(AttentionOptions):
     """Keys and values shortened by a strided convolution of kernel and stride ``compression`` (Liu 2018)."""
 
     full: ClassVar[bool] = False
+    takes_scale: ClassVar[bool] = True
     takes_bias: ClassVar[bool] = False
     kind: Literal["memory-compressed"] = "memory-compressed"
     compression: int = Field(3, ge=2, description="kernel and stride of the convolution (3 in the paper)")
@@ -161,7 +163,7 @@ class MemoryCompressed(AttentionOptions):
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
         return MemoryCompressedAttention(d_model, n_heads, compression=self.compression, dropout=dropout,
-                                         bias=self.bias, positional=positional)
+                                         bias=self.bias, positional=positional, scale=self.scale)
 
 
 # ---- the family -----------------------------------------------------------------------------

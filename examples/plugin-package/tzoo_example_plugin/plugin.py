@@ -81,6 +81,7 @@ class CosineAttentionOptions(AttentionOptions):
 
     kind: Literal["cosine"] = "cosine"
     bias: ClassVar[bool] = True  # the projections always have a bias: the kind's only option is its temperature
+    scale: ClassVar[None] = None  # the learned temperature is its scale
     init_scale: float = Field(
         10.0, gt=0.0, description="temperature g multiplying the cosine scores at initialisation (then learned)"
     )
