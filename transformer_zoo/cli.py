@@ -123,6 +123,17 @@ def _compare(args: argparse.Namespace) -> Any:
     return {"report": str(out / "report.md"), **results.model_dump(mode="json")}
 
 
+def _reproduce(args: argparse.Namespace) -> Any:
+    from .reproduce import as_json, reproduce_all, study_rows
+
+    if not args.names:
+        return study_rows()
+    overrides = {key: value for key, value in (("seeds", args.seeds), ("steps", args.steps)) if value is not None}
+    out = args.out or Path("reports") / "reproduce"
+    results = reproduce_all(args.names, out, scale=args.scale, overrides=overrides)
+    return {"report": str(out / "reproductions.md"), "studies": as_json(results)}
+
+
 def _bench(args: argparse.Namespace) -> Any:
     from .bench import BENCHMARKS, run
 
@@ -208,6 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 
+    p = command("reproduce", help="run studies of the papers' claims and judge each (no name: list them)",
+                description="Run studies: each is a comparison over seeds and the claims it tests, judged holds, "
+                            "does not hold or inconclusive from the 95%% intervals. NAME is a built-in study or a "
+                            "study's YAML file.")
+    p.add_argument("names", nargs="*", metavar="NAME", help="studies to run (default: list the built-in ones)")
+    p.add_argument("--out", type=Path, help="report folder (default: reports/reproduce); each study in a folder of its own")
+    p.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
+                   help="cpu: each study in about ten minutes on 2 cores (default); gpu: the paper-sized settings")
+    p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the study's")
+    p.add_argument("--steps", type=int, metavar="N", help="train every run this many steps instead (a quick look)")
+    p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    p.set_defaults(run=_reproduce)
+
     p = command("bench", help="run a benchmark against its reference (no name: list them)",
                        description="Run a benchmark: it prints a table, and writes JSON with --json PATH. "
                                    "Arguments after the name go to the benchmark (tzoo bench NAME --help).")
@@ -263,6 +287,13 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_rows(console, rows, f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}")
     elif args.command == "compare":
         console.print(f"report: {result['report']}")
+    elif args.command == "reproduce":
+        if isinstance(result, list):
+            _print_rows(console, result, "studies")
+        else:
+            for study in result["studies"]:
+                console.print(f"{study['name']}: [bold]{study['verdict']}[/] ({study['title']})", highlight=False)
+            console.print(f"report: {result['report']}")
     elif args.command == "attention":
         console.print("\n".join(result), highlight=False)
     elif args.command == "show":

@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import platform
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -36,6 +37,7 @@ from .core.model import atomic_write
 from .core.options import Options, Task
 from .core.tasks import Better, declared_metrics
 from .registry import get_registry
+from .probes import PROBE_NAMES, ProbeName, run_probes
 from .scaling import PeakMemory, ScalingPoint, ScalingSpec, measure_scaling
 from .stats import TEST_NAMES, TestKind
 from .summary import TaskSummary, summarize
@@ -46,7 +48,9 @@ class CompareSpec(Options):
     """What to compare: variants x tasks x seeds, under one budget."""
 
     name: str = Field("compare", description="a name for the report")
-    variants: list[str | dict[str, Any]] = Field(min_length=1, description="variant names or model configs")
+    variants: list[str | dict[str, Any]] = Field(
+        min_length=1, description="variant names or model configs; a config may carry a 'label', the short name the "
+        "report gives it (otherwise its name and the values it sets)")
     tasks: list[Task] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
     steps: int = Field(500, ge=1, description="training steps of every run")
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
@@ -67,8 +71,14 @@ class CompareSpec(Options):
     task_train: dict[str, dict[str, Any]] = Field(
         {}, description="by task kind: training options for the runs on that task, over 'train', 'steps' and "
         "'seconds' (a GAN's recipe, or its own budget)")
+    variant_train: dict[str, dict[str, Any]] = Field(
+        {}, description="by variant label: training options for that variant's runs, over 'train' and 'task_train' "
+        "(a variant that differs from another in its recipe alone: warm-up or none)")
     scaling: ScalingSpec | None = Field(
         None, description="also measure time and memory against sequence length of the variants on one task")
+    probes: list[ProbeName] = Field(
+        [], description="measurements of each trained model on test examples, reported beside the metrics: "
+        + "; ".join(f"{name}: {text}" for name, text in PROBE_NAMES.items()))
 
     @model_validator(mode="after")
     def _scaling_task(self) -> CompareSpec:
@@ -88,6 +98,10 @@ class CompareSpec(Options):
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
             raise ValueError(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
+        unknown = sorted(set(self.variant_train) - set(labels))
+        if unknown:
+            raise ValueError(f"variant_train names {unknown}, which are not among the spec's variants {labels}; key it "
+                             "by a variant's label (a config variant's 'label')")
         if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
             raise ValueError(f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them")
         return self
@@ -130,6 +144,7 @@ class RunRecord(BaseModel):
         {}, description="models with a recurrent stack: mean steps per real test position, by stack (fixed without ACT)"
     )
     ponder_plot: str | None = Field(None, description="a heat map of one test example's ponder times, relative to the report")
+    probes: dict[str, float] = Field({}, description="the spec's probes of the trained model, by measurement name")
     samples_plot: str | None = Field(None, description="a generation task: a grid of samples, relative to the report")
 
     @model_validator(mode="after")
@@ -200,8 +215,15 @@ def run_threads(spec: CompareSpec) -> int:
 def _label(variant: str | dict[str, Any]) -> str:
     if isinstance(variant, str):
         return variant
+    if "label" in variant:
+        return str(variant["label"])
     extra = {k: v for k, v in variant.items() if k != "variant"}
     return variant["variant"] + ("" if not extra else " " + json.dumps(extra, sort_keys=True, separators=(",", "=")))
+
+
+def _unlabelled(variant: str | dict[str, Any]) -> str | dict[str, Any]:
+    """The variant as a model config: its report label removed."""
+    return variant if isinstance(variant, str) else {k: v for k, v in variant.items() if k != "label"}
 
 
 def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
@@ -213,7 +235,7 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
     """
     runs, skipped = [], []
     fields = set()
-    for label, variant in ((_label(v), v) for v in spec.variants):
+    for label, variant in ((_label(v), _unlabelled(v)) for v in spec.variants):
         config = load_config({"variant": variant} if isinstance(variant, str) else variant)  # unknown names fail here
         fields |= set(type(config).model_fields)
         variant = _with_model_options(variant, type(config), spec.model)
@@ -223,8 +245,9 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
                 config = validate(
                     TrainConfig,
                     {**spec.train, "steps": spec.steps, "max_seconds": spec.seconds,
-                     **spec.task_train.get(task_options.kind, {}), "model": variant, "task": task_options, "seed": seed},
-                    "compare spec 'train' and 'task_train' options",
+                     **spec.task_train.get(task_options.kind, {}), **spec.variant_train.get(label, {}),
+                     "model": variant, "task": task_options, "seed": seed},
+                    "compare spec 'train', 'task_train' and 'variant_train' options",
                 )
                 if processes > 1 and config.batch_size % processes:
                     where = "task_train" if "batch_size" in spec.task_train.get(task_options.kind, {}) else "train"
@@ -266,7 +289,8 @@ def _phases(model) -> list[str]:
 def run_name(label: str, config: TrainConfig) -> str:
     """A folder name that is the same every time the same run is planned (so it resumes)."""
     digest = hashlib.sha1(f"{label}|{config.model_dump_json()}".encode()).hexdigest()[:8]
-    return f"{config.task.kind}--{label.split(' ')[0]}--seed{config.seed}--{digest}"
+    name = re.sub(r"[^\w.+-]+", "_", label.split(" ")[0])  # a label may hold any character; a folder name not
+    return f"{config.task.kind}--{name}--seed{config.seed}--{digest}"
 
 
 _TASKS: dict[str, Any] = {}  # a worker's built tasks, by options: each builds its data once for all its runs
@@ -280,9 +304,9 @@ def _init_worker(plugins: list[str], threads: int) -> None:
         registry.register_module(module)
 
 
-def _run(args: tuple[str, dict[str, Any], str, str, bool]) -> dict[str, Any] | None:
+def _run(args: tuple[str, dict[str, Any], str, str, bool, list[str]]) -> dict[str, Any] | None:
     """One run, in a worker process (or in each of a torchrun job's: None but in process 0)."""
-    label, config_data, run_dir, invocation, progress = args
+    label, config_data, run_dir, invocation, progress, probes = args
     record_path = Path(run_dir) / "record.json"
     if record_path.is_file():  # finished earlier: keep its measurements, flagged when another invocation made them
         record = json.loads(record_path.read_text())
@@ -304,6 +328,7 @@ def _run(args: tuple[str, dict[str, Any], str, str, bool]) -> dict[str, Any] | N
     model = load_config(Path(run_dir, "model", "config.json"))
     trained = from_pretrained(Path(run_dir, "model")).to(resolve_device(config.device)).eval()
     ponder, plot = ponder_summary(trained, task, Path(run_dir))
+    probed = run_probes(probes, trained, task)
     samples = task.plot_samples(trained, Path(run_dir) / "samples.png")
     flops, step_bytes = training_step_costs(trained, task, config)  # last: a training step moves the weights
     peak = torch.cuda.max_memory_allocated() if cuda else step_bytes
@@ -313,7 +338,7 @@ def _run(args: tuple[str, dict[str, Any], str, str, bool]) -> dict[str, Any] | N
         train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak / 2**20,
         steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
         metrics=summary["metrics"], better=task.metrics, curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
-        samples_plot=None if samples is None else str(Path("runs") / Path(run_dir).name / samples.name),
+        probes=probed, samples_plot=None if samples is None else str(Path("runs") / Path(run_dir).name / samples.name),
         started=when, threads=torch.get_num_threads(), cpus=available_cores(), load_average=load,
         invocation=invocation,
     ).model_dump()
@@ -442,8 +467,8 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     bars = workers == 1 and sys.stderr.isatty()
     # the largest budgets (steps x batch) start first, so that no long run is left to finish alone
     order = sorted(runs, key=lambda run: -run[1].steps * run[1].batch_size) if workers > 1 else runs
-    jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config)), invocation, bars)
-            for label, config in order]
+    jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config)), invocation, bars,
+             list(spec.probes)) for label, config in order]
     if stranded and not here.launched:  # a worker could not register them: train here, one run at a time
         workers = 1
         say(f"plugin(s) {', '.join(stranded)} are not importable modules, so no worker process could register them: "

@@ -99,3 +99,27 @@ def smallest_p(n_a: int, n_b: int, test: TestKind) -> float | None:
     if test == "permutation":
         return 2 / math.comb(n_a + n_b, n_a)
     return 0.0
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The standard deviations over seeds of ``a`` and ``b`` and the two-sided p of the
+    Brown-Forsythe test of equal spread (Levene's test about the medians; None when a side has
+    fewer than two runs, or both sides agree exactly, where no test is possible)."""
+
+    sd_a: float
+    sd_b: float
+    p: float | None
+
+
+def spread(a: list[float], b: list[float]) -> Spread:
+    """Compare the spread over seeds of ``a`` and ``b`` (which is the steadier)."""
+    if len(a) < 2 or len(b) < 2:
+        return Spread(0.0, 0.0, None)
+    sd_a, sd_b = statistics.stdev(a), statistics.stdev(b)
+    if sd_a == sd_b == 0:
+        return Spread(sd_a, sd_b, None)
+    with warnings.catch_warnings():  # a side whose runs agree exactly: scipy warns, the test still stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(_scipy.levene(a, b, center="median").pvalue)
+    return Spread(sd_a, sd_b, None if math.isnan(p) else p)

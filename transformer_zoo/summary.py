@@ -37,7 +37,7 @@ class Column(BaseModel):
     """One column of a task's table."""
 
     name: str = Field(description="e.g. 'test accuracy', 'train tokens/s'")
-    kind: Literal["metric", "ponder", "cost"]
+    kind: Literal["metric", "ponder", "probe", "cost"]
     better: Literal["higher", "lower"] | None = Field(description="which way is better; None: neither (a size)")
     best: str | None = Field(None, description="the variant whose mean is best and separable from every other's")
 
@@ -91,6 +91,8 @@ def _getters(records: list[RunRecord]) -> list[_Getter]:
     for stack in sorted({stack for r in records for stack in r.ponder_time}):
         getters.append(_Getter(Column(name=f"{stack} ponder", kind="ponder", better=None),
                                lambda r, s=stack: r.ponder_time.get(s)))
+    for name in sorted({name for r in records for name in r.probes}):  # what the spec's probes measured
+        getters.append(_Getter(Column(name=name, kind="probe", better=None), lambda r, n=name: r.probes.get(n)))
     getters += [
         _Getter(Column(name="parameters", kind="cost", better=None), lambda r: r.parameters),
         _Getter(Column(name="FLOPs/token", kind="cost", better=None), lambda r: r.flops_per_token),
