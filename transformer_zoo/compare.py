@@ -2,8 +2,8 @@
 
 A spec lists variants x tasks x seeds and one budget. Runs train in worker processes (``workers``
 at a time, each with ``threads`` CPU threads; a worker builds each task's data once and trains
-run after run); on a torchrun job every run trains over all the job's processes, one run after
-another, and process 0 writes the report. Each run records parameters, FLOPs per token,
+run after run; with one worker, in this process); on a torchrun job every run trains over all
+the job's processes, one run after another, and process 0 writes the report. Each run records parameters, FLOPs per token,
 training tokens per second, peak memory, the task metrics, the learning curve and wall time,
 and when, with how many threads and under what load it ran. The report folder holds
 ``results.json`` (validated by :class:`CompareResults`, with the intervals and tests over
@@ -479,7 +479,7 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     with contextlib.ExitStack() as stack:
         if here.launched:  # the job's processes train each run together, in turn
             done = map(_run, jobs)
-        elif stranded:
+        elif stranded or workers == 1:  # one run at a time: in this process, no worker to start
             stack.callback(torch.set_num_threads, torch.get_num_threads())
             torch.set_num_threads(threads)
             done = map(_run, jobs)

@@ -166,6 +166,7 @@ class ClaimResult(BaseModel):
     sd_a: float = Field(0.0, description="a's standard deviation over seeds")
     sd_b: float = Field(0.0, description="b's standard deviation over seeds")
     probe: bool = Field(False, description="the metric is a probe's measurement (of the test split)")
+    direction: Better = Field("higher", description="which way the metric is better, as the claim was judged")
     verdict: Verdict
     reason: str = Field(description="why the verdict, in words")
 
@@ -232,7 +233,7 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
     sd = spread(a, b)
     probe = any(claim.metric in run.probes for run in results.runs)
     figures = dict(a=cells["a"], b=cells["b"], difference=diff.difference, low=diff.low, high=diff.high,
-                   sd_a=sd.sd_a, sd_b=sd.sd_b, probe=probe)
+                   sd_a=sd.sd_a, sd_b=sd.sd_b, probe=probe, direction=direction)
     if claim.relation == "steadier":
         verdict, reason = _steadier(sd, claim)
         return ClaimResult(claim=claim, p=sd.p, verdict=verdict, reason=reason, **figures)

@@ -113,19 +113,17 @@ def test_fit_to_a_model():
 
 
 def test_a_small_encoder_learns_near_pair(tmp_path):
-    """A 2-layer, d 32 BERT-style encoder on near-pair (length 8, 4 symbols: chance 25%) reaches at
-    least 80% test accuracy in 600 steps of 128 examples (about 9 s on one CPU thread; 93.5% with
-    this seed). The label is independent of either symbol alone, so the loss does not move until
-    the model has found both positions: with batches of 32 it often stays at chance this long,
-    and an unlucky initialisation can stall near 50% for longer."""
+    """The tiny Longformer-style encoder with full attention on near-pair (length 8, 4 symbols:
+    chance about 25%) reaches at least 90% test accuracy in 600 steps of 64 examples (about 10 s on
+    a CPU). The label is independent of either symbol alone, so the loss does not move until the
+    model has found both positions; smaller models and batches stay at chance far longer."""
     config = load_train_config({
-        "model": {"variant": "bert-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.0, "max_len": 16},
+        "model": {"variant": "local-global-encoder-tiny", "encoder": {"attention": "sdpa"}, "dropout": 0.0},
         "task": {"kind": "near-pair", "length": 8, "symbols": 4, "test_size": 200},
-        "steps": 600, "batch_size": 128, "lr": 3e-3, "warmup_steps": 20, "device": "cpu",
+        "steps": 600, "batch_size": 64, "lr": 3e-3, "warmup_steps": 80, "device": "cpu",
     })
     summary = train(config, tmp_path, progress=False)
     accuracy = summary["metrics"]["test"]["accuracy"]
     majority = config.task.build().majority_accuracy("test")
-    print(f"near-pair: accuracy {accuracy:.3f}, majority baseline {majority:.3f}")
     assert majority < 0.35
-    assert accuracy >= 0.8
+    assert accuracy >= 0.9, f"near-pair: accuracy {accuracy:.3f}, majority baseline {majority:.3f}"
