@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from .attention import KVCache

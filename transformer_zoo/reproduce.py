@@ -25,7 +25,6 @@ of the same shape runs a study of one's own.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from importlib import resources
@@ -115,6 +114,7 @@ class Study(Options):
         ran = {(label, config.task.kind) for label, config in runs}
         tasks = {options.kind: options for options in spec.tasks}
         built: dict[str, Any] = {}
+        probed = {name for probe in spec.probes for name in PROBE_OUTPUTS[probe]}
         for i, claim in enumerate(self.claims):
             where = f"study {self.name!r}, claims.{i}"
             if claim.task not in tasks:
@@ -125,7 +125,6 @@ class Study(Options):
                                f"it is not one of the spec's variants {sorted({v for v, _ in ran})}")
                     raise ConfigError(f"{where}: variant {label!r} does not run {claim.task!r}: {why}")
             task = built.setdefault(claim.task, tasks[claim.task].build())
-            probed = {name for probe in spec.probes for name in PROBE_OUTPUTS[probe]}
             if claim.metric in probed:
                 if claim.direction is None:
                     raise ConfigError(f"{where}: {claim.metric!r} is a probe's measurement, which no task ranks; "
@@ -384,4 +383,4 @@ def study_rows() -> list[dict[str, str]]:
 
 
 def as_json(results: list[StudyResult]) -> list[dict[str, Any]]:
-    return [json.loads(r.model_dump_json()) for r in results]
+    return [r.model_dump(mode="json") for r in results]
