@@ -9,6 +9,7 @@ import importlib.util
 import inspect
 import os
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +24,10 @@ ENTRY_POINT_GROUP = "transformer_zoo"
 PLUGINS_VARIABLE = "TZOO_PLUGINS"
 """An environment variable naming plugin modules to load after the entry points, separated by
 commas (as ``PYTEST_PLUGINS`` does for pytest); worker processes inherit it."""
+DISABLE_AUTOLOAD_VARIABLE = "TZOO_DISABLE_PLUGIN_AUTOLOAD"
+"""Set (to anything but empty) to skip the ``transformer_zoo`` entry points, as
+``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` does for pytest; the built-in plugins, ``$TZOO_PLUGINS`` and
+``--plugin`` still load."""
 BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.components": "transformer_zoo.plugins.components",
     "tzoo.transformer": "transformer_zoo.plugins.transformer",
@@ -45,13 +50,27 @@ def kind_name(options: type[ComponentOptions]) -> str:
     return args[0]
 
 
+class PluginWarning(UserWarning):
+    """A plugin failed to load, or offers something that looks like a hook but is not one."""
+
+
 class Registry:
     """Every component kind and variant offered by the loaded plugins.
 
+    A plugin that fails to load (an import error, even ``sys.exit()``; a clashing or malformed
+    offer) is recorded in :attr:`load_errors` and warned about with a :class:`PluginWarning`;
+    the others still load.
+
     Args:
         builtins: the built-in plugins, plugin name to module name.
-        entry_points: whether to load third-party plugins of the ``transformer_zoo`` group and
-            the modules named in ``$TZOO_PLUGINS``.
+        entry_points: whether to load third-party plugins of the ``transformer_zoo`` group
+            (unless ``$TZOO_DISABLE_PLUGIN_AUTOLOAD`` is set) and the modules named in
+            ``$TZOO_PLUGINS``.
+
+    Attributes:
+        load_errors: plugin name -> why it was not loaded.
+        load_warnings: plugin name -> what was loaded but looks wrong (a ``tzoo_*`` function
+            without ``@hookimpl``).
     """
 
     def __init__(self, *, builtins: Mapping[str, str] = BUILTIN_PLUGINS, entry_points: bool = True) -> None:
@@ -64,6 +83,7 @@ class Registry:
         self._importers: dict[str, Importer] = {}
         self._providers: dict[tuple[str, str], str] = {}
         self.load_errors: dict[str, str] = {}
+        self.load_warnings: dict[str, list[str]] = {}
         self.in_process: dict[str, Any] = {}  # plugin name -> what register() was given
         self._loaded = False
 
@@ -76,13 +96,11 @@ class Registry:
         for name, module in self._builtins.items():
             self._load_plugin(name, lambda module=module: importlib.import_module(module))
         if self._entry_points:
-            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            for ep in self._entry_point_plugins():
                 if self.pm.has_plugin(ep.name):
                     where = ep.dist.name if ep.dist is not None else "an installed package"
-                    self.load_errors[f"{ep.name} ({where})"] = (
-                        f"a plugin named {ep.name!r} is already registered; entry-point names must be "
-                        "unique: rename this one"
-                    )
+                    self._failed(f"{ep.name} ({where})", f"a plugin named {ep.name!r} is already registered; "
+                                 "entry-point names must be unique: rename this one")
                     continue
                 self._load_plugin(ep.name, ep.load)
             for module in plugin_modules(os.environ.get(PLUGINS_VARIABLE, "")):
@@ -90,12 +108,25 @@ class Registry:
                     self._load_plugin(module, lambda module=module: importlib.import_module(module))
         return self
 
+    @staticmethod
+    def _entry_point_plugins() -> list[importlib.metadata.EntryPoint]:
+        """The ``transformer_zoo`` entry points; none when ``$TZOO_DISABLE_PLUGIN_AUTOLOAD`` is set."""
+        if os.environ.get(DISABLE_AUTOLOAD_VARIABLE):
+            return []
+        return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
     def _load_plugin(self, name: str, load: Callable[[], Any]) -> None:
         """Import and register one plugin; a failure is recorded by name and the rest go on."""
         try:
             self._register(load(), name)
-        except Exception as exc:  # a broken plugin must not stop the others
-            self.load_errors[name] = f"{type(exc).__name__}: {exc}"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a broken plugin, even one calling sys.exit(), must not stop the others
+            self._failed(name, _describe(exc))
+
+    def _failed(self, name: str, message: str) -> None:
+        self.load_errors[name] = message
+        warnings.warn(f"plugin {name!r} failed to load: {message}", PluginWarning, stacklevel=2)
 
     def register(self, plugin: Any, name: str | None = None) -> str:
         """Register a plugin in-process (a notebook, a test): a module or object with hook functions.
@@ -124,6 +155,11 @@ class Registry:
         except ImportError as exc:
             raise PluginLoadError(f"plugin module {module!r} could not be imported ({exc}); give a module importable "
                                   "from here (on sys.path or installed), such as my_package.zoo_plugin") from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # its own code failed while importing, sys.exit() included
+            raise PluginLoadError(f"plugin module {module!r} failed while being imported: {_describe(exc)}; "
+                                  "fix the module or leave it out") from None
         return self.register(imported, module)
 
     def portable_plugins(self) -> tuple[list[str], list[str]]:
@@ -168,7 +204,21 @@ class Registry:
         except Exception:
             self.pm.unregister(plugin)
             raise
+        self._warn_unmarked_hooks(plugin, name)
         return name
+
+    def _warn_unmarked_hooks(self, plugin: Any, name: str) -> None:
+        """Warn of ``tzoo_*`` functions without ``@hookimpl``: pluggy ignores them, so what they
+        offer would silently be missing."""
+        unmarked = sorted(attr for attr in dir(plugin) if attr.startswith("tzoo_")
+                          and callable(getattr(plugin, attr, None)) and self.pm.parse_hookimpl_opts(plugin, attr) is None)
+        if unmarked:
+            one = len(unmarked) == 1
+            message = (f"{', '.join(unmarked)} {'looks like a hook implementation' if one else 'look like hook implementations'}"
+                       f" but {'lacks' if one else 'lack'} @hookimpl (from transformer_zoo import hookimpl), so "
+                       f"{'it is' if one else 'they are'} ignored")
+            self.load_warnings.setdefault(name, []).append(message)
+            warnings.warn(f"plugin {name!r}: {message}", PluginWarning, stacklevel=3)
 
     def _check_hook_names(self, name: str) -> None:
         try:
@@ -204,6 +254,7 @@ class Registry:
             if not isinstance(importer, Importer):
                 raise PluginLoadError(f"plugin {name!r} offers {importer!r} as an importer; expected an Importer")
             self._add_offer(offered, ("importer", importer.name), importer, name)
+        self._refuse_clashes(offered, name)
         for (category, item), value in offered.items():
             self._providers[(category, item)] = name
             if category == "variant":
@@ -214,15 +265,21 @@ class Registry:
                 self._components[category][item] = value
 
     def _add_offer(self, offered: dict, key: tuple[str, str], value: Any, name: str) -> None:
-        category, item = key
-        provider = self._providers.get(key) or (name if key in offered else None)
-        if provider is not None:
-            what = category if category in ("variant", "importer") else f"{category} kind"
-            raise DuplicateNameError(
-                f"{what} {item!r} is provided by plugin {provider!r} and again by plugin {name!r}; "
-                "names must be unique: rename one of them"
-            )
+        if key in offered:
+            category, item = key
+            raise DuplicateNameError(f"plugin {name!r} offers the {_what(category)} {item!r} twice; offer each name once")
         offered[key] = value
+
+    def _refuse_clashes(self, offered: dict, name: str) -> None:
+        """Refuse the whole plugin if any name it offers is already provided, naming every clash and
+        what is dropped with it (a plugin is registered whole or not at all)."""
+        clashes = [f"{_what(category)} {item!r} is provided by plugin {self._providers[(category, item)]!r} and again "
+                   f"by plugin {name!r}" for category, item in offered if (category, item) in self._providers]
+        if not clashes:
+            return
+        dropped = sorted(f"{_what(c)} {i!r}" for c, i in offered if (c, i) not in self._providers)
+        also = f"; its other offers were not registered either: {', '.join(dropped)}" if dropped else ""
+        raise DuplicateNameError("; ".join(clashes) + f"; names must be unique: rename one of them{also}")
 
     # ---- lookups ---------------------------------------------------------------------------
     def components(self, category: str) -> dict[str, type[ComponentOptions]]:
@@ -258,6 +315,16 @@ class Registry:
     def provider(self, category: str, name: str) -> str:
         """The name of the plugin that offers a component kind or (``category="variant"``) a variant."""
         return self.load()._providers[(category, name)]
+
+
+def _what(category: str) -> str:
+    return category if category in ("variant", "importer") else f"{category} kind"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) while loading"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def plugin_modules(text: str) -> list[str]:

@@ -16,6 +16,12 @@ def register_plugin(plugin: object, name: str | None = None) -> str:
     return get_registry().register(plugin, name)
 
 
+def plugin_errors() -> dict[str, str]:
+    """The plugins that failed to load, by name, with why (empty when all loaded). Each failure
+    was also warned about (a ``PluginWarning``) when the registry loaded."""
+    return dict(get_registry().load_errors)
+
+
 __all__ = [
     "ConfigError",
     "UnknownNameError",
@@ -26,5 +32,6 @@ __all__ = [
     "hookimpl",
     "list_variants",
     "load_config",
+    "plugin_errors",
     "register_plugin",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from rich.table import Table
 from . import api
 from .core.errors import ZooError
 from .core.options import CATEGORIES
-from .registry import get_registry
+from .registry import PluginWarning, get_registry
 
 KINDS = ("variant", *CATEGORIES)
 
@@ -247,8 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _warn_load_errors(err: Console) -> None:
-    for name, message in get_registry().load_errors.items():
+    registry = get_registry()
+    for name, message in registry.load_errors.items():
         err.print(f"[yellow]warning:[/] plugin {name!r} failed to load: {message}", highlight=False, soft_wrap=True)
+    for name, messages in registry.load_warnings.items():
+        for message in messages:
+            err.print(f"[yellow]warning:[/] plugin {name!r}: {message}", highlight=False, soft_wrap=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    warnings.filterwarnings("ignore", category=PluginWarning)  # printed below as one line each, with the errors
     args = build_parser().parse_args(argv)
     console = Console()
     err = Console(stderr=True)

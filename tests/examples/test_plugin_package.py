@@ -53,11 +53,11 @@ def listing(site: Path, tmp_path_factory: pytest.TempPathFactory) -> subprocess.
     return tzoo(site, tmp_path_factory.mktemp("list"), "list")
 
 
-def run(site: Path, cwd: Path, *command: str) -> subprocess.CompletedProcess[str]:
+def run(site: Path, cwd: Path, *command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``command`` in ``cwd`` (an empty folder: nothing of the checkout importable by accident)
-    with the installed plugins on the path."""
-    pythonpath = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": pythonpath}
+    with the installed plugins on the path (and ``env``, default this process's environment)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=120)
 
 
@@ -162,7 +162,31 @@ def test_a_broken_plugin_is_reported_by_name_and_the_rest_load(
     assert any(re.search(r"\bbroken\b", line) for line in plugin_warnings(unknown.stderr)), unknown.stderr
 
 
+def test_entry_point_autoload_can_be_disabled(site: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "TZOO_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    result = run(site, tmp_path, sys.executable, "-m", "transformer_zoo", "list", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    names = {row["name"] for row in json.loads(result.stdout)}
+    assert "transformer-tiny" in names and "cosine-transformer-tiny" not in names
+    assert plugin_warnings(result.stderr) == [], "the broken plugin is not even tried"
+    env["TZOO_PLUGINS"] = "tzoo_example_plugin.plugin"  # named modules still load
+    result = run(site, tmp_path, sys.executable, "-m", "transformer_zoo", "list", "cosine-*", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert [row["name"] for row in json.loads(result.stdout)] == ["cosine-transformer-tiny"]
+
+
 # ---- the Python API -----------------------------------------------------------------------
+def test_plugin_errors_name_the_broken_plugin(site: Path, tmp_path: Path) -> None:
+    script = ("import warnings, transformer_zoo as tz\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              "    errors = tz.plugin_errors()\n"
+              "print(sorted(errors), [type(w.message).__name__ for w in caught])\n")
+    result = python(site, tmp_path, script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['broken'] ['PluginWarning']"
+
+
 TRAIN_AND_RELOAD = """
 import torch, transformer_zoo as tz
 

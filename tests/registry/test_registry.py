@@ -12,7 +12,7 @@ import transformer_zoo as tz
 from transformer_zoo.core.errors import DuplicateNameError, PluginLoadError
 from transformer_zoo.core.options import NormOptions, Variant
 from transformer_zoo.plugins.transformer import TransformerConfig
-from transformer_zoo.registry import BUILTIN_PLUGINS, Registry, get_registry, hookimpl
+from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, get_registry, hookimpl
 
 
 class ScaleNorm(NormOptions):
@@ -124,7 +124,8 @@ def test_malformed_offers_are_refused():
 
 def test_a_plugin_that_fails_to_import_is_reported_and_the_rest_load():
     registry = Registry(builtins={**BUILTIN_PLUGINS, "broken": "transformer_zoo.no_such_module"}, entry_points=False)
-    registry.load()
+    with pytest.warns(PluginWarning, match="'broken' failed to load"):
+        registry.load()
     assert "broken" in registry.load_errors
     assert "ModuleNotFoundError" in registry.load_errors["broken"]
     assert "transformer-tiny" in registry.variants()
