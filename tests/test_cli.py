@@ -132,3 +132,30 @@ def test_every_benchmark_script_runs_the_package_code():
 
     scripts = {p.stem for p in (Path(__file__).parent.parent / "benchmarks").glob("*.py")}
     assert scripts == {module for module, _ in BENCHMARKS.values()}
+
+
+def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys, monkeypatch):
+    import transformer_zoo.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_list", interrupted)
+    assert main(["list"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_errors_and_zoo_warnings_print_brackets_as_written(capsys, monkeypatch):
+    import warnings
+
+    import transformer_zoo.cli as cli
+    from transformer_zoo.checkpoints import CheckpointWarning
+
+    def warn_then_fail(args):
+        warnings.warn("a shape [bold] of [64, 32]", CheckpointWarning)
+        raise ValueError("phases ['model'] and [red]")
+
+    monkeypatch.setattr(cli, "_list", warn_then_fail)
+    assert main(["list"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["warning: a shape [bold] of [64, 32]",
+                                                     "error: phases ['model'] and [red]"]

@@ -80,7 +80,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
         return value * float("nan") if calls["n"] == 6 else value
 
     monkeypatch.setattr(Seq2SeqTask, "loss", loss)
-    with pytest.raises(TrainingDiverged, match="at step 6"):
+    with pytest.raises(TrainingDiverged, match=f"at step 6; kept: the checkpoint of step 4 in {tmp_path / 'checkpoint'}"):
         train(small_config(checkpoint_every=2), tmp_path, progress=False)
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 4

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import api
@@ -194,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="a YAML or JSON training config (model, task, steps, ...)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (repeatable)")
     p.add_argument("--out", type=Path, help="run folder (default: runs/<config name>)")
-    p.add_argument("--restart", action="store_true", help="ignore a checkpoint in the run folder")
+    p.add_argument("--restart", action="store_true",
+                   help="start over from step 0: the run folder's checkpoints are removed and train.json rewritten")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=_train)
 
@@ -256,11 +259,34 @@ def _warn_load_errors(err: Console) -> None:
             err.print(f"[yellow]warning:[/] plugin {name!r}: {message}", highlight=False, soft_wrap=True)
 
 
+@contextlib.contextmanager
+def _one_line_warnings(err: Console) -> Iterator[None]:
+    """The zoo's own warnings (a checkpoint passed over, ...) as one ``warning:`` line each."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if category.__module__.split(".")[0] == "transformer_zoo":
+            err.print(f"[yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command. Exit status: 0; 2 for an error the user can fix (one line on stderr); 130
+    for Ctrl-C (one line: where it stopped, what is kept and how to go on)."""
     try:
         return _main(argv)
     except BrokenPipeError:  # output piped into `head` and closed early
         return 0
+    except KeyboardInterrupt as exc:  # training's own says at which step it stopped and what it saved
+        Console(stderr=True).print(str(exc) or "interrupted", highlight=False, markup=False, soft_wrap=True)
+        return 130
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -271,10 +297,11 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         for module in args.plugin:
             get_registry().register_module(module)
-        result = args.run(args)
+        with _one_line_warnings(err):
+            result = args.run(args)
     except (ZooError, ValueError, FileNotFoundError) as exc:
         _warn_load_errors(err)  # a plugin that failed to load may be why a name is unknown
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
         return 2
     _warn_load_errors(err)
     if isinstance(result, dict) and result.get("rank", 0) != 0:

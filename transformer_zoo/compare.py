@@ -20,8 +20,10 @@ import multiprocessing
 import os
 import platform
 import re
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -32,6 +34,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from . import __version__, distributed
 from .api import _read, build_model, from_pretrained, load_config, validate
+from .checkpoints import check_folder
 from .core.errors import ConfigError
 from .core.model import atomic_write
 from .core.options import Options, Task
@@ -41,7 +44,7 @@ from .probes import PROBE_NAMES, ProbeName, run_probes
 from .scaling import PeakMemory, ScalingPoint, ScalingSpec, measure_scaling
 from .stats import TEST_NAMES, TestKind
 from .summary import TaskSummary, summarize
-from .train import TrainConfig, Trainer, model_config_for, resolve_device, train
+from .train import TrainConfig, Trainer, TrainingInterrupted, model_config_for, resolve_device, train
 
 
 class CompareSpec(Options):
@@ -297,7 +300,11 @@ _TASKS: dict[str, Any] = {}  # a worker's built tasks, by options: each builds i
 
 
 def _init_worker(plugins: list[str], threads: int) -> None:
-    """A worker process: the threads of its runs, and the plugins registered where compare was called."""
+    """A worker process: the threads of its runs, and the plugins registered where compare was called.
+
+    Ctrl-C reaches every process of the terminal's group; a worker ignores it, and the
+    comparison's own process, which hears it too, ends the workers (see :func:`compare`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     registry = get_registry()
     for module in plugins:
@@ -442,14 +449,20 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
             in this process, one at a time.
 
     On a torchrun job every process calls it; process 0 writes and returns the results, the
-    others return None."""
+    others return None.
+
+    Raises:
+        RunFolderError: ``out_dir`` is a file.
+        ComparisonInterrupted: Ctrl-C; the finished runs are kept, and a run trained in this
+            process saves the step it reached (workers' runs keep their last checkpoints).
+    """
     from .report import write_report
 
+    out_dir = check_folder(out_dir, "report folder")
     registry = get_registry()
     for module in plugins or ():
         registry.register_module(module)
     carried, stranded = registry.portable_plugins()
-    out_dir = Path(out_dir)
     here = distributed.world()
     begun = time.perf_counter()
     runs, skipped = plan(spec, here.size)
@@ -477,6 +490,7 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     say(f"{len(jobs)} runs, {workers} at a time" + ("" if here.launched else f", {threads} CPU threads each"))
     records, started = {}, time.perf_counter()
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_interruptions(records, len(jobs), out_dir))  # entered first: left after the pool ends
         if here.launched:  # the job's processes train each run together, in turn
             done = map(_run, jobs)
         elif stranded or workers == 1:  # one run at a time: in this process, no worker to start
@@ -515,6 +529,26 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     say(f"compared {len(records)} runs in {_duration(time.perf_counter() - begun)} of wall time; report: "
         f"{out_dir / 'report.md'}")
     return results
+
+
+class ComparisonInterrupted(KeyboardInterrupt):
+    """A comparison stopped by Ctrl-C; the message says what is kept and how to go on."""
+
+
+@contextlib.contextmanager
+def _interruptions(records: dict, total: int, out_dir: Path) -> Iterator[None]:
+    """Ctrl-C while the runs train, as one :class:`ComparisonInterrupted` saying what is kept."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if isinstance(exc, TrainingInterrupted) and exc.saved is not None:
+            current = f"the run in progress saved its step {exc.saved}"
+        else:
+            current = "runs in progress keep their last checkpoints"
+        raise ComparisonInterrupted(
+            f"comparison interrupted with {len(records)} of {total} runs finished (in {out_dir / 'runs'}); {current}; "
+            "run the same command again to go on: finished runs are reused and the others resume from their "
+            "checkpoints") from None
 
 
 def _duration(seconds: float) -> str:

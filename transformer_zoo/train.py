@@ -1,10 +1,15 @@
 """Training: one model on one task for a budget of steps, with exact resume.
 
 A run folder holds ``train.json`` (the run's config), what the task derived from its data
-(``tokenizer/`` for text tasks), ``checkpoint/`` (``model.safetensors``,
-``config.json``, ``optimizer.pt``, ``state.json``; replaced atomically) and ``metrics.jsonl``
-(the learning curve). Batches are drawn by a generator seeded from (seed, step), so a run
-resumed from step k sees exactly the batches an uninterrupted run sees.
+(``tokenizer/`` for text tasks), ``checkpoint/`` (``model.safetensors``, ``config.json``,
+``optimizer.pt``, ``state.json`` with the learning curve; replaced atomically, see
+:mod:`~transformer_zoo.checkpoints`), and at the end ``summary.json`` and ``model/``. Batches are
+drawn by a generator seeded from (seed, step), so a run resumed from step k sees exactly the
+batches an uninterrupted run sees.
+
+One run at a time trains in a run folder (:meth:`Trainer.lock`). A run checkpoints every
+``checkpoint_minutes`` and on Ctrl-C, so an interruption loses little; it resumes only with the
+config it was started with, but for :data:`RESUMABLE_FIELDS`.
 """
 
 from __future__ import annotations
@@ -14,13 +19,13 @@ import functools
 import json
 import math
 import os
-import shutil
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import safetensors.torch
 import torch
 from pydantic import Field
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -29,26 +34,53 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from . import distributed
 from .api import _read, build_model, load_config, merge, parse_overrides, validate
-from .core.errors import ConfigError
+from .checkpoints import (
+    CHECKPOINT, CheckpointError, RunFolderBusy, RunFolderError, RunLock, candidates, check_folder, check_weights,
+    differences, first_non_finite, load_weights, optimizer_tensors, promote, read_optimizers, read_state,
+    remove_partial_files, warn_passed_over, write_checkpoint,
+)
+from .core.errors import ConfigError, ZooError
 from .core.options import Options, Task, VariantConfig
 
-CHECKPOINT = "checkpoint"
+MAX_COUNT = 2**31 - 1  # steps, batch sizes and cadences: far beyond any run, and within every index type
+
+RESUMABLE_FIELDS = frozenset({"steps", "max_seconds", "eval_every", "log_every", "checkpoint_every",
+                              "checkpoint_minutes", "device", "parallel", "compile", "peak_tflops"})
+"""The :class:`TrainConfig` fields a run may change when it resumes: its budget, how often it
+logs, evaluates and checkpoints, and where and how it computes (the checkpoint loads on any
+device and under any parallel mode). The others (model, task, optimizer, schedule shape, seed,
+batch, precision) are what the checkpoint's steps were taken with: changing them needs a new
+run (``--restart``, or another ``--out``).
+
+``steps`` is among them although it sets the length of the cosine schedule: a run resumed with
+another ``steps`` follows the new schedule from the step it resumed at (the learning rate moves
+to the new curve's value there, recorded in the learning curve). Lengthening or shortening a
+run is what resuming with another budget means, and the checkpoint stays valid; refusing it
+would leave no way to train a finished run further."""
 
 
 class TrainConfig(Options):
-    """One training run: a model, a task and a budget."""
+    """One training run: a model, a task and a budget.
+
+    A run folder resumes only with the config it was started with, but for the fields in
+    :data:`RESUMABLE_FIELDS` (steps, max_seconds, eval_every, log_every, checkpoint_every,
+    checkpoint_minutes, device, parallel, compile, peak_tflops), which may change on resume.
+    """
 
     model: str | dict[str, Any] = Field(description="a variant name, or a model config mapping with 'variant'")
     task: Task = Field(description="the task to train on (a kind name or a mapping with 'kind')")
-    steps: int = Field(1000, ge=1, description="optimizer steps (the schedule's length)")
-    max_seconds: float | None = Field(None, gt=0, description="also stop after this much training time; null: no limit")
-    batch_size: int = Field(64, ge=1, description="examples per step")
-    lr: float = Field(1e-3, gt=0, description="peak learning rate of AdamW")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
-    warmup_steps: int = Field(100, ge=0, description="linear warm-up steps")
+    steps: int = Field(1000, ge=1, le=MAX_COUNT,
+                       description="optimizer steps (the schedule's length); may change when resuming")
+    max_seconds: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      description="also stop after this much training time; null: no limit")
+    batch_size: int = Field(64, ge=1, le=MAX_COUNT, description="examples per step")
+    lr: float = Field(1e-3, gt=0, le=1e6, allow_inf_nan=False, description="peak learning rate of AdamW")
+    weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False, description="AdamW weight decay")
+    warmup_steps: int = Field(100, ge=0, le=MAX_COUNT, description="linear warm-up steps")
     schedule: Literal["constant", "cosine", "inverse-sqrt"] = Field("cosine", description="learning-rate shape after warm-up")
-    grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this value; null: no clipping")
-    seed: int = Field(0, description="seed of initialisation, batch order and dropout")
+    grad_clip: float | None = Field(1.0, gt=0, allow_inf_nan=False,
+                                    description="clip the gradient norm to this value; null: no clipping")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of initialisation, batch order and dropout")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train; auto: cuda when available")
     bf16: bool = Field(True, description="bfloat16 autocast on CUDA (ignored on CPU)")
     parallel: Literal["ddp", "fsdp"] = Field(
@@ -56,10 +88,18 @@ class TrainConfig(Options):
         "parameters, gradients and optimizer state over them, for models too large for one device")
     compile: bool = Field(False, description="train the model through torch.compile (the first steps pay for compiling)")
     peak_tflops: float | None = Field(
-        None, gt=0, description="the device's peak TFLOP/s, for model FLOPs utilisation; null: known GPUs' bf16 peak")
-    eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps; 0: only at the end")
-    checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0: only at the end")
-    log_every: int = Field(10, ge=1, description="record the training loss every N steps")
+        None, gt=0, allow_inf_nan=False,
+        description="the device's peak TFLOP/s, for model FLOPs utilisation; null: known GPUs' bf16 peak")
+    eval_every: int = Field(0, ge=0, le=MAX_COUNT, description="evaluate on the test split every N steps; 0: only at the end")
+    checkpoint_every: int = Field(
+        0, ge=0, le=MAX_COUNT, description="also write a checkpoint every N steps; 0: by time (checkpoint_minutes), on "
+        "Ctrl-C and at the end only")
+    checkpoint_minutes: float | None = Field(
+        5.0, gt=0, allow_inf_nan=False,
+        description="write a checkpoint whenever this many minutes of training have passed since the last one, so "
+        "that a crash or kill loses at most that much; Ctrl-C and the end of training always write one; null: by "
+        "steps (checkpoint_every) only")
+    log_every: int = Field(10, ge=1, le=MAX_COUNT, description="record the training loss every N steps")
 
 
 def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
@@ -105,34 +145,21 @@ def model_config_for(config: TrainConfig, task) -> VariantConfig:
     return load_config(model, task.model_overrides(model))
 
 
-def _save_checkpoint(run_dir: Path, model, optimizers: dict, schedulers: dict, step: int, history: list,
-                     device: torch.device) -> None:
-    """Write the checkpoint into a fresh folder, then swap it in; the old one survives a crash.
-
-    ``optimizers`` holds each phase's optimizer state dict, in one process's layout."""
-    final, tmp, old = run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.tmp", run_dir / f".{CHECKPOINT}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    states = {"optimizers": optimizers,
-              "schedulers": {name: scheduler.state_dict() for name, scheduler in schedulers.items()}}
-    torch.save(states, tmp / "optimizer.pt")
-    state = {"step": step, "rng": torch.get_rng_state().tolist(), "history": history}
-    if device.type == "cuda":  # dropout on CUDA draws from the device's generator
-        state["cuda_rng"] = torch.cuda.get_rng_state(device).tolist()
-    (tmp / "state.json").write_text(json.dumps(state))
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+def config_changes(before: TrainConfig, after: TrainConfig) -> list[str]:
+    """What differs from ``before`` in ``after``, as ``dotted.path: old -> new``, leaving out
+    :data:`RESUMABLE_FIELDS`; models are compared as resolved configs (a variant's name and
+    the mapping of its values compare equal)."""
+    return differences(_comparable(before), _comparable(after), ignore=RESUMABLE_FIELDS)
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The run folder's checkpoint, or the previous one a crash while swapping left; None if neither."""
-    for candidate in (run_dir / CHECKPOINT, run_dir / f".{CHECKPOINT}.old"):
-        if (candidate / "state.json").is_file():
-            return candidate
-    return None
+def _comparable(config: TrainConfig) -> dict[str, Any]:
+    data = config.model_dump(mode="json")
+    try:
+        data["model"] = load_config({"variant": config.model} if isinstance(config.model, str) else config.model
+                                    ).model_dump(mode="json")
+    except (ZooError, ValueError):  # a model that no longer resolves is compared as written
+        pass
+    return data
 
 
 def fused_adamw(device: torch.device, sharded: bool = False) -> bool:
@@ -182,8 +209,51 @@ def trains_only(parameters, model) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
+class TrainingDiverged(ZooError, RuntimeError):
+    """A loss, weight or optimizer state became NaN or infinite. Nothing non-finite is saved:
+    the message says which checkpoint the run folder keeps (if any) and what to try."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped at Ctrl-C (SIGINT), after saving the step it had reached; the message
+    says at which step, what is saved and how to resume. A ``KeyboardInterrupt``, so code that
+    lets Ctrl-C through lets this through too.
+
+    Attributes:
+        step: the last step taken (None: interrupted before training began).
+        saved: the step of the checkpoint in the run folder (None: there is none).
+    """
+
+    def __init__(self, message: str, step: int | None = None, saved: int | None = None) -> None:
+        super().__init__(message)
+        self.step, self.saved = step, saved
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.args[0], self.step, self.saved)
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[threading.Event]:
+    """While inside, Ctrl-C (SIGINT) asks to stop: the event yielded is set, for the training
+    loop to stop after the step under way (a step is never half applied); a second Ctrl-C
+    raises ``KeyboardInterrupt`` at once. Only in the main thread, and only over Python's own
+    handler: a handler set by the caller (or SIGINT ignored, as in compare's workers) stays."""
+    requested = threading.Event()
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield requested
+        return
+
+    def ask_to_stop(signum: int, frame: Any) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+
+    previous = signal.signal(signal.SIGINT, ask_to_stop)
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0,
@@ -221,10 +291,11 @@ def flop_rates(step_flops: float | None, steps: int, seconds: float, peak: float
 
 
 class Trainer:
-    """One training run, in parts: :meth:`setup` builds the task, the model and its optimizers
-    (continuing from the run folder's checkpoint), :meth:`batch` draws a step's batch,
-    :meth:`step` takes one optimizer step of every phase, :meth:`evaluate` scores the model,
-    :meth:`save` writes a checkpoint, and :meth:`run` trains to the budget and returns the summary.
+    """One training run, in parts: :meth:`lock` holds the run folder, :meth:`setup` builds the
+    task, the model and its optimizers (continuing from the run folder's checkpoint),
+    :meth:`batch` draws a step's batch, :meth:`step` takes one optimizer step of every phase,
+    :meth:`evaluate` scores the model, :meth:`save` writes a checkpoint, and :meth:`run` trains
+    to the budget and returns the summary.
 
     Under torchrun each process runs its own trainer over its share of every global batch (see
     :mod:`~transformer_zoo.distributed`); process 0 writes the run folder and evaluates.
@@ -235,6 +306,9 @@ class Trainer:
         phases: the model's training phases, stepped in turn on every batch.
         optimizers, schedulers: each phase's AdamW and learning-rate schedule, by phase name.
         start: the first step :meth:`run` takes (the checkpoint's step when resuming).
+        reached: the last step taken.
+        saved: the step of the run folder's checkpoint (None: it has none).
+        resumed_from: the checkpoint's step when resuming; None for a run from scratch.
         history: the learning curve so far.
         step_flops: FLOPs of one step over the global batch, counted on :meth:`run`'s first step.
     """
@@ -253,7 +327,7 @@ class Trainer:
             raise ValueError(f"batch_size {config.batch_size} is the global batch, split over {self.here.size} "
                              f"processes; use a multiple of {self.here.size}")
         self.config, self.task, self.progress = config, task, progress
-        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.run_dir = None if run_dir is None else check_folder(run_dir, "run folder")
         self.device = resolve_device(config.device)
         if self.device.type == "cuda" and self.here.launched:
             self.device = torch.device("cuda", self.here.local_rank)  # world() made it the process's current device
@@ -264,32 +338,125 @@ class Trainer:
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.schedulers: dict[str, LambdaLR] = {}
         self.start, self.history, self.tokens = 0, [], 0
+        self.reached = 0
+        self.saved: int | None = None
+        self.resumed_from: int | None = None
         self.step_flops: float | None = None
         self._replica: Any = None  # what the loss calls (set by attach): the model, or DDP's replica of it
         self._trained_loss: Any = None  # the loss of a step (set by attach): eager_loss, compiled with compile: true
         self._whole = None  # a sharded model's weights gathered on process 0, on the CPU: what is saved and evaluated
+        self._read_optimizers: tuple[Path, dict] | None = None  # checked by load_checkpoint, for load_optimizer_states
+        self._saved_at = time.monotonic()  # when the last checkpoint was written (or training began)
 
     # ---- setup ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[Trainer]:
+        """Hold the run folder for this run: process 0 takes its lock at once or not at all,
+        every process learns which, and what interrupted writes left is removed. ``train``
+        holds it; hold it too when driving a trainer by hand.
+
+        Raises:
+            RunFolderBusy: another run holds the folder; the message names its pid.
+        """
+        held = RunLock(self.run_dir) if self.here.main and self.run_dir is not None else None
+        refused = None
+        try:
+            if held is not None:
+                held.acquire()
+        except RunFolderBusy as exc:
+            refused, held = exc, None
+        if distributed.any_true(refused is not None, self.here, self.device):
+            raise refused or RunFolderBusy(f"run folder {str(self.run_dir)!r} is in use by another training run")
+        try:
+            if held is not None:
+                remove_partial_files(self.run_dir)
+            yield self
+        finally:
+            if held is not None:
+                held.release()
+
     def setup(self, resume: bool = True) -> Trainer:
         """Build the task, the model and its optimizers, and write ``train.json``; with ``resume``,
-        continue from the run folder's checkpoint, if it has one."""
-        checkpoint = latest_checkpoint(self.run_dir) if resume and self.run_dir is not None else None
-        if checkpoint is not None:  # the run's own tokenizer (or other assets), whatever the data is now
+        continue from the run folder's newest intact checkpoint, if it has one (and the run's
+        config is the one it was started with, but for :data:`RESUMABLE_FIELDS`); without,
+        remove the folder's checkpoints, whose steps belong to another run.
+
+        Raises:
+            RunFolderError: the run folder's run was trained with another config.
+            CheckpointError: no checkpoint of the folder can be resumed.
+        """
+        found = self.resumable() if resume else []
+        if found:  # the run's own tokenizer (or other assets), whatever the data is now
             self.task = self.config.task.with_assets(self.run_dir).build()
         elif self.task is None:
             self.task = self.config.task.build()
         self.model = self.build_model()
-        if checkpoint is not None:
-            self.load_checkpoint(checkpoint)
+        checkpoint = self.resume_from(found)
         self.attach(self.model)
         if checkpoint is not None:
             self.load_optimizer_states(checkpoint)
-        if self.here.main and self.run_dir is not None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "train.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=2))
-            if checkpoint is None:
-                self.task.save_assets(self.run_dir)
+        if self.run_dir is not None:
+            self.write_run_folder(checkpoint)
         return self
+
+    def resumable(self) -> list[Path]:
+        """The run folder's checkpoints, newest first (see :func:`~transformer_zoo.checkpoints.candidates`),
+        once the config is checked to be the run's.
+
+        Raises:
+            RunFolderError: the folder's ``train.json`` differs from the config in other fields
+                than :data:`RESUMABLE_FIELDS`, or does not validate.
+        """
+        found = [] if self.run_dir is None else candidates(self.run_dir)
+        path = None if self.run_dir is None else self.run_dir / "train.json"
+        if not found or not path.is_file():
+            return found
+        try:
+            before = load_train_config(path)
+        except (ZooError, ValueError) as exc:
+            raise RunFolderError(f"{path} does not validate ({exc}); start over with --restart, or train into "
+                                 "another --out") from None
+        changes = config_changes(before, self.config)
+        if changes:
+            raise RunFolderError(
+                f"run folder {str(self.run_dir)!r} holds a run trained with another config ({'; '.join(changes)}); "
+                f"only {', '.join(sorted(RESUMABLE_FIELDS))} may change when a run resumes: start over with "
+                "--restart, or train into another --out")
+        return found
+
+    def resume_from(self, found: list[Path]) -> Path | None:
+        """Load the first of ``found`` that reads (:meth:`load_checkpoint`), with a warning for
+        each one passed over; None when ``found`` is empty.
+
+        Raises:
+            CheckpointError: none of them reads; the message names each file and the way out.
+        """
+        problems = []
+        for checkpoint in found:
+            try:
+                self.load_checkpoint(checkpoint)
+            except CheckpointError as exc:
+                problems.append(str(exc))
+                continue
+            warn_passed_over(problems, checkpoint, self.start)
+            return checkpoint
+        if problems:
+            raise CheckpointError(f"cannot resume {str(self.run_dir)!r}: {'; '.join(problems)}; no intact checkpoint is "
+                                  "left: start over with --restart, or train into another --out")
+        return None
+
+    def write_run_folder(self, checkpoint: Path | None) -> None:
+        """Process 0, once every process has read ``checkpoint``: it becomes the folder's
+        ``checkpoint`` (the other checkpoint folders are removed), and ``train.json`` and the
+        task's assets are written."""
+        distributed.barrier(self.here)
+        if not self.here.main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        promote(self.run_dir, checkpoint)
+        (self.run_dir / "train.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=2))
+        if checkpoint is None:
+            self.task.save_assets(self.run_dir)
 
     @property
     def home(self) -> torch.device:
@@ -342,7 +509,7 @@ class Trainer:
     # ---- a step -----------------------------------------------------------------------------
     def step_seed(self, step: int) -> int:
         """The seed of step ``step``'s batch: the same whatever ran before it, so resuming is exact."""
-        return self.config.seed * 1_000_003 + step
+        return (self.config.seed * 1_000_003 + step) % 2**64  # the generator's range; smaller seeds are unchanged
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         """Step ``step``'s batch, on the device: ``batch_size`` examples drawn by a generator
@@ -356,7 +523,7 @@ class Trainer:
         batch = self.task.collate([dict(zip(rows, values)) for values in zip(*rows.values())])
         batch = distributed.shard({k: v.to(self.device) for k, v in batch.items()}, self.here)
         if self.here.launched:
-            torch.manual_seed(self.step_seed(step) * 1009 + 1 + self.here.rank)
+            torch.manual_seed((self.step_seed(step) * 1009 + 1 + self.here.rank) % 2**64)
         return batch
 
     def eager_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -396,11 +563,29 @@ class Trainer:
         return losses
 
     def check_finite(self, loss: torch.Tensor, phase: str, step: int) -> None:
-        """Stop every process when ``loss`` is not finite in any of them."""
+        """Stop every process when ``loss`` is not finite in any of them.
+
+        Raises:
+            TrainingDiverged: saying what the run folder keeps and what to try.
+        """
         if distributed.any_true(not torch.isfinite(loss), self.here, self.device):
-            kept = "" if self.run_dir is None else f"; the last good checkpoint is kept in {self.run_dir / CHECKPOINT}"
-            raise TrainingDiverged(f"{phase} loss became {loss.item()} at step {step + 1}{kept}; lower lr "
-                                   f"(now {self.config.lr}) or set grad_clip")
+            raise self.diverged(f"{phase} loss became {loss.item()} at step {step + 1}")
+
+    def diverged(self, what: str) -> TrainingDiverged:
+        """The error of a run stopped by ``what`` (a non-finite value): the checkpoint kept, if
+        any, and what to try. Resuming repeats the same steps exactly, so it would diverge again."""
+        if self.run_dir is None:
+            kept = ""
+        elif self.saved is None:
+            kept = "; no checkpoint was written, so the next run starts from step 0"
+        else:
+            kept = f"; kept: the checkpoint of step {self.saved} in {self.run_dir / CHECKPOINT} (every value finite)"
+        clip = "set grad_clip" if self.config.grad_clip is None else f"a lower grad_clip (now {self.config.grad_clip})"
+        retry = f"start over (--restart) with a lower lr (now {self.config.lr}) or {clip}"
+        if self.resumed_from is not None:
+            return TrainingDiverged(f"{what}{kept}; this run resumed from step {self.resumed_from} and diverged again, "
+                                    f"as resuming the same steps will: {retry}")
+        return TrainingDiverged(f"{what}{kept}; {retry} (resuming would take the same steps again)")
 
     def counted_step(self, step: int, batch: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, float], float]:
         """:meth:`step`, run eagerly under PyTorch's FLOP counter: the losses, and the FLOPs of
@@ -437,7 +622,12 @@ class Trainer:
             whole.cpu()
 
     def save(self, step: int) -> None:
-        """Checkpoint ``step`` into the run folder (written by process 0, every process taking part)."""
+        """Checkpoint ``step`` into the run folder (written by process 0, every process taking part).
+
+        Raises:
+            TrainingDiverged: a weight or an optimizer state is not finite; nothing is written,
+                and the run folder keeps its checkpoint.
+        """
         if self.run_dir is None:
             raise ValueError("this Trainer has no run folder to save into; give run_dir to Trainer(...)")
         if self.sharded:
@@ -446,16 +636,46 @@ class Trainer:
                       for name, optimizer in self.optimizers.items()}
         else:
             model, states = self.model, {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
+        bad = None
         if self.here.main:
-            _save_checkpoint(self.run_dir, model, states, self.schedulers, step, self.history, self.device)
+            bad = first_non_finite(model.state_dict().items()) or first_non_finite(optimizer_tensors(states))
+        if distributed.any_true(bad is not None, self.here, self.device):
+            since = "" if self.saved is None else f" after step {self.saved}"
+            raise self.diverged(f"{bad or 'a value'} became non-finite{since}, by step {step} (not saved)")
+        if self.here.main:
+            write_checkpoint(self.run_dir, model, states,
+                             {name: scheduler.state_dict() for name, scheduler in self.schedulers.items()},
+                             self.random_state(step))
         distributed.barrier(self.here)
+        self.saved, self._saved_at = step, time.monotonic()
+
+    def random_state(self, step: int) -> dict[str, Any]:
+        """``state.json``'s contents at ``step``: the step, the random state and the learning curve."""
+        state = {"step": step, "rng": torch.get_rng_state().tolist(), "history": self.history}
+        if self.device.type == "cuda":  # dropout on CUDA draws from the device's generator
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device).tolist()
+        return state
 
     def load_checkpoint(self, checkpoint: Path) -> None:
         """Continue from ``checkpoint``: its weights (into the model before :meth:`attach`), its
-        step, learning curve and random state."""
-        safetensors.torch.load_model(self.model, str(checkpoint / "model.safetensors"), device=str(self.home))
-        state = json.loads((checkpoint / "state.json").read_text())
-        self.start, self.history = state["step"], state["history"]
+        step, learning curve and random state. Every file is checked first, the optimizer
+        states too (kept for :meth:`load_optimizer_states`), so that nothing of a checkpoint
+        that does not read is taken.
+
+        Raises:
+            CheckpointError: a file is missing, does not read, does not fit the model, or holds
+                a value out of place (a step beyond ``steps``, a non-finite weight); the
+                message names the file.
+        """
+        state = read_state(checkpoint, self.config.steps)
+        check_weights(checkpoint, self.model)
+        phases = {phase.name: list(phase.parameters) for phase in self.model.phases()}
+        # sharded: read on the CPU, and each process moves only its shards to the device
+        states = read_optimizers(checkpoint, phases, state["step"], "cpu" if self.sharded else self.device)
+        load_weights(checkpoint, self.model, self.home)
+        self._read_optimizers = (checkpoint, states)
+        self.start = self.reached = self.saved = self.resumed_from = state["step"]
+        self.history = state["history"]
         torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
         if self.device.type == "cuda" and "cuda_rng" in state:
             torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), self.device)
@@ -464,23 +684,23 @@ class Trainer:
         """Each phase's optimizer and schedule state from ``checkpoint`` (after :meth:`attach`).
 
         Raises:
-            ValueError: the checkpoint holds the optimizers of other phases.
+            CheckpointError: the checkpoint holds the optimizers of other phases, or states that
+                do not fit them.
         """
-        path = checkpoint / "optimizer.pt"
-        # sharded: read on the CPU, and each process moves only its shards to the device
-        states = torch.load(path, map_location="cpu" if self.sharded else self.device, weights_only=True)
-        if "optimizer" in states and len(self.optimizers) == 1:  # written before models had phases
-            name = next(iter(self.optimizers))
-            states = {"optimizers": {name: states["optimizer"]}, "schedulers": {name: states["scheduler"]}}
-        saved = sorted(states.get("optimizers", {}))
-        if saved != sorted(self.optimizers):
-            raise ValueError(f"the checkpoint in {checkpoint} has optimizers for the phases {saved}, and the model trains "
-                             f"in {sorted(self.optimizers)}; resume with the model it was written by, or start over "
-                             "(--restart)")
-        for name, optimizer in self.optimizers.items():
-            state = states["optimizers"][name]
-            optimizer.load_state_dict(distributed.sharded_optimizer(state, optimizer) if self.sharded else state)
-            self.schedulers[name].load_state_dict(states["schedulers"][name])
+        read, self._read_optimizers = self._read_optimizers, None
+        if read is not None and read[0] == checkpoint:
+            states = read[1]
+        else:
+            phases = {phase.name: list(phase.parameters) for phase in self.phases}
+            states = read_optimizers(checkpoint, phases, self.start, "cpu" if self.sharded else self.device)
+        try:
+            for name, optimizer in self.optimizers.items():
+                state = states["optimizers"][name]
+                optimizer.load_state_dict(distributed.sharded_optimizer(state, optimizer) if self.sharded else state)
+                self.schedulers[name].load_state_dict(states["schedulers"][name])
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{checkpoint / 'optimizer.pt'} does not load into the optimizers ({exc}); start "
+                                  "over with --restart, or train into another --out") from None
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, stop_after: int | None = None) -> dict[str, Any]:
@@ -490,22 +710,33 @@ class Trainer:
         Args:
             stop_after: stop (after checkpointing) once this step is reached, as an interruption
                 would; returns ``{"step", "stopped": True}``.
+
+        Raises:
+            TrainingInterrupted: Ctrl-C; the step reached is saved first (a second Ctrl-C
+                stops at once, keeping the last checkpoint).
+            TrainingDiverged: a loss, weight or optimizer state became non-finite.
         """
         end = self.config.steps if stop_after is None else min(self.config.steps, stop_after)
         started = time.perf_counter()
-        end = self.train_steps(end, started)
-        elapsed = time.perf_counter() - started
-        self.save(end)
-        if stop_after is not None and end < self.config.steps:
-            return {"step": end, "stopped": True}
-        if not self.here.main:
-            return {"step": end, "rank": self.here.rank}
-        return self.summary(end, elapsed)
+        try:
+            end = self.train_steps(end, started)
+            elapsed = time.perf_counter() - started
+            self.save(end)
+            if stop_after is not None and end < self.config.steps:
+                return {"step": end, "stopped": True}
+            if not self.here.main:
+                return {"step": end, "rank": self.here.rank}
+            return self.summary(end, elapsed)
+        except TrainingInterrupted:
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C, or one outside the steps: the last checkpoint stands
+            raise self.interrupted() from None
 
     def train_steps(self, end: int, started: float) -> int:
         """Steps :attr:`start` up to ``end``, the first counted; returns the step reached (earlier
-        than ``end`` when ``max_seconds`` ran out)."""
-        with self.progress_bar() as bar:
+        than ``end`` when ``max_seconds`` ran out). Ctrl-C stops it after the step under way."""
+        self._saved_at = time.monotonic()
+        with self.progress_bar() as bar, stop_requests() as stop:
             shown = bar.add_task(f"{self.config.task.kind}", total=self.config.steps, completed=self.start, status="")
             for step in range(self.start, end):
                 batch = self.batch(step)
@@ -514,12 +745,35 @@ class Trainer:
                 else:
                     losses = self.step(step, batch)
                 self.tokens += self.task.tokens_in(batch) * self.here.size
+                self.reached = step + 1
                 loss = self.after_step(step + 1, losses)
                 rate = self.tokens / (time.perf_counter() - started)
                 bar.update(shown, completed=step + 1, status=f"loss {loss:.3f}  {rate:,.0f} tok/s")
+                if distributed.any_true(stop.is_set(), self.here, self.device):
+                    self.stop(step + 1)
                 if self.out_of_time(started):
                     return step + 1  # the time budget is spent: finish as if this were the last step
         return end
+
+    def stop(self, done: int) -> None:
+        """Save step ``done`` (unless its checkpoint is written) and raise :class:`TrainingInterrupted`."""
+        if self.run_dir is not None and self.saved != done:
+            self.save(done)
+        raise self.interrupted()
+
+    def interrupted(self) -> TrainingInterrupted:
+        """The interruption of this run, saying where it stopped, what is saved and how to resume."""
+        where = f"at step {self.reached} of {self.config.steps}" if self.model is not None else "before training began"
+        if self.run_dir is None:
+            saved = "; nothing is saved (the trainer has no run folder)"
+        elif self.saved is None:
+            saved = "; no checkpoint is saved: the next run starts from step 0"
+        else:
+            kept = "saved" if self.saved == self.reached else "without saving it; kept"
+            saved = (f", {kept}: the checkpoint of step {self.saved} in {self.run_dir / CHECKPOINT}; run the same "
+                     f"command again to resume from step {self.saved}")
+        return TrainingInterrupted(f"interrupted {where}{saved}", self.reached if self.model is not None else None,
+                                   self.saved)
 
     def after_step(self, done: int, losses: dict[str, float]) -> float:
         """The learning curve, evaluation and checkpoint due after step ``done``; returns the
@@ -535,9 +789,17 @@ class Trainer:
             scores = self.evaluate("test")
             if self.here.main:
                 self.history.append({"step": done, **{f"test_{k}": v for k, v in scores.items()}})
-        if config.checkpoint_every and done % config.checkpoint_every == 0:
+        if (config.checkpoint_every and done % config.checkpoint_every == 0) or self.checkpoint_due():
             self.save(done)
         return loss
+
+    def checkpoint_due(self) -> bool:
+        """Whether ``checkpoint_minutes`` have passed since the last checkpoint (in any process,
+        so that all save together)."""
+        if self.config.checkpoint_minutes is None or self.run_dir is None:
+            return False
+        due = time.monotonic() - self._saved_at >= 60 * self.config.checkpoint_minutes
+        return distributed.any_true(due, self.here, self.device)
 
     def out_of_time(self, started: float) -> bool:
         """Whether ``max_seconds`` of training have passed (in any process, so that all stop together)."""
@@ -570,6 +832,7 @@ class Trainer:
             "train_tokens_per_second": self.tokens / max(elapsed, 1e-9),
             **flop_rates(self.step_flops, end - self.start, elapsed, peak_tflops(self.config, self.device), self.here.size),
             "history": self.history,
+            "resumed_from": self.resumed_from,  # the checkpoint's step this invocation began at; None: from scratch
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         model.save_pretrained(self.run_dir / "model")
@@ -586,8 +849,23 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         stop_after: stop (after checkpointing) once this step is reached, as an interruption would.
         task: ``config.task`` already built (a comparison builds each task once for all its
             seeds); None: built here.
+
+    Raises:
+        RunFolderBusy: another run trains in ``run_dir``.
+        RunFolderError: ``run_dir`` is a file, or holds a run of another config (see
+            :data:`RESUMABLE_FIELDS`).
+        CheckpointError: no checkpoint in ``run_dir`` can be resumed.
+        TrainingDiverged: a loss, weight or optimizer state became non-finite.
+        TrainingInterrupted: Ctrl-C, after saving the step reached.
     """
-    return Trainer(config, run_dir, task=task, progress=progress).setup(resume).run(stop_after)
+    trainer = Trainer(config, run_dir, task=task, progress=progress)
+    try:
+        with trainer.lock():
+            return trainer.setup(resume).run(stop_after)
+    except TrainingInterrupted:
+        raise
+    except KeyboardInterrupt:  # while setting up: the run folder is as it was
+        raise trainer.interrupted() from None
 
 
 def load_run(run_dir: str | os.PathLike) -> tuple[TrainConfig, Any, torch.nn.Module]:
