@@ -5,8 +5,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .inputs import check_count, check_token_ids
 from .model import EncoderDecoder
 from .stack import DecoderCache
+
+
+def _check_ids(*, max_new_tokens: object, **ids: object) -> None:
+    """A ValueError unless ``max_new_tokens`` is a count and each of ``ids`` a token id or None."""
+    check_count(max_new_tokens, "max_new_tokens", 0)
+    for name, value in ids.items():
+        if value is not None:
+            check_count(value, name, 0)
 
 
 @torch.no_grad()
@@ -31,15 +40,22 @@ def greedy_decode(
         bos_id: the first decoder token, when no ``prompt`` is given.
         eos_id: a token that ends a sequence; finished rows are then filled with ``pad_id``.
         prompt: ``(B, P)`` ids to continue instead of a lone ``bos_id``.
-        max_new_tokens: how many tokens to add at most.
+        max_new_tokens: how many tokens to add at most (0: none).
         pad_id: filler after ``eos_id`` (defaults to ``eos_id``).
         use_cache: read earlier keys/values from a cache (fast) instead of re-running the prefix.
 
     Returns:
         ``(B, P + n)`` ids: the prompt (or ``bos_id``) followed by the generated tokens.
+
+    Raises:
+        ValueError: ``max_new_tokens`` or a token id is negative or not an integer, or the ids
+            are not ``(batch, seq)`` tensors of ``torch.long``.
     """
     if model.decoder is None:
         raise ValueError("greedy decoding needs a model with a decoder; this one is encoder-only")
+    _check_ids(max_new_tokens=max_new_tokens, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    if prompt is not None:
+        check_token_ids(prompt, name="prompt")
     memory = None
     if model.encoder is not None:
         if src is None:
@@ -110,13 +126,21 @@ def beam_search(
     Returns:
         ``(B, T)`` ids starting with ``bos_id`` (padded with ``pad_id`` after ``eos_id``) and
         their scores ``(B,)``.
+
+    Raises:
+        ValueError: ``beam_size`` is below 1, ``max_new_tokens`` or a token id is negative or
+            not an integer, or the ids are not ``(batch, seq)`` tensors of ``torch.long``.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    check_count(beam_size, "beam_size", 1)
     if model.encoder is None or model.decoder is None:
         raise ValueError("beam search here decodes encoder-decoder models; use greedy_decode with a prompt otherwise")
+    _check_ids(max_new_tokens=max_new_tokens, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    check_token_ids(src, name="src")
     pad_id = eos_id if pad_id is None else pad_id
     batch, k = src.size(0), beam_size
+    if max_new_tokens == 0:
+        start = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
+        return start, torch.zeros(batch, device=src.device)
     memory = model.encode(src, src_mask).hidden.repeat_interleave(k, dim=0)  # (B*K, S, D)
     memory_mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
     tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=src.device)
@@ -129,6 +153,9 @@ def beam_search(
         hidden = model.decode(step_input, memory, src_mask=memory_mask, cache=cache).hidden[:, -1]
         log_probs = model.head(hidden).float().log_softmax(-1)  # (B*K, V)
         vocab = log_probs.size(-1)
+        if max(eos_id, pad_id) >= vocab:
+            raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids of the model's vocabulary, "
+                             f"below {vocab}")
         frozen = torch.full_like(log_probs, float("-inf"))
         frozen[:, pad_id] = 0.0  # an ended hypothesis continues with filler at no cost
         log_probs = torch.where(finished[:, None], frozen, log_probs)

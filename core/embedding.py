@@ -4,30 +4,10 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor, nn
 
+from .inputs import check_token_ids
 from .positional import add_positions, position_starts
-
-
-def check_token_ids(ids: Tensor, vocab_size: int, name: str = "token ids") -> None:
-    """Raise a ValueError unless ``ids`` is an integer ``(batch, seq)`` tensor in ``[0, vocab_size)``."""
-    if not isinstance(ids, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of shape (batch, seq), got {type(ids).__name__}")
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape (batch, seq), got shape {tuple(ids.shape)}")
-    if ids.size(1) == 0:
-        raise ValueError(f"{name} are empty (shape {tuple(ids.shape)}); give at least one token per sequence")
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must be integers (torch.long), got dtype {ids.dtype}")
-    if ids.numel() and not torch.compiler.is_compiling():  # reading values would break a compiled graph
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(
-                f"{name} contain {bad}, outside the vocabulary; ids must lie in [0, {vocab_size - 1}] "
-                f"(vocab_size={vocab_size})"
-            )
 
 
 class Embeddings(nn.Module):

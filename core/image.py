@@ -27,18 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .inputs import check_image
 from .local_attention import AttentionPattern
 from .masks import AttentionMask
-
-
-def check_image(image: Tensor, channels: int, size: tuple[int, int] | None = None) -> None:
-    """Raise a ValueError naming the expected shape if ``image`` is not ``(B, channels, H, W)``
-    (with ``(H, W) == size`` when given)."""
-    expected = f"(batch, {channels}, {size[0]}, {size[1]})" if size else f"(batch, {channels}, height, width)"
-    if image.dim() != 4 or image.size(1) != channels or (size is not None and tuple(image.shape[-2:]) != tuple(size)):
-        raise ValueError(f"expected images of shape {expected}, got {tuple(image.shape)}")
-    if not image.is_floating_point():
-        raise ValueError(f"expected float images (pixel values, for example in [0, 1]), got {image.dtype}")
 
 
 # ---- SAGAN ----------------------------------------------------------------------------------
@@ -202,7 +193,7 @@ class PatchEmbedding(nn.Module):
         self.proj = nn.Conv2d(channels, d_model, kernel_size=patch, stride=patch)  # one linear map per patch
 
     def forward(self, image: Tensor) -> Tensor:
-        check_image(image, self.channels, self.image_size)
+        check_image(image, self.channels, self.image_size, dtype=self.proj.weight.dtype)
         return self.proj(image).flatten(2).transpose(1, 2)  # (B, n_patches, D)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import safetensors.torch
 from torch import Tensor, nn
 
+from .inputs import check_tensor, check_token_ids
 from .masks import AttentionMask, as_padding_mask
 from .stack import DecoderCache, StackOutput
 
@@ -186,6 +187,7 @@ class EncoderDecoder(ZooModel):
         """Encode ``src`` ids ``(B, S)``; ``src_mask`` ``(B, S)`` is 1 for real tokens, 0 for padding."""
         if self.encoder is None:
             raise ValueError("this model is decoder-only: it has no encoder to encode with")
+        check_token_ids(src, name="src")
         padding = as_padding_mask(src_mask, src, "src_mask")
         x = self.src_embed(src)
         return self.encoder(x, self_mask=AttentionMask(padding=padding), need_weights=need_weights)
@@ -208,6 +210,7 @@ class EncoderDecoder(ZooModel):
             raise ValueError("this model is encoder-only: it has no decoder to decode with")
         if self.encoder is not None and memory is None:
             raise ValueError("this encoder-decoder needs the encoder memory to decode; call encode() first")
+        check_token_ids(tgt, name="tgt" if self.encoder is not None else "token ids")
         offset = 0 if cache is None else cache.offset
         padding = None
         if tgt_mask is not None:
@@ -221,6 +224,7 @@ class EncoderDecoder(ZooModel):
             padding = tgt_mask.bool()
         memory_padding = None
         if src_mask is not None and memory is not None:
+            check_tensor(src_mask, "src_mask", "of shape (batch, source positions)")
             if src_mask.shape != memory.shape[:2]:
                 raise ValueError(
                     f"src_mask has shape {tuple(src_mask.shape)} but the memory covers {tuple(memory.shape[:2])} "
@@ -251,8 +255,10 @@ class EncoderDecoder(ZooModel):
         """Logits for a batch.
 
         Encoder-decoder: ``model(src, tgt)``; encoder-only: ``model(src)``; decoder-only:
-        ``model(tgt=ids)`` or simply ``model(ids)``. Ids are ``(B, T)`` integers; masks are
-        ``(B, T)``, 1 for real tokens and 0 for padding.
+        ``model(tgt=ids)`` or simply ``model(ids)``. Ids are ``(B, T)`` tensors of ``torch.long``
+        (or ``int32``), ``B`` and ``T`` at least 1; masks are ``(B, T)``, 1 for real tokens and 0
+        for padding. Anything else (a list, a numpy array, ``uint8`` ids, an empty batch) is a
+        ValueError saying what was expected.
         """
         if self.encoder is None and tgt is None:  # decoder-only: the one sequence may come as src
             if src_mask is not None and tgt_mask is not None:
@@ -266,8 +272,11 @@ class EncoderDecoder(ZooModel):
             raise ValueError("this model is encoder-only: pass only src (and src_mask)")
         if self.encoder is None and (src is not None or src_mask is not None):
             raise ValueError("this model is decoder-only: pass one sequence, as tgt (and tgt_mask)")
-        if src is not None and tgt is not None and src.dim() == tgt.dim() == 2 and src.size(0) != tgt.size(0):
-            raise ValueError(f"src has batch size {src.size(0)} but tgt has {tgt.size(0)}; they must be equal")
+        if src is not None and tgt is not None:
+            check_token_ids(src, name="src")
+            check_token_ids(tgt, name="tgt")
+            if src.size(0) != tgt.size(0):
+                raise ValueError(f"src has batch size {src.size(0)} but tgt has {tgt.size(0)}; they must be equal")
 
         enc = self.encode(src, src_mask, need_weights=need_weights) if self.encoder is not None else None
         dec = None

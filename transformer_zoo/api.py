@@ -9,11 +9,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import safetensors.torch
 import yaml
 from pydantic import BaseModel, ValidationError
 from torch import nn
 
+from .core import weights
 from .core.errors import ConfigError
 from .core.model import CONFIG_NAME, WEIGHTS_NAME, ZooModel
 from .core.options import VariantConfig
@@ -170,7 +170,24 @@ def from_pretrained(directory: str | os.PathLike) -> nn.Module:
     """Rebuild a model saved by ``save_pretrained`` (``config.json`` + ``model.safetensors``), or
     read a checkpoint in a format a plugin imports (a Hugging Face BERT folder), with no network.
 
+    The folder may come from anyone, so it is checked before anything is allocated: the
+    tensor names, shapes and dtypes in the safetensors header must be those of the model its
+    ``config.json`` describes (built first on the ``meta`` device, which holds no memory), so a
+    config asking for terabytes beside a small file is refused at once. Weights must be floating
+    point (of any float dtype: loading casts them), integer buffers integers.
+
+    Symlinks: ``directory`` itself may be a link. Its files are followed through links and must
+    then lie inside it; links out of the folder are refused, except those of a Hugging Face hub
+    cache snapshot into its repository's ``blobs`` folder. A name read from a file (a shard
+    index) that is absolute or climbs out with ``..`` is refused too.
+
     The model is returned in eval mode.
+
+    Raises:
+        FileNotFoundError: no ``config.json``, or no ``model.safetensors`` beside it.
+        ConfigError: ``config.json`` is not one JSON object of valid fields, or no plugin reads it.
+        WeightsError: (a ConfigError) a weights file is damaged, lies outside the folder, or does
+            not fit the model: each missing, unexpected, misshapen or mistyped tensor is named.
     """
     directory = Path(directory)
     if not (directory / CONFIG_NAME).is_file():
@@ -178,18 +195,21 @@ def from_pretrained(directory: str | os.PathLike) -> nn.Module:
             f"{str(directory / CONFIG_NAME)!r} not found; from_pretrained expects a folder written by "
             f"save_pretrained ({CONFIG_NAME} and {WEIGHTS_NAME}) or a checkpoint folder a plugin imports"
         )
-    data = json.loads((directory / CONFIG_NAME).read_text())
+    data = weights.read_config(directory, CONFIG_NAME)
     if "variant" not in data:
         return _import(directory, data)
-    if not (directory / WEIGHTS_NAME).is_file():
+    path = weights.inside(directory, WEIGHTS_NAME)
+    if not path.is_file():
         raise FileNotFoundError(f"{str(directory / WEIGHTS_NAME)!r} not found; save_pretrained writes it beside {CONFIG_NAME}")
-    model = build_model(data)
-    missing, unexpected = safetensors.torch.load_model(model, str(directory / WEIGHTS_NAME), strict=False)
-    if missing or unexpected:
-        raise ValueError(
-            f"the weights in {str(directory / WEIGHTS_NAME)!r} do not fit the model its config describes: "
-            f"missing {sorted(missing) or 'none'}, unexpected {sorted(unexpected) or 'none'}"
-        )
+    header = weights.read_header(path)
+    config = load_config(data)
+    skeleton = weights.build_on_meta(config.build)
+    if skeleton is not None:
+        weights.check_against(skeleton, header, path)
+    model = build_model(config)
+    if skeleton is None:  # a builder that cannot run on meta: check before loading instead
+        weights.check_against(model, header, path)
+    weights.load_safetensors(model, path)
     return model.eval()
 
 

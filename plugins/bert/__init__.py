@@ -20,8 +20,8 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.embedding import check_token_ids
 from transformer_zoo.core.heads import LMHead
+from transformer_zoo.core.inputs import check_tensor, check_token_ids
 from transformer_zoo.core.layers import ACTIVATIONS
 from transformer_zoo.core.masks import AttentionMask, as_padding_mask
 from transformer_zoo.core.model import EncoderDecoder, ModelOutput
@@ -63,7 +63,8 @@ class BertEmbeddings(nn.Module):
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)
-            elif token_type_ids.shape != ids.shape:
+            check_tensor(token_type_ids, "token_type_ids", "of shape (batch, seq)")
+            if token_type_ids.shape != ids.shape:
                 raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; expected {tuple(ids.shape)}, "
                                  "one segment id per token")
             check_token_ids(token_type_ids, self.token_type.num_embeddings, "token_type_ids")
@@ -139,6 +140,7 @@ class Bert(EncoderDecoder):
     def encode_stack(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                      token_type_ids: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
         """The encoder's output (hidden states and, if asked, attention weights)."""
+        check_token_ids(input_ids, name="input_ids")
         padding = as_padding_mask(attention_mask, input_ids, "attention_mask")
         x = self.src_embed(input_ids, token_type_ids)
         return self.encoder(x, self_mask=AttentionMask(padding=padding), need_weights=need_weights)

@@ -101,7 +101,12 @@ class ImageEncoder(ZooModel):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, image: Tensor, *, need_weights: bool = False) -> ModelOutput:
-        """``image`` ``(B, C, H, W)`` to class logits ``(B, num_classes)``."""
+        """``image`` ``(B, C, H, W)``, floats of the model's dtype, to class logits ``(B, num_classes)``.
+
+        Pixel values are not checked (that would cost a device sync on every call): a NaN or
+        infinite pixel propagates, so its image's logits are NaN, and a loss over them stops
+        training. Anything but a non-empty float tensor of that shape and dtype is a ValueError.
+        """
         x = self.positional(self.patches(image))  # (B, n_patches, D)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1)  # the class token has no position
@@ -210,9 +215,14 @@ class SaganClassifier(ZooModel):
         self.classifier = nn.Linear(widths[-1], num_classes)
 
     def forward(self, image: Tensor, *, need_weights: bool = False) -> ModelOutput:
-        """``image`` ``(B, C, H, W)`` to class logits; with ``need_weights``, each SAGAN block's
-        weights ``(B, h*w, h*w)`` over its feature map, by stage."""
-        check_image(image, self.channels, self.image_size)
+        """``image`` ``(B, C, H, W)``, floats of the model's dtype, to class logits; with
+        ``need_weights``, each SAGAN block's weights ``(B, h*w, h*w)`` over its feature map, by stage.
+
+        Pixel values are not checked (that would cost a device sync on every call): a NaN or
+        infinite pixel propagates, so its image's logits are NaN (in training, batch norm spreads
+        it to the whole batch), and a loss over them stops training.
+        """
+        check_image(image, self.channels, self.image_size, dtype=self.classifier.weight.dtype)
         x, maps = image, {}
         for i, stage in enumerate(self.stages):
             x = stage(x)

@@ -30,7 +30,8 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm
 
-from transformer_zoo.core.image import SelfAttention2d, check_image
+from transformer_zoo.core.image import SelfAttention2d
+from transformer_zoo.core.inputs import check_float_dtype, check_image, check_not_empty, check_tensor
 from transformer_zoo.core.model import ModelOutput, Phase, ZooModel
 
 from . import ImageConfig
@@ -170,15 +171,24 @@ class SaganGan(ZooModel):
                 Phase("generator", tuple(self.generator.parameters()), self.generator_lr_scale, self.betas, 0.0)]
 
     def _check_labels(self, labels: Tensor) -> None:
+        check_tensor(labels, "labels", "of class ids, of shape (batch,) and dtype long")
+        check_not_empty(labels, "labels", "label")
         if labels.dim() != 1 or labels.dtype != torch.long:
             raise ValueError(f"labels must be class ids of shape (batch,) and dtype long, got {tuple(labels.shape)} "
                              f"{labels.dtype}")
         if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < self.num_classes:
             raise ValueError(f"labels must be classes 0 to {self.num_classes - 1}, got {labels.tolist()}")
 
+    @property
+    def _dtype(self) -> torch.dtype:
+        """The dtype inputs must have (outside autocast): the parameters'."""
+        return next(self.parameters()).dtype
+
     def noise(self, batch: int, generator: torch.Generator | None = None) -> Tensor:
-        """Standard normal noise ``(batch, noise_dim)``, drawn on the CPU from ``generator``."""
-        return torch.randn(batch, self.noise_dim, generator=generator).to(next(self.parameters()).device)
+        """Standard normal noise ``(batch, noise_dim)``, drawn on the CPU from ``generator``, on the
+        model's device and in its dtype."""
+        parameter = next(self.parameters())
+        return torch.randn(batch, self.noise_dim, generator=generator).to(parameter.device, parameter.dtype)
 
     def forward(self, label: Tensor, *, noise: Tensor | None = None, need_weights: bool = False) -> ModelOutput:
         """Generate one image per ``label`` ``(B,)``. ``logits`` are the images ``(B, C, H, W)``
@@ -186,8 +196,10 @@ class SaganGan(ZooModel):
         ``(B, 1, h*w, h*w)`` of the SAGAN block after block ``i``, over its feature map."""
         self._check_labels(label)
         noise = self.noise(len(label)) if noise is None else noise
+        check_tensor(noise, "noise", f"of shape (batch, {self.noise_dim})")
         if noise.shape != (len(label), self.noise_dim):
             raise ValueError(f"noise must be (batch, {self.noise_dim}) for {len(label)} labels, got {tuple(noise.shape)}")
+        check_float_dtype(noise, "noise", self._dtype)
         images, maps = self.generator(noise, label, need_weights=need_weights)
         return ModelOutput(logits=images, hidden=noise[:, None],
                            attentions={f"generator-{name}": [{"self": w[:, None]}] for name, w in maps.items()})
@@ -198,8 +210,9 @@ class SaganGan(ZooModel):
 
     def discriminate(self, images: Tensor, labels: Tensor, *, need_weights: bool = False) -> tuple[Tensor, dict]:
         """Scores ``(B,)`` (higher: real) and, with ``need_weights``, the discriminator's attention
-        weights ``(B, h*w, h*w)`` by block."""
-        check_image(images, self.channels, self.image_size)
+        weights ``(B, h*w, h*w)`` by block. Pixel values are not checked: a NaN pixel makes its
+        image's score NaN (and, in training, a NaN loss, which stops the run)."""
+        check_image(images, self.channels, self.image_size, dtype=self._dtype)
         self._check_labels(labels)
         return self.discriminator(images, labels, need_weights=need_weights)
 

@@ -1,0 +1,311 @@
+"""Checks on a model folder from elsewhere, made before anything is allocated.
+
+A folder given to ``transformer_zoo.from_pretrained`` may be damaged, or made to do harm: a
+config asking for terabytes beside a tiny weights file, a truncated or garbage file, integer
+weights, a shard index naming ``../outside.safetensors``. The functions here read only the
+safetensors header (the tensor names, shapes and dtypes), compare it with a model built on the
+``meta`` device (which holds no memory), and keep every path inside the folder, so that each of
+these is refused with a message naming the file, before the model is built for real.
+
+Symlinks: the folder itself may be a link. A file in it (or named by a shard index) is followed
+through links, and must then lie inside the folder; the one exception is the Hugging Face hub
+cache, whose ``snapshots/<revision>/`` folders hold links into the ``blobs/`` folder of the same
+cached repository, which are followed too. Anything else resolving outside is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import safetensors.torch
+import torch
+from safetensors import SafetensorError
+from torch import nn
+
+from .errors import ConfigError
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+MAX_LISTED = 20  # problems named in one message; the rest are counted
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool,
+}
+
+
+class WeightsError(ConfigError):
+    """A weights file that cannot be read, names a path outside its folder, or does not fit the
+    model its config describes; the message names the file."""
+
+
+class TensorInfo(NamedTuple):
+    """What a weights file says about one tensor, without its values."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def on_meta(self) -> torch.Tensor:
+        """A tensor of this shape and dtype that holds no memory."""
+        return torch.empty(self.shape, dtype=self.dtype, device="meta")
+
+
+# ---- paths ----------------------------------------------------------------------------------
+def _roots(folder: Path) -> list[Path]:
+    """Where files of ``folder`` may resolve to: the folder, and for a Hugging Face hub cache
+    snapshot (``<repo>/snapshots/<revision>``) the repository's ``blobs`` folder."""
+    root = folder.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        roots.append((root.parent.parent / "blobs").resolve())
+    return roots
+
+
+def inside(folder: str | os.PathLike, name: str | os.PathLike) -> Path:
+    """``folder / name``, resolved through symlinks; a WeightsError if it lies outside ``folder``.
+
+    ``name`` comes from the folder's own files (a shard index), so it may be hostile: an
+    absolute path or one climbing out with ``..`` is refused, as is a link that points out of
+    the folder (see the module docstring for the Hugging Face cache's links, which are followed).
+    """
+    folder = Path(folder)
+    if not isinstance(name, (str, os.PathLike)) or not str(name):
+        raise WeightsError(f"{str(folder)!r}: a file name must be a non-empty string, got {shorten(repr(name))}")
+    path = (folder / name).resolve()
+    roots = _roots(folder)
+    if not any(path.is_relative_to(root) for root in roots):
+        raise WeightsError(
+            f"{str(folder / name)!r} resolves to {str(path)!r}, outside the model folder {str(roots[0])!r}; "
+            "a model folder may only name files inside itself (no absolute paths, no '..', no links out of it)"
+        )
+    return path
+
+
+# ---- safetensors headers --------------------------------------------------------------------
+def shorten(text: str, limit: int = 80) -> str:
+    """``text`` cut to ``limit`` characters: a hostile file's names and values go into messages."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _bad(path: Path, what: str) -> WeightsError:
+    return WeightsError(f"{str(path)!r} is not a readable safetensors file: {what}")
+
+
+def _tensor_info(path: Path, name: str, entry: Any, data_bytes: int) -> tuple[TensorInfo, int, int]:
+    """One header entry, checked: its shape, dtype and byte range in the data."""
+    name = shorten(repr(name))
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise _bad(path, f"the header entry of {name} is {shorten(repr(entry))}; expected dtype, shape and "
+                         "data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _bad(path, f"{name} has dtype {shorten(repr(dtype))}; the dtypes read are {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise _bad(path, f"{name} has shape {shorten(repr(shape))}; expected a list of non-negative integers")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
+        raise _bad(path, f"{name} has data_offsets {shorten(repr(offsets))}; expected [begin, end] within the "
+                         f"{data_bytes} bytes of tensor data the file holds (truncated?)")
+    numel = math.prod(shape)
+    if offsets[1] - offsets[0] != numel * DTYPES[dtype].itemsize:
+        raise _bad(path, f"{name} is {dtype} of shape {shorten(repr(shape))} ({numel * DTYPES[dtype].itemsize} bytes) "
+                         f"but its data_offsets {offsets} span {offsets[1] - offsets[0]} bytes")
+    return TensorInfo(tuple(shape), DTYPES[dtype]), offsets[0], offsets[1]
+
+
+def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
+    """The names, shapes and dtypes of the tensors in a safetensors file, read from its header
+    only (no tensor data is read), after checking that the file is whole.
+
+    Layout: an 8-byte little-endian header length ``N``, ``N`` bytes of JSON, then the tensor
+    data, which the entries' ``data_offsets`` must cover exactly, in order.
+
+    Raises:
+        WeightsError: the file is empty, truncated, or not safetensors (each case named).
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            prefix = file.read(8)
+            if size < 8:
+                raise _bad(path, f"it holds {size} bytes; a safetensors file starts with an 8-byte header length")
+            length = int.from_bytes(prefix, "little")
+            if length > min(MAX_HEADER_BYTES, size - 8):
+                raise _bad(path, f"its header length field says {length} bytes, but "
+                                 + (f"the file holds only {size - 8} after it (truncated, or not safetensors)"
+                                    if length > size - 8 else f"a header may be at most {MAX_HEADER_BYTES}"))
+            raw = file.read(length)
+    except OSError as error:
+        raise WeightsError(f"{str(path)!r} cannot be read: {error.strerror or error}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, or nested too deeply
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise _bad(path, f"its header is not JSON ({reason})") from None
+    if not isinstance(header, dict):
+        raise _bad(path, f"its header is a JSON {type(header).__name__}; expected an object of tensors by name")
+    data_bytes = size - 8 - length
+    tensors: dict[str, TensorInfo] = {}
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        tensors[name], begin, end = _tensor_info(path, name, entry, data_bytes)
+        spans.append((begin, end, name))
+    end_of_last = 0
+    for begin, end, name in sorted(spans):
+        if begin != end_of_last:
+            raise _bad(path, f"the data of {shorten(repr(name))} starts at byte {begin}, not at {end_of_last} where "
+                             "the previous tensor's ends (tensors must be stored back to back)")
+        end_of_last = end
+    if end_of_last != data_bytes:
+        raise _bad(path, f"the header describes {end_of_last} bytes of tensor data but the file holds {data_bytes}")
+    return tensors
+
+
+# ---- comparing with a model -----------------------------------------------------------------
+def _kind(dtype: torch.dtype) -> str:
+    if dtype.is_floating_point:
+        return "floating point"
+    return "bool" if dtype == torch.bool else "integer"
+
+
+def dtype_problem(name: str, found: torch.dtype, expected: torch.dtype) -> str | None:
+    """Why a saved tensor of dtype ``found`` cannot fill a model tensor of dtype ``expected``,
+    or None if it can: weights (floating point) take any floating dtype, which loading casts;
+    integer buffers (batch norm's step count) take integers."""
+    if _kind(found) == _kind(expected):
+        return None
+    return f"{name}: the file holds {found}, the model {expected}; this tensor must be {_kind(expected)}"
+
+
+def _fits(saved: tuple[int, ...], model: tuple[int, ...]) -> bool:
+    # a layout that differs only by dimensions of size 1 (SAGAN's gamma, once 0-d) is the
+    # module's to adapt when it loads; the element count, and so the memory, is the same
+    return saved == model or [n for n in saved if n != 1] == [n for n in model if n != 1]
+
+
+def raise_if_any(path: Path, problems: list[str], what: str) -> None:
+    """One WeightsError listing ``problems`` (the first few, then a count) under ``what``."""
+    if not problems:
+        return
+    lines = [f"  {p}" for p in problems[:MAX_LISTED]]
+    if len(problems) > MAX_LISTED:
+        lines.append(f"  ... and {len(problems) - MAX_LISTED} more")
+    raise WeightsError(f"{str(path)!r} {what}:\n" + "\n".join(lines))
+
+
+def check_against(model: nn.Module, header: dict[str, TensorInfo], path: str | os.PathLike) -> None:
+    """Refuse weights that do not fit ``model`` (best built on the ``meta`` device): every
+    tensor of the model present once (tied tensors, saved under one of their names, count as
+    one), nothing else, each of the model's shape and of a dtype it can take.
+
+    Raises:
+        WeightsError: naming each missing, unexpected, misshapen or mistyped tensor.
+    """
+    path = Path(path)
+    groups: dict[int, list[str]] = {}
+    state = model.state_dict(keep_vars=True)
+    for name, tensor in state.items():
+        groups.setdefault(id(tensor), []).append(name)  # tied weights are one Parameter under several names
+    problems, misshapen = [], []
+    for names in groups.values():
+        if not any(n in header for n in names):
+            tied = f" (tied to {', '.join(names[1:])})" if len(names) > 1 else ""
+            problems.append(f"missing from the file: {names[0]}{tied}")
+    for name, info in header.items():
+        if name not in state:
+            problems.append(f"not in the model the config describes: {shorten(name)} {shorten(str(list(info.shape)))}")
+            continue
+        expected = state[name]
+        if not _fits(info.shape, tuple(expected.shape)):
+            misshapen.append((-expected.numel(), f"shape mismatch {name}: file {list(info.shape)}, "
+                                                 f"model {list(expected.shape)}"))
+        elif problem := dtype_problem(name, info.dtype, expected.dtype):
+            problems.append(f"dtype mismatch {problem}")
+    problems += [line for _, line in sorted(misshapen)]  # the largest first: what made the model too big
+    if problems:
+        wanted = sum(state[names[0]].numel() for names in groups.values())
+        held = sum(math.prod(info.shape) for info in header.values())
+        raise_if_any(path, problems, f"does not fit the model its config.json describes ({wanted:,} values in "
+                                     f"{len(groups)} tensors; the file holds {held:,} in {len(header)})")
+
+
+# ---- config.json and building ---------------------------------------------------------------
+MAX_CONFIG_BYTES = 16 * 2**20
+JSON_TYPES = {list: "array", str: "string", type(None): "null", int: "number", float: "number", bool: "boolean"}
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"the key {shorten(repr(repeated))} appears more than once in one object; give each key once")
+    return data
+
+
+def _finite_only(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number; numbers must be finite")
+
+
+def read_config(folder: str | os.PathLike, name: str = "config.json", what: str = "config fields") -> dict[str, Any]:
+    """The JSON object in ``folder / name`` (a model folder's ``config.json``, or a shard index),
+    kept inside the folder (:func:`inside`); a ConfigError naming the file if it is not one
+    object of ``what`` (it is a list, a string, ``null``, holds NaN or a key given twice, or
+    is not JSON at all)."""
+    path = inside(folder, name)
+    try:
+        size = path.stat().st_size
+        text = path.read_bytes() if size <= MAX_CONFIG_BYTES else b""
+    except OSError as error:
+        raise ConfigError(f"{str(path)!r} cannot be read: {error.strerror or error}") from None
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{str(path)!r} is {size} bytes; a config.json may be at most {MAX_CONFIG_BYTES} "
+                          "(it is a small JSON object of fields)")
+    try:
+        data = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_finite_only)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, the hooks above, nesting
+        reason = "it nests too deeply" if isinstance(error, RecursionError) else str(error)
+        raise ConfigError(f"{str(path)!r} is not valid JSON: {reason}; expected a JSON object of {what}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{str(path)!r} holds a JSON {JSON_TYPES.get(type(data), type(data).__name__)}; expected a "
+                          f"JSON object of {what}")
+    return data
+
+
+def build_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
+    """``build()`` on the ``meta`` device: every tensor's shape and dtype, with no memory behind
+    them, so a config asking for terabytes costs nothing to check. None for a builder that
+    cannot run there (one that reads tensor values while building); its errors about the
+    config itself (ValueError) are raised."""
+    try:
+        with torch.device("meta"):
+            return build()
+    except (NotImplementedError, RuntimeError):
+        return None
+
+
+def load_safetensors(model: nn.Module, path: str | os.PathLike) -> None:
+    """Copy the tensors of ``path`` into ``model`` (already checked with :func:`check_against`);
+    a WeightsError naming the file if it changed since, or its values cannot be loaded."""
+    try:
+        safetensors.torch.load_model(model, str(path), strict=False)  # tied tensors are saved under one name
+    except (SafetensorError, RuntimeError) as error:
+        raise WeightsError(f"{str(path)!r} could not be loaded into the model: {error}") from None
+
+
+def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file (checked with :func:`read_header` first), on the CPU;
+    a WeightsError naming the file if it cannot be read."""
+    try:
+        return safetensors.torch.load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise WeightsError(f"{str(path)!r} is not a readable safetensors file: {error}") from None
