@@ -253,12 +253,14 @@ def test_a_plugin_defined_in_a_notebook_keeps_the_runs_in_process(tmp_path, caps
 
 
 def test_tzoo_plugins_names_modules_to_load(plugin_module, monkeypatch):
-    from transformer_zoo.registry.manager import Registry
+    from transformer_zoo.registry.manager import PluginWarning, Registry
 
     monkeypatch.setenv("TZOO_PLUGINS", f" {plugin_module}, ")
     assert "transformer-narrow-tiny" in Registry().load().variants()
     monkeypatch.setenv("TZOO_PLUGINS", "no_such_zoo_plugin")
-    assert "No module named 'no_such_zoo_plugin'" in Registry().load().load_errors["no_such_zoo_plugin"]
+    with pytest.warns(PluginWarning, match="no_such_zoo_plugin"):
+        registry = Registry().load()
+    assert "No module named 'no_such_zoo_plugin'" in registry.load_errors["no_such_zoo_plugin"]
 
 
 def test_peak_memory_of_a_step_is_exact_and_grows_with_the_batch(tmp_path):
