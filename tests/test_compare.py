@@ -261,6 +261,7 @@ def test_tzoo_plugins_names_modules_to_load(plugin_module, monkeypatch):
     with pytest.warns(PluginWarning, match="no_such_zoo_plugin"):
         registry = Registry().load()
     assert "No module named 'no_such_zoo_plugin'" in registry.load_errors["no_such_zoo_plugin"]
+    monkeypatch.delenv("TZOO_PLUGINS")  # before the fixture's teardown loads the process's registry
 
 
 def test_peak_memory_of_a_step_is_exact_and_grows_with_the_batch(tmp_path):
