@@ -16,7 +16,18 @@ from torch import nn
 from . import builders
 from .attention import AttentionPositional
 from .model import EncoderDecoder
-from .options import FFN, Head, Norm, Positional, Stack, StackOptions, VariantConfig
+from .options import (
+    FFN,
+    MAX_LENGTH,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    Head,
+    Norm,
+    Positional,
+    Stack,
+    StackOptions,
+    VariantConfig,
+)
 
 
 class EncoderDecoderConfig(VariantConfig):
@@ -26,14 +37,16 @@ class EncoderDecoderConfig(VariantConfig):
     """Whether a recurrent stack adds the positions at every step, in its step signal (the
     Universal Transformer's ``P^t``), rather than once to the embeddings."""
 
-    vocab_size: int = Field(32000, ge=1, description="token vocabulary of the source (and target, unless tgt_vocab_size)")
-    tgt_vocab_size: int | None = Field(None, ge=1, description="target vocabulary when it differs; None: vocab_size")
-    d_model: int = Field(512, ge=1, description="model width")
-    n_heads: int = Field(8, ge=1, description="attention heads; must divide d_model")
-    d_ff: int = Field(2048, ge=1, description="inner width of the feed-forward network")
+    vocab_size: int = Field(32000, ge=1, le=MAX_VOCAB,
+                            description="token vocabulary of the source (and target, unless tgt_vocab_size)")
+    tgt_vocab_size: int | None = Field(None, ge=1, le=MAX_VOCAB,
+                                        description="target vocabulary when it differs; None: vocab_size")
+    d_model: int = Field(512, ge=1, le=MAX_WIDTH, description="model width")
+    n_heads: int = Field(8, ge=1, le=MAX_WIDTH, description="attention heads; must divide d_model")
+    d_ff: int = Field(2048, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
-    max_len: int = Field(1024, ge=1, description="longest sequence the positional encoding supports")
-    pad_id: int = Field(0, ge=0, description="padding token id, ignored by token losses")
+    max_len: int = Field(1024, ge=1, le=MAX_LENGTH, description="longest sequence the positional encoding supports")
+    pad_id: int = Field(0, ge=0, le=MAX_VOCAB, description="padding token id, ignored by token losses")
     share_embeddings: bool = Field(True, description="one embedding table for source and target (needs equal vocabularies)")
     scale_embeddings: bool = Field(True, description="multiply embeddings by sqrt(d_model)")
     positional: Positional = Field("sinusoidal", validate_default=True, description="positional encoding")

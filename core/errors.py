@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 
 class ZooError(Exception):
@@ -38,3 +39,20 @@ class DuplicateNameError(ZooError, ValueError):
 
 class PluginLoadError(ZooError, RuntimeError):
     """A plugin that could not be imported or registered."""
+
+
+@contextmanager
+def naming(where: str) -> Iterator[None]:
+    """Say where a config came from: a :class:`ConfigError` or :class:`UnknownNameError` raised
+    inside gets ``where: `` before its message (a file, or a field of a larger config), unless
+    the message starts with it already.
+
+    >>> with naming("model"):
+    ...     load_config({"variant": "nope"})  # UnknownNameError: model: unknown variant 'nope'; ...
+    """
+    try:
+        yield
+    except (ConfigError, UnknownNameError) as exc:
+        if exc.args and not str(exc).startswith(where):
+            exc.args = (f"{where}: {exc.args[0]}", *exc.args[1:])
+        raise

@@ -10,9 +10,10 @@ kind of that category, built-in or third-party, dispatched on ``kind``.
 from __future__ import annotations
 
 import difflib
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Protocol
+from typing import Annotated, Any, ClassVar, Protocol, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -22,6 +23,8 @@ from pydantic import (
     GetJsonSchemaHandler,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
@@ -31,11 +34,53 @@ from .attention import AttentionPositional, Kernel, MultiHeadAttention, sdpa_ker
 from .errors import UnknownNameError
 
 
+# ---- bounds ---------------------------------------------------------------------------------
+# Sizes a config may ask for. Each is far above any model trained today, and low enough that a
+# typo (an extra zero or six) is refused at validation rather than hanging a build that loops
+# over it or allocating what no machine has; what a whole model needs in memory is checked when
+# it is built (``transformer_zoo.build_model``).
+MAX_LAYERS = 1024
+"""Most layers of a stack, or steps of a recurrent one."""
+MAX_WIDTH = 2**17
+"""Most channels of any width: ``d_model``, ``d_ff``, heads, image channels, convolution widths."""
+MAX_VOCAB = 2**24
+"""Most entries of a vocabulary or of a set of classes."""
+MAX_LENGTH = 2**24
+"""Most positions of a sequence, and so of a window, a block or a position offset."""
+MAX_IMAGE_SIDE = 2**14
+"""Most pixels on a side of an image."""
+MAX_EXAMPLES = 2**24
+"""Most examples a task generates or scores."""
+MAX_BEAM = 1024
+"""Widest beam of a beam search."""
+INT64 = (-(2**63), 2**63 - 1)
+"""The range of every integer in a config: what a tensor, a seed or a size can hold."""
+
+Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]
+"""A positive width, for the items of a list or tuple of widths."""
+
+
 class Options(BaseModel):
     """Base of every options model: unknown keys are refused, each with the closest allowed key
-    suggested and the allowed keys listed."""
+    suggested and the allowed keys listed.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    Numbers are checked alike in every subclass: a float must be finite (no inf or NaN), an
+    integer must fit in 64 bits, and a field of numbers refuses a boolean (which Python would
+    otherwise take as 1 or 0).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _numbers_only(field.annotation) and _holds_bool(value):
+            raise PydanticCustomError("bool_is_not_a_number", "expected a number, not a boolean")
+        value = handler(value)
+        if _int_out_of_range(value) is not None:
+            raise PydanticCustomError("int64_range", "an integer here must fit in 64 bits (-2**63 to 2**63 - 1)")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -45,6 +90,43 @@ class Options(BaseModel):
             if unknown:
                 raise ValueError(_unknown_keys(unknown, sorted(cls.model_fields), cls))
         return data
+
+
+def _numbers_only(annotation: Any) -> bool:
+    """Whether a field's type holds numbers and nothing else: ``int``, ``float``, and optional,
+    tuple, list and union forms of them (so a boolean, which Python counts as an int, is wrong)."""
+    if annotation in (int, float):
+        return True
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _numbers_only(args[0])
+    if origin in (Union, types.UnionType):
+        kept = [arg for arg in args if arg is not type(None)]
+        return bool(kept) and all(_numbers_only(arg) for arg in kept)
+    if origin in (list, tuple):
+        kept = [arg for arg in args if arg is not Ellipsis]
+        return bool(kept) and all(_numbers_only(arg) for arg in kept)
+    return False
+
+
+def _holds_bool(value: Any) -> bool:
+    """Whether ``value`` is a boolean or a list or tuple holding one (at any depth)."""
+    if isinstance(value, bool):
+        return True
+    return isinstance(value, (list, tuple)) and any(_holds_bool(item) for item in value)
+
+
+def _int_out_of_range(value: Any) -> int | None:
+    """The first integer in ``value`` (a number, or a list, tuple or mapping of them, not an
+    options model, which checks its own) outside :data:`INT64`; None if there is none."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if not INT64[0] <= value <= INT64[1] else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        found = _int_out_of_range(item)
+        if found is not None:
+            return found
+    return None
 
 
 def _unknown_keys(keys: list[Any], allowed: list[str], options: type[Options]) -> str:
@@ -165,7 +247,7 @@ class PositionalOptions(ComponentOptions):
     nothing (rotary, ALiBi); such a scheme refuses ``random_offset``."""
 
     random_offset: int = Field(
-        0, ge=0, description="in training, each sequence's positions start at an offset drawn uniformly from "
+        0, ge=0, le=MAX_LENGTH, description="in training, each sequence's positions start at an offset drawn uniformly from "
         "[0, random_offset) (Dehghani et al. 2018, section 3.3); 0: off. Built for max_len + random_offset positions"
     )
 
@@ -280,6 +362,9 @@ class ComponentField:
             raise ValueError(f"expected the name of one {self.category} kind or a mapping with 'kind'{listing}, "
                              f"got {type(value).__name__}")
         kind = value.get("kind", kinds.default_kind(self.category))
+        if not isinstance(kind, str):
+            raise ValueError(f"kind must be the name of one {self.category} kind, got {type(kind).__name__} {kind!r}; "
+                             f"registered: {', '.join(sorted(kinds.components(self.category)))}")
         try:
             options = kinds.component(self.category, kind)
         except UnknownNameError as exc:
@@ -332,7 +417,7 @@ class StackOptions(ComponentOptions):
     default_kind: ClassVar[str] = "standard"
     recurrent: ClassVar[bool] = False  # applies one shared layer step after step, adding a per-step signal
 
-    layers: int = Field(6, ge=1, description="number of layer applications (depth)")
+    layers: int = Field(6, ge=1, le=MAX_LAYERS, description="number of layer applications (depth)")
     attention: Annotated[AttentionOptions | list[AttentionOptions], ComponentField("attention", many=True)] = Field(
         "sdpa", validate_default=True,
         description="self-attention kind, or a list of kinds that layer i takes in turn (i modulo its length)",

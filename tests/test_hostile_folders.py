@@ -206,6 +206,28 @@ def test_a_config_json_that_is_not_an_object_of_fields_is_named(good, tmp_path, 
     assert str(folder / "config.json") in str(error.value)
 
 
+@pytest.mark.parametrize(("edit", "error", "message"), [
+    ({"variant": "nope"}, tz.UnknownNameError, "unknown variant 'nope'"),
+    ({"bogus": 1}, ConfigError, "unknown key 'bogus'"),
+    ({"encoder": {"layers": 10**12}}, ConfigError, "encoder.layers: Input should be less than or equal to 1024"),
+    ({"positional": "rotary", "d_model": 12, "n_heads": 4}, ConfigError, "rotary positions need an even head width"),
+])
+def test_a_config_json_of_bad_fields_is_named_with_the_field(good, tmp_path, edit, error, message):
+    folder = copy(good, tmp_path)
+    (folder / "config.json").write_text(json.dumps({**config(folder), **edit}))
+    with pytest.raises(error, match=message) as raised:
+        tz.from_pretrained(folder)
+    assert str(raised.value).startswith(repr(str(folder / "config.json")) + ": ")
+
+
+def test_a_bert_config_json_of_bad_fields_is_named(bert_shards, tmp_path):
+    folder = copy(bert_shards, tmp_path, "bert")
+    (folder / "config.json").write_text(json.dumps({**config(folder), "num_hidden_layers": 10**12}))
+    with pytest.raises(ConfigError, match="layers: Input should be less than or equal to 1024") as raised:
+        tz.from_pretrained(folder)
+    assert str(folder / "config.json") in str(raised.value)
+
+
 # ---- paths and symlinks ---------------------------------------------------------------------
 def test_a_shard_index_naming_a_file_above_the_folder_is_refused(bert_shards, tmp_path):
     folder = copy(bert_shards, tmp_path, "bert")
@@ -250,28 +272,14 @@ def test_the_sharded_folder_loads(bert_shards):
         torch.testing.assert_close(model.encode(ids), reference(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
 
 
-def test_a_file_linked_from_outside_the_folder_is_refused(good, tmp_path):
-    folder = copy(good, tmp_path)
-    outside = Path(shutil.move(folder / "model.safetensors", tmp_path / "outside.safetensors"))
-    (folder / "model.safetensors").symlink_to(outside)
-    with pytest.raises(WeightsError, match="resolves to .*outside.safetensors', outside the model folder"):
-        tz.from_pretrained(folder)
-
-
-def test_a_config_linked_from_outside_the_folder_is_refused(good, tmp_path):
-    folder = copy(good, tmp_path)
-    outside = Path(shutil.move(folder / "config.json", tmp_path / "config.json"))
-    (folder / "config.json").symlink_to(outside)
-    with pytest.raises(WeightsError, match="outside the model folder"):
-        tz.from_pretrained(folder)
-
-
-def test_a_shard_linked_from_outside_the_folder_is_refused(bert_shards, tmp_path):
-    folder = copy(bert_shards, tmp_path, "bert")
-    shard = sorted(folder.glob("model-*.safetensors"))[0]
-    outside = Path(shutil.move(shard, tmp_path / "outside.safetensors"))
-    shard.symlink_to(outside)
-    with pytest.raises(WeightsError, match="outside the model folder"):
+@pytest.mark.parametrize(("source", "name"), [("good", "model.safetensors"), ("good", "config.json"),
+                                            ("bert_shards", "model-*.safetensors")])
+def test_a_file_linked_from_outside_the_folder_is_refused(request, tmp_path, source, name):
+    folder = copy(request.getfixturevalue(source), tmp_path, "bert" if source == "bert_shards" else "copy")
+    linked = sorted(folder.glob(name))[0]
+    outside = Path(shutil.move(linked, tmp_path / f"outside{linked.suffix}"))
+    linked.symlink_to(outside)
+    with pytest.raises(WeightsError, match=f"resolves to .*outside{linked.suffix}', outside the model folder"):
         tz.from_pretrained(folder)
 
 

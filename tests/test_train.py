@@ -10,6 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
+import transformer_zoo as tz
 from transformer_zoo.cli import main
 from transformer_zoo.core.tasks import Seq2SeqTask
 from transformer_zoo import train as train_module
@@ -103,6 +104,17 @@ def test_cli_train_and_evaluate(tmp_path, capsys):
 def test_a_variant_unfit_for_the_task_is_refused_before_training(tmp_path):
     config = load_train_config({"model": {**SMALL_MODEL, "decoder": None}, "task": SMALL_TASK, "steps": 2})
     with pytest.raises(ValueError, match="cannot do task 'reverse': a seq2seq task needs an encoder-decoder"):
+        train(config, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize(("model", "error", "message"), [
+    ("nope", tz.UnknownNameError, "model: unknown variant 'nope'"),
+    ({}, tz.ConfigError, "model: a config needs a 'variant' key"),
+    ({**SMALL_MODEL, "d_model": "wide"}, tz.ConfigError, "(?s)model: invalid config .*d_model: Input should be a valid"),
+])
+def test_a_bad_model_in_a_training_config_is_named_as_the_model(tmp_path, model, error, message):
+    config = load_train_config({"model": model, "task": SMALL_TASK, "steps": 2})
+    with pytest.raises(error, match=message):
         train(config, tmp_path, progress=False)
 
 

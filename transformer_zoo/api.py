@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from .core import weights
-from .core.errors import ConfigError
+from .core.errors import ConfigError, naming
 from .core.model import CONFIG_NAME, WEIGHTS_NAME, ZooModel
 from .core.options import VariantConfig
 from .registry import get_registry
@@ -47,6 +47,48 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that sets one key twice (YAML requires keys to be
+    unique; PyYAML would keep the last value silently). Merge keys (``<<: *base``) may still be
+    overridden: that is what they are for."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: the constructor below says so
+                continue
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is set twice (first on line {first.start_mark.line + 1}); keep one",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, but a mapping that sets one key twice is a ``yaml.YAMLError``."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a safe loader: plain data only
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a ValueError if one key comes twice (the last would win)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is set twice in one object; keep one")
+        out[key] = value
+    return out
+
+
+def load_json(text: str) -> Any:
+    """``json.loads(text)``, but an object that sets one key twice is a ValueError."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def parse_overrides(items: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
     """``["encoder.layers=2", "dropout=0"]`` (or ``{"encoder.layers": 2}``) to a nested mapping.
 
@@ -60,7 +102,15 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
             key, sep, text = item.partition("=")
             if not sep or not key.strip():
                 raise ConfigError(f"override {item!r} is not of the form key=value (for example encoder.layers=2)")
-            pairs.append((key.strip(), yaml.safe_load(text) if text.strip() else ""))
+            try:
+                value = load_yaml(text) if text.strip() else ""
+            except yaml.YAMLError as exc:
+                problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+                raise ConfigError(
+                    f"override {item!r}: the value {text!r} is not valid YAML ({problem}); write a list as [0.1, 0.2], "
+                    f"a mapping as {{window: 8}}, or quote text: {key.strip()}={json.dumps(text)}"
+                ) from None
+            pairs.append((key.strip(), value))
     out: dict[str, Any] = {}
     for key, value in pairs:
         *parents, leaf = key.split(".")
@@ -86,8 +136,8 @@ def _read(source: ConfigSource) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; give a YAML or JSON file, or a variant name")
     try:
-        data = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        data = load_json(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text())
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: bad JSON, a repeated key, not UTF-8
         raise ConfigError(f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of fields, got {type(data).__name__}")
@@ -153,9 +203,22 @@ def build_model(name_or_config: ConfigSource, **overrides: Any) -> nn.Module:
     Keyword overrides replace config fields; nested fields by mapping
     (``encoder={"layers": 1}``) or by dotted key (``**{"encoder.layers": 1}``).
 
+    A config whose parameters and buffers would not fit in this machine's memory is refused
+    before anything is allocated (:func:`check_memory`).
+
     >>> model = build_model("transformer-tiny", dropout=0.0)
+
+    Raises:
+        ConfigError: a field is invalid, or the model would not fit in memory.
+        UnknownNameError: the variant or a component kind is not registered.
     """
-    config = load_config(name_or_config, overrides)
+    return build_checked(load_config(name_or_config, overrides))
+
+
+def build_checked(config: VariantConfig, skeleton: nn.Module | None = None) -> nn.Module:
+    """``config.build()``, after :func:`check_memory` (reading ``skeleton``, the model built on
+    the meta device, when the caller has one already), with ``model.config`` set."""
+    check_memory(config, skeleton)
     model = config.build()
     if not isinstance(model, ZooModel):
         raise TypeError(
@@ -164,6 +227,73 @@ def build_model(name_or_config: ConfigSource, **overrides: Any) -> nn.Module:
         )
     model.config = config
     return model
+
+
+def memory_limit() -> int | None:
+    """Bytes of memory a model may take: the machine's RAM, or its container's limit (cgroup v2
+    ``memory.max``) when lower; None where neither can be read."""
+    try:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
+    try:
+        cgroup = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return limit
+    return min(limit, int(cgroup)) if cgroup.isdigit() else limit
+
+
+def _size(count: float) -> str:
+    """``count`` bytes for a reader: ``512 bytes``, ``3.2 GiB``."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} PiB"
+
+
+def on_meta(config: VariantConfig) -> nn.Module | None:
+    """``config``'s model built on the meta device (no memory behind its tensors); None for a
+    builder that cannot run there.
+
+    Raises:
+        ConfigError: the builder refused the config (a combination of fields validation let through).
+    """
+    try:
+        return weights.build_on_meta(config.build)
+    except ValueError as exc:
+        raise ConfigError(f"invalid config for variant {config.variant!r}:\n  {exc}") from None
+
+
+def check_memory(config: VariantConfig, skeleton: nn.Module | None = None) -> None:
+    """Refuse ``config`` if its parameters and buffers would not fit in :func:`memory_limit`.
+
+    The model is built on the meta device (or ``skeleton``, one built there already, is read),
+    which allocates nothing: the estimate is exact for the tensors the model keeps, the build's
+    passing temporaries aside. A builder that cannot run on meta is not checked.
+
+    Raises:
+        ConfigError: the model does not fit (naming the estimate, the limit and its largest
+            tensors), or its builder refused the config with a ValueError.
+    """
+    if skeleton is None:
+        skeleton = on_meta(config)
+    limit = memory_limit()
+    if skeleton is None or limit is None:
+        return
+    tensors = dict(skeleton.named_buffers())
+    tensors.update(skeleton.named_parameters())  # a shared tensor once, under its first name
+    nbytes = {name: t.numel() * t.element_size() for name, t in tensors.items()}
+    total = sum(nbytes.values())
+    if total <= limit:
+        return
+    largest = sorted(nbytes, key=nbytes.get, reverse=True)[:3]
+    named = ", ".join(f"{name} {' x '.join(map(str, tensors[name].shape))} ({_size(nbytes[name])})" for name in largest)
+    raise ConfigError(
+        f"config for variant {config.variant!r} needs about {_size(total)} for its parameters and buffers, more than "
+        f"the {_size(limit)} of memory this machine has; its largest tensors: {named}. Shrink the sizes behind them "
+        "(d_model, d_ff, layers, vocab_size, max_len, widths, image_size)"
+    )
 
 
 def from_pretrained(directory: str | os.PathLike) -> nn.Module:
@@ -197,16 +327,20 @@ def from_pretrained(directory: str | os.PathLike) -> nn.Module:
         )
     data = weights.read_config(directory, CONFIG_NAME)
     if "variant" not in data:
-        return _import(directory, data)
+        with naming(repr(str(directory / CONFIG_NAME))):
+            return _import(directory, data)
     path = weights.inside(directory, WEIGHTS_NAME)
     if not path.is_file():
         raise FileNotFoundError(f"{str(directory / WEIGHTS_NAME)!r} not found; save_pretrained writes it beside {CONFIG_NAME}")
     header = weights.read_header(path)
-    config = load_config(data)
-    skeleton = weights.build_on_meta(config.build)
+    where = repr(str(directory / CONFIG_NAME))
+    with naming(where):
+        config = load_config(data)
+        skeleton = on_meta(config)
     if skeleton is not None:
         weights.check_against(skeleton, header, path)
-    model = build_model(config)
+    with naming(where):
+        model = build_checked(config, skeleton)
     if skeleton is None:  # a builder that cannot run on meta: check before loading instead
         weights.check_against(model, header, path)
     weights.load_safetensors(model, path)

@@ -39,7 +39,7 @@ from .checkpoints import (
     differences, first_non_finite, load_weights, optimizer_tensors, promote, read_optimizers, read_state,
     remove_partial_files, warn_passed_over, write_checkpoint,
 )
-from .core.errors import ConfigError, ZooError
+from .core.errors import ConfigError, ZooError, naming
 from .core.options import Options, Task, VariantConfig
 
 MAX_COUNT = 2**31 - 1  # steps, batch sizes and cadences: far beyond any run, and within every index type
@@ -138,7 +138,8 @@ def model_config_for(config: TrainConfig, task) -> VariantConfig:
     Raises:
         ValueError: the variant cannot do the task (before anything is built).
     """
-    model = load_config({"variant": config.model} if isinstance(config.model, str) else config.model)
+    with naming("model"):
+        model = load_config({"variant": config.model} if isinstance(config.model, str) else config.model)
     reason = task.unfit_reason(model)
     if reason:
         raise ValueError(f"variant {model.variant!r} cannot do task {config.task.kind!r}: {reason}")

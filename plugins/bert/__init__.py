@@ -25,7 +25,7 @@ from transformer_zoo.core.inputs import check_tensor, check_token_ids
 from transformer_zoo.core.layers import ACTIVATIONS
 from transformer_zoo.core.masks import AttentionMask, as_padding_mask
 from transformer_zoo.core.model import EncoderDecoder, ModelOutput
-from transformer_zoo.core.options import FFN, Head, Norm, Positional, Stack, Variant
+from transformer_zoo.core.options import FFN, MAX_LENGTH, MAX_VOCAB, MAX_WIDTH, Head, Norm, Positional, Stack, Variant
 from transformer_zoo.core.positional import add_positions, position_starts
 from transformer_zoo.core.stack import StackOutput
 from transformer_zoo.registry import hookimpl
@@ -194,12 +194,13 @@ class BertConfig(EncoderDecoderConfig):
     family: ClassVar[str] = "bert"
 
     variant: str = Field("bert", description="the registered variant this config started from")
-    vocab_size: int = Field(30522, ge=1, description="WordPiece vocabulary (30522 in the released English models)")
-    d_model: int = Field(768, ge=1, description="hidden size H")
-    n_heads: int = Field(12, ge=1, description="attention heads A")
-    d_ff: int = Field(3072, ge=1, description="feed-forward width (4H)")
-    max_len: int = Field(512, ge=1, description="learned positions")
-    type_vocab_size: int = Field(2, ge=0, description="token types (segments A and B); 0: none")
+    vocab_size: int = Field(30522, ge=1, le=MAX_VOCAB,
+                            description="WordPiece vocabulary (30522 in the released English models)")
+    d_model: int = Field(768, ge=1, le=MAX_WIDTH, description="hidden size H")
+    n_heads: int = Field(12, ge=1, le=MAX_WIDTH, description="attention heads A")
+    d_ff: int = Field(3072, ge=1, le=MAX_WIDTH, description="feed-forward width (4H)")
+    max_len: int = Field(512, ge=1, le=MAX_LENGTH, description="learned positions")
+    type_vocab_size: int = Field(2, ge=0, le=MAX_VOCAB, description="token types (segments A and B); 0: none")
     pooler: bool | None = Field(
         None, description="the dense + tanh pooler over the first token; null: only when the head reads it"
     )

@@ -16,6 +16,7 @@ from transformer_zoo.core.attention import AttentionPositional, Kernel, MathAtte
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, TokenBatchNorm
 from transformer_zoo.core.options import (
+    MAX_VOCAB,
     AttentionOptions,
     FFNOptions,
     HeadOptions,
@@ -217,7 +218,7 @@ class SequenceClassification(HeadOptions):
     """One label per sequence, from the first token or the mean of the real tokens."""
 
     kind: Literal["sequence-classification"] = "sequence-classification"
-    num_classes: int = Field(2, ge=2, description="number of labels")
+    num_classes: int = Field(2, ge=2, le=MAX_VOCAB, description="number of labels")
     pooling: Literal["cls", "mean"] = Field("cls", description="first token (cls) or mean over real tokens")
 
     def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
@@ -228,7 +229,7 @@ class TokenClassification(HeadOptions):
     """One label per token (tagging), on an encoder."""
 
     kind: Literal["token-classification"] = "token-classification"
-    num_classes: int = Field(2, ge=2, description="number of labels")
+    num_classes: int = Field(2, ge=2, le=MAX_VOCAB, description="number of labels")
 
     def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
         return TokenClassificationHead(d_model, self.num_classes, dropout=dropout)

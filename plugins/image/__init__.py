@@ -13,10 +13,10 @@ stages, each followed by a SAGAN block). The GAN, ``sagan-gan``, is in :mod:`.ga
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core.attention import AttentionPositional, Kernel
@@ -33,10 +33,25 @@ from transformer_zoo.core.image import (
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.model import ModelOutput, ZooModel
-from transformer_zoo.core.options import FFN, AttentionOptions, Norm, Stack, Variant, VariantConfig
+from transformer_zoo.core.options import (
+    FFN,
+    MAX_IMAGE_SIDE,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    AttentionOptions,
+    Norm,
+    Stack,
+    Variant,
+    VariantConfig,
+    Width,
+)
 from transformer_zoo.registry import hookimpl
 
 Pair = tuple[int, int]
+Side = Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]
+"""Pixels (or patches, or cells) on one side of an image."""
+Reach = Annotated[int, Field(ge=0, le=MAX_IMAGE_SIDE)]
+"""Cells a block extends by on one side."""
 
 
 # ---- local 2-D attention as an attention kind -----------------------------------------------
@@ -55,10 +70,10 @@ class Local2dOptions(AttentionOptions):
     takes_bias: ClassVar[bool] = False
     takes_scale: ClassVar[bool] = True
     kind: Literal["local-2d"] = "local-2d"
-    query_block: tuple[PositiveInt, PositiveInt] = Field((2, 2), description="rows and columns of a query block")
-    memory: tuple[NonNegativeInt, NonNegativeInt] = Field(
+    query_block: tuple[Side, Side] = Field((2, 2), description="rows and columns of a query block")
+    memory: tuple[Reach, Reach] = Field(
         (1, 1), description="rows and columns the memory block extends its query block by, each side")
-    grid: tuple[PositiveInt, PositiveInt] | None = Field(
+    grid: tuple[Side, Side] | None = Field(
         None, exclude=True, description="deprecated, leave it out: the image model gives the grid when it builds; "
         "configs written before may hold null or the model's own grid, which are accepted and dropped")
     kernel: Literal["auto", "blocked", "flex", "dense"] = Field(
@@ -121,19 +136,19 @@ class ImageConfig(VariantConfig):
     inputs: ClassVar[str] = "image"
     objective: ClassVar[str] = "image-classification"  # what an image task must ask for to train it
 
-    image_size: Pair = Field((8, 8), description="image height and width, in pixels")
-    channels: int = Field(1, ge=1, description="image channels")
-    num_classes: int = Field(10, ge=2, description="classes of the head")
+    image_size: tuple[Side, Side] = Field((8, 8), description="image height and width, in pixels")
+    channels: int = Field(1, ge=1, le=MAX_WIDTH, description="image channels")
+    num_classes: int = Field(10, ge=2, le=MAX_VOCAB, description="classes of the head")
 
 
 class ImageEncoderConfig(ImageConfig):
     """A Transformer encoder over image patches (ViT), or over pixels with local 2-D attention."""
 
     variant: str = Field("vit-tiny", description="the registered variant this config started from")
-    patch: int = Field(2, ge=1, description="side of a square patch (1: every pixel is a token)")
-    d_model: int = Field(64, ge=1, description="model width")
-    n_heads: int = Field(4, ge=1, description="attention heads; must divide d_model")
-    d_ff: int = Field(256, ge=1, description="inner width of the feed-forward network")
+    patch: int = Field(2, ge=1, le=MAX_IMAGE_SIDE, description="side of a square patch (1: every pixel is a token)")
+    d_model: int = Field(64, ge=1, le=MAX_WIDTH, description="model width")
+    n_heads: int = Field(4, ge=1, le=MAX_WIDTH, description="attention heads; must divide d_model")
+    d_ff: int = Field(256, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
     positional: Literal["learned-2d", "sinusoidal-2d"] = Field("learned-2d", description="2-D positions of the patches")
     pooling: Literal["cls", "mean"] = Field("cls", description="classify from a class token, or the mean of the patches")
@@ -242,9 +257,9 @@ class SaganClassifierConfig(ImageConfig):
     """A small convolutional classifier with SAGAN self-attention blocks (Zhang et al. 2018)."""
 
     variant: str = Field("sagan-classifier-tiny", description="the registered variant this config started from")
-    widths: list[int] = Field([32, 64], min_length=1, description="channels of each convolution stage")
+    widths: list[Width] = Field([32, 64], min_length=1, description="channels of each convolution stage")
     attention_at: list[int] = Field([0, 1], description="stages followed by a SAGAN block (0 is the first)")
-    reduction: int = Field(8, ge=1, description="query/key/value channels are width / reduction (8 in the paper)")
+    reduction: int = Field(8, ge=1, le=MAX_WIDTH, description="query/key/value channels are width / reduction (8 in the paper)")
 
     @model_validator(mode="after")
     def _check(self) -> SaganClassifierConfig:

@@ -22,7 +22,7 @@ Sized for 8x8 digits: the generator grows 2x2 -> 4x4 -> 8x8, the discriminator s
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from torch.nn.utils.parametrizations import spectral_norm
 from transformer_zoo.core.image import SelfAttention2d
 from transformer_zoo.core.inputs import check_float_dtype, check_image, check_not_empty, check_tensor
 from transformer_zoo.core.model import ModelOutput, Phase, ZooModel
+from transformer_zoo.core.options import MAX_WIDTH, Width
 
 from . import ImageConfig
 
@@ -214,6 +215,8 @@ class SaganGan(ZooModel):
         image's score NaN (and, in training, a NaN loss, which stops the run)."""
         check_image(images, self.channels, self.image_size, dtype=self._dtype)
         self._check_labels(labels)
+        if len(labels) != len(images):
+            raise ValueError(f"expected one label per image, got {len(labels)} labels for {len(images)} images")
         return self.discriminator(images, labels, need_weights=need_weights)
 
     def adversarial_loss(self, images: Tensor, labels: Tensor, phase: str) -> Tensor:
@@ -230,6 +233,10 @@ class SaganGan(ZooModel):
         raise ValueError(f"a GAN trains in phases 'discriminator' and 'generator', not {phase!r}")
 
 
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
+"""One of Adam's betas: a decay rate in [0, 1)."""
+
+
 class SaganGanConfig(ImageConfig):
     """A class-conditional SAGAN: residual generator and projection discriminator, spectral norm,
     hinge loss, SAGAN blocks in both. Train with ``lr`` 4e-4 (the discriminator's; the
@@ -238,17 +245,17 @@ class SaganGanConfig(ImageConfig):
     objective: ClassVar[str] = "image-generation"
 
     variant: str = Field("sagan-gan", description="the registered variant this config started from")
-    noise_dim: int = Field(32, ge=1, description="size of the generator's noise vector z")
-    generator_widths: list[int] = Field(
+    noise_dim: int = Field(32, ge=1, le=MAX_WIDTH, description="size of the generator's noise vector z")
+    generator_widths: list[Width] = Field(
         [64, 64, 32], min_length=2, description="channels from the smallest feature map up; each block doubles the size")
-    discriminator_widths: list[int] = Field(
+    discriminator_widths: list[Width] = Field(
         [32, 64, 64], min_length=2, description="channels of each block; the first keeps the size, the others halve it")
     generator_attention: list[int] = Field([1], description="generator blocks followed by a SAGAN block (0 is the first)")
     discriminator_attention: list[int] = Field(
         [0], description="discriminator blocks followed by a SAGAN block (0 is the first)")
-    reduction: int = Field(8, ge=1, description="query/key/value channels are width / reduction (8 in the paper)")
+    reduction: int = Field(8, ge=1, le=MAX_WIDTH, description="query/key/value channels are width / reduction (8 in the paper)")
     generator_lr_scale: float = Field(0.25, gt=0, description="the generator's learning rate over the discriminator's")
-    betas: tuple[float, float] = Field((0.0, 0.9), description="Adam's betas for both networks")
+    betas: tuple[Beta, Beta] = Field((0.0, 0.9), description="Adam's betas for both networks, each in [0, 1)")
 
     @property
     def start(self) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core.config import EncoderDecoderConfig
 from transformer_zoo.core.local_attention import MemoryCompressedAttention, Pattern, PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.options import AttentionOptions, Head, Positional, Stack, Variant
+from transformer_zoo.core.options import MAX_LENGTH, AttentionOptions, Head, Positional, Stack, Variant
 from transformer_zoo.registry import hookimpl
 
 
@@ -61,8 +61,8 @@ class SlidingWindow(_Sparse):
     """Each query sees the keys within ``window`` positions of it (Longformer)."""
 
     kind: Literal["sliding-window"] = "sliding-window"
-    window: int = Field(128, ge=1, description="keys seen on each side of a query (before it only, when causal)")
-    dilation: int = Field(1, ge=1, description="gap between the keys of the window (Longformer's dilation; 1: none)")
+    window: int = Field(128, ge=1, le=MAX_LENGTH, description="keys seen on each side of a query (before it only, when causal)")
+    dilation: int = Field(1, ge=1, le=MAX_LENGTH, description="gap between the keys of the window (Longformer's dilation; 1: none)")
 
     def check(self, *, max_len: int) -> None:
         if self.dilation == 1 and self.window >= max_len:
@@ -80,7 +80,7 @@ class BlockLocal(_Sparse):
     """Blocks of ``block`` positions attend within themselves; causal: own and previous block (Liu 2018)."""
 
     kind: Literal["block-local"] = "block-local"
-    block: int = Field(128, ge=1, description="positions per block")
+    block: int = Field(128, ge=1, le=MAX_LENGTH, description="positions per block")
 
     def check(self, *, max_len: int) -> None:
         if self.block >= max_len:
@@ -96,7 +96,7 @@ class LocalGlobal(SlidingWindow):
 
     kind: Literal["local-global"] = "local-global"
     global_positions: list[int] = Field([0], description="global positions, such as [0] for a [CLS] token")
-    global_every: int = Field(0, ge=0, description="also make every k-th position global (0: none)")
+    global_every: int = Field(0, ge=0, le=MAX_LENGTH, description="also make every k-th position global (0: none)")
 
     def check(self, *, max_len: int) -> None:
         super().check(max_len=max_len)
@@ -115,10 +115,10 @@ class BlockSparse(_Sparse):
     """BigBird: blocks see their neighbours, global blocks and random blocks; encoders only."""
 
     kind: Literal["block-sparse"] = "block-sparse"
-    block: int = Field(64, ge=1, description="positions per block")
-    window_blocks: int = Field(1, ge=0, description="neighbouring blocks seen on each side")
-    global_blocks: int = Field(1, ge=0, description="the first blocks, which see and are seen by all")
-    random_blocks: int = Field(1, ge=0, description="random blocks each block also sees (fixed by seed)")
+    block: int = Field(64, ge=1, le=MAX_LENGTH, description="positions per block")
+    window_blocks: int = Field(1, ge=0, le=MAX_LENGTH, description="neighbouring blocks seen on each side")
+    global_blocks: int = Field(1, ge=0, le=MAX_LENGTH, description="the first blocks, which see and are seen by all")
+    random_blocks: int = Field(1, ge=0, le=MAX_LENGTH, description="random blocks each block also sees (fixed by seed)")
     seed: int = Field(0, description="seed of the random blocks")
 
     def check(self, *, max_len: int) -> None:
@@ -154,7 +154,7 @@ class MemoryCompressed(AttentionOptions):
     takes_scale: ClassVar[bool] = True
     takes_bias: ClassVar[bool] = False
     kind: Literal["memory-compressed"] = "memory-compressed"
-    compression: int = Field(3, ge=2, description="kernel and stride of the convolution (3 in the paper)")
+    compression: int = Field(3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)")
 
     def check(self, *, max_len: int) -> None:
         if self.compression >= max_len:
@@ -173,7 +173,7 @@ class LocalGlobalConfig(EncoderDecoderConfig):
     family: ClassVar[str] = "local-global"
 
     variant: str = Field("local-global-encoder-base", description="the registered variant this config started from")
-    max_len: int = Field(4096, ge=1, description="longest sequence")
+    max_len: int = Field(4096, ge=1, le=MAX_LENGTH, description="longest sequence")
     positional: Positional = Field("learned", validate_default=True, description="learned absolute positions, as Longformer")
     scale_embeddings: bool = Field(False, description="not scaled")
     encoder: Stack | None = Field({"layers": 12, "attention": {"kind": "local-global", "window": 256}},

@@ -9,26 +9,27 @@ longer lengths. Data is generated from the seed, so every run sees the same exam
 from __future__ import annotations
 
 import functools
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import datasets
 import numpy as np
 from pydantic import Field, model_validator
 
-from transformer_zoo.core.options import TaskOptions
+from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import BOS, EOS, PAD, Seq2SeqTask
 
 FIRST_SYMBOL = 3  # after PAD, BOS, EOS
+Length = Annotated[int, Field(le=MAX_LENGTH)]  # the lower bound is checked with the range
 
 
 class AlgorithmicOptions(TaskOptions):
     """Options shared by the algorithmic tasks."""
 
     symbols: int = Field(10, ge=2, le=1000, description="distinct input symbols (digits for addition)")
-    train_lengths: tuple[int, int] = Field((1, 16), description="inclusive range of training lengths")
-    test_lengths: tuple[int, int] = Field((17, 24), description="inclusive range of the test_long split's lengths")
-    train_size: int = Field(20000, ge=1, description="training examples")
-    test_size: int = Field(500, ge=1, description="examples in each test split")
+    train_lengths: tuple[Length, Length] = Field((1, 16), description="inclusive range of training lengths")
+    test_lengths: tuple[Length, Length] = Field((17, 24), description="inclusive range of the test_long split's lengths")
+    train_size: int = Field(20000, ge=1, le=MAX_EXAMPLES, description="training examples")
+    test_size: int = Field(500, ge=1, le=MAX_EXAMPLES, description="examples in each test split")
 
     @model_validator(mode="after")
     def _check_lengths(self) -> AlgorithmicOptions:

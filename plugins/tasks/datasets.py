@@ -20,12 +20,22 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import datasets
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.options import MAX_BEAM, MAX_EXAMPLES, MAX_LENGTH
 from transformer_zoo.core.tasks import Better, ClassificationTask, LanguageModelTask, Seq2SeqTask, Task
 
-from .text import Tokenized, TokenizerSource, fingerprint, lm_windows, resolve_files, special_ids
+from .text import (
+    Tokenized,
+    TokenizerSource,
+    check_patterns,
+    check_text,
+    fingerprint,
+    lm_windows,
+    resolve_files,
+    special_ids,
+)
 from .translation import BleuScored
 
 FORMATS: dict[str, tuple[str, dict[str, Any]]] = {  # suffix: the datasets builder and its options
@@ -78,8 +88,10 @@ class DatasetOptions(TokenizerSource):
                           "test_fraction of train_split held out"
     )
     test_fraction: float = Field(0.1, gt=0, lt=1, description="share of train_split held out (seeded) when there is no test split")
-    max_len: int = Field(128, ge=1, description="tokens per example; what happens to longer ones depends on the kind")
-    max_test_examples: int = Field(500, ge=1, description="test examples scored at most (the first ones)")
+    max_len: int = Field(128, ge=1, le=MAX_LENGTH, description="tokens per example; what happens to longer ones depends on the kind")
+    max_test_examples: int = Field(500, ge=1, le=MAX_EXAMPLES, description="test examples scored at most (the first ones)")
+
+    _patterns = field_validator("path")(check_patterns)
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetOptions:
@@ -122,6 +134,9 @@ class DatasetOptions(TokenizerSource):
             else:
                 files = self._files()
                 builder, options = _builder([f for group in files.values() for f in group], self.where())
+                if builder == "text":  # a binary file among them is named now, not deep inside datasets
+                    for group in files.values():
+                        check_text(group, "path")
                 if isinstance(path, dict):
                     data = datasets.load_dataset(builder, data_files=files, **options)
                 elif Path(path).expanduser().is_dir():  # datasets names the splits from the file names
@@ -137,7 +152,8 @@ class DatasetOptions(TokenizerSource):
             empty = re.search(r'Instruction "(.+)" corresponds to no data', str(error))  # datasets' word for it
             if empty:
                 raise ConfigError(self._empty(empty.group(1))) from error
-            raise ConfigError(f"could not read {self.where()}: {error}") from error
+            cause = error.__cause__ if isinstance(error, datasets.exceptions.DatasetGenerationError) else None
+            raise ConfigError(f"could not read {self.where()}: {cause or error}") from error
         return {"train": data} if isinstance(data, datasets.Dataset) else dict(data)
 
     def splits(self) -> tuple[datasets.Dataset, datasets.Dataset]:
@@ -308,7 +324,7 @@ class Seq2Seq(DatasetOptions):
     too_long: Literal["drop", "truncate"] = Field(
         "drop", description="pairs with a side longer than max_len tokens: dropped, or cut to max_len"
     )
-    beam_size: int = Field(1, ge=1, description="1: greedy decoding; more: beam search when scoring")
+    beam_size: int = Field(1, ge=1, le=MAX_BEAM, description="1: greedy decoding; more: beam search when scoring")
 
     def build(self) -> Seq2SeqDataTask:
         return Seq2SeqDataTask(self)

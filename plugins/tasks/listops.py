@@ -14,7 +14,7 @@ import datasets
 import numpy as np
 from pydantic import Field, model_validator
 
-from transformer_zoo.core.options import TaskOptions
+from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import CLS, PAD, ClassificationTask
 
 OPERATORS = ("MAX", "MIN", "MED", "SM")
@@ -32,18 +32,20 @@ def apply(op: str, values: list[int]) -> int:
         return int(np.median(values))
     return sum(values) % 10
 
+MAX_DEPTH = 100  # expressions are generated recursively, one Python frame a level
+
 
 class ListOps(TaskOptions):
     """ListOps: evaluate nested MAX/MIN/MED/SM expressions over digits; 10 classes."""
 
     kind: Literal["listops"] = "listops"
-    max_depth: int = Field(4, ge=1, description="deepest nesting of operators (10 in the Long Range Arena)")
-    max_args: int = Field(5, ge=2, description="most arguments of one operator (10 in the Long Range Arena)")
-    min_length: int = Field(16, ge=3, description="fewest tokens of an expression")
-    max_length: int = Field(128, ge=3, description="most tokens of an expression (2000 in the Long Range Arena)")
+    max_depth: int = Field(4, ge=1, le=MAX_DEPTH, description="deepest nesting of operators (10 in the Long Range Arena)")
+    max_args: int = Field(5, ge=2, le=MAX_LENGTH, description="most arguments of one operator (10 in the Long Range Arena)")
+    min_length: int = Field(16, ge=3, le=MAX_LENGTH, description="fewest tokens of an expression")
+    max_length: int = Field(128, ge=3, le=MAX_LENGTH, description="most tokens of an expression (2000 in the Long Range Arena)")
     leaf_probability: float = Field(0.5, gt=0, lt=1, description="chance that an argument is a digit, not a sub-expression")
-    train_size: int = Field(20000, ge=1, description="training examples")
-    test_size: int = Field(1000, ge=1, description="test examples")
+    train_size: int = Field(20000, ge=1, le=MAX_EXAMPLES, description="training examples")
+    test_size: int = Field(1000, ge=1, le=MAX_EXAMPLES, description="test examples")
 
     @model_validator(mode="after")
     def _check(self) -> ListOps:

@@ -30,7 +30,7 @@ import datasets
 import numpy as np
 from pydantic import Field, model_validator
 
-from transformer_zoo.core.options import TaskOptions
+from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import CLS, PAD, ClassificationTask
 
 FIRST_SYMBOL = 2  # after PAD and CLS
@@ -42,11 +42,11 @@ class PairOptions(TaskOptions):
     """Options shared by the symbol-pair tasks."""
 
     symbols: int = Field(8, ge=2, le=1000, description="distinct symbols, and classes")
-    length: int = Field(64, ge=2, description="symbols in every sequence (after the CLS token)")
+    length: int = Field(64, ge=2, le=MAX_LENGTH, description="symbols in every sequence (after the CLS token)")
     positions: tuple[int, int] = Field((1, 2), description=POSITIONS)
     operation: Literal["sum", "difference"] = Field("sum", description=OPERATION)
-    train_size: int = Field(5000, ge=1, description="training examples")
-    test_size: int = Field(500, ge=1, description="test examples")
+    train_size: int = Field(5000, ge=1, le=MAX_EXAMPLES, description="training examples")
+    test_size: int = Field(500, ge=1, le=MAX_EXAMPLES, description="test examples")
 
     @model_validator(mode="after")
     def _check_positions(self) -> PairOptions:

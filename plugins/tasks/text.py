@@ -10,6 +10,7 @@ Nothing downloads.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import glob
 import hashlib
@@ -19,11 +20,11 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import datasets
-from pydantic import Field
+from pydantic import Field, field_validator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.options import TaskOptions
+from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import LanguageModelTask, MaskedLMTask, Task
 
 SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]")  # ids 0-4 of a tokenizer trained here
@@ -57,6 +58,36 @@ def resolve_files(patterns: str | list[str], field: str = "files", suffixes: tup
             f"or a glob such as 'corpus/*{suffixes[0]}'"
         )
     return sorted(found)
+
+
+def check_text(files: list[str], field: str = "files", sample: int = 1 << 16) -> list[str]:
+    """``files``, refused if the start of one is not UTF-8 text (a binary file given by mistake):
+    the first ``sample`` bytes of each are read, so that the mistake is reported with the file's
+    name before any reading or training."""
+    for name in files:
+        with open(name, "rb") as file:
+            head = file.read(sample)
+        try:
+            if b"\0" in head:
+                raise UnicodeDecodeError("utf-8", head, head.index(b"\0"), head.index(b"\0") + 1, "a NUL byte")
+            codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a character cut at the end is fine
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"{field}: {name!r} is not UTF-8 text (byte {error.start}: {error.reason}); give text "
+                              "files, or a data format the task reads") from None
+    return files
+
+
+def check_patterns(value: Any) -> Any:
+    """``value`` (a file, folder or glob, a list of them, or a mapping of them), refused if any is
+    empty: an empty pattern names the working directory, and so every file under it."""
+    items = value.values() if isinstance(value, dict) else [value] if isinstance(value, str) else value or []
+    for item in items:
+        if isinstance(item, (list, dict)):
+            check_patterns(item)
+        elif isinstance(item, str) and not item.strip():
+            raise ValueError(f"{item!r} is empty, which would read every file under the working directory; give a "
+                             "file, a folder or a glob, such as 'corpus/*.txt'")
+    return value
 
 
 def fingerprint(files: list[str] | None, *parts: Any) -> str:
@@ -129,8 +160,10 @@ class TextOptions(TokenizerSource):
     test_files: str | list[str] | None = Field(None, description="held-out files; null: hold out test_fraction of the examples")
     sample_by: Literal["line", "paragraph", "document"] = Field("line", description="what one example is")
     test_fraction: float = Field(0.1, gt=0, lt=1, description="share of examples held out when test_files is null")
-    seq_len: int = Field(128, ge=4, description="tokens per training sequence")
-    max_test_sequences: int = Field(500, ge=1, description="test sequences scored at most (the first ones)")
+    seq_len: int = Field(128, ge=4, le=MAX_LENGTH, description="tokens per training sequence")
+    max_test_sequences: int = Field(500, ge=1, le=MAX_EXAMPLES, description="test sequences scored at most (the first ones)")
+
+    _patterns = field_validator("files", "test_files")(check_patterns)
 
 
 class Tokenized:
@@ -165,8 +198,9 @@ class TextTask(Tokenized, Task):
 
     def __init__(self, options: TextOptions) -> None:
         self.options = options
-        self.files = resolve_files(options.files)
-        self.test_files = None if options.test_files is None else resolve_files(options.test_files, "test_files")
+        self.files = check_text(resolve_files(options.files))
+        self.test_files = None if options.test_files is None else check_text(resolve_files(options.test_files,
+                                                                                           "test_files"), "test_files")
         held_out = self.test_files and fingerprint(self.test_files)
         self.key = fingerprint(self.files, held_out, options.sample_by, options.test_fraction, options.seed)
         self.tokenizer = options.load_tokenizer(self._texts(), self.key)
@@ -179,7 +213,12 @@ class TextTask(Tokenized, Task):
     def _raw(self, split: str) -> datasets.Dataset:
         o = self.options
         files = self.test_files if self.test_files is not None and split != "train" else self.files
-        data = datasets.load_dataset("text", data_files=files, sample_by=o.sample_by, split="train")
+        try:
+            data = datasets.load_dataset("text", data_files=files, sample_by=o.sample_by, split="train")
+        except datasets.exceptions.DatasetGenerationError as error:  # past the start check: say which files
+            field = "test_files" if files is self.test_files else "files"
+            raise ConfigError(f"could not read {field}={getattr(o, field)!r} as text: {error.__cause__ or error}; "
+                              "give UTF-8 text files") from error
         data = data.filter(lambda row: bool(row["text"].strip()))
         if self.test_files is not None:
             return data

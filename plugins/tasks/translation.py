@@ -13,13 +13,14 @@ from typing import Any, ClassVar, Literal
 
 import datasets
 import sacrebleu
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from tokenizers import Tokenizer
 
 from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.options import MAX_BEAM, MAX_EXAMPLES, MAX_LENGTH
 from transformer_zoo.core.tasks import Better, Seq2SeqTask
 
-from .text import Tokenized, TokenizerSource, fingerprint, resolve_files, special_ids
+from .text import Tokenized, TokenizerSource, check_patterns, fingerprint, resolve_files, special_ids
 
 
 class Translation(TokenizerSource):
@@ -37,9 +38,11 @@ class Translation(TokenizerSource):
     source: str = Field("src", description="source field: a column, or a language inside a 'translation' column")
     target: str = Field("tgt", description="target field: a column, or a language inside a 'translation' column")
     test_fraction: float = Field(0.1, gt=0, lt=1, description="share of pairs held out when there is no test split")
-    max_len: int = Field(128, ge=2, description="pairs whose source or target exceed this many tokens are dropped")
-    max_test_pairs: int = Field(500, ge=1, description="test pairs scored at most (the first ones)")
-    beam_size: int = Field(1, ge=1, description="1: greedy decoding; more: beam search when scoring")
+    max_len: int = Field(128, ge=2, le=MAX_LENGTH, description="pairs whose source or target exceed this many tokens are dropped")
+    max_test_pairs: int = Field(500, ge=1, le=MAX_EXAMPLES, description="test pairs scored at most (the first ones)")
+    beam_size: int = Field(1, ge=1, le=MAX_BEAM, description="1: greedy decoding; more: beam search when scoring")
+
+    _patterns = field_validator("files", "test_files")(check_patterns)
 
     @model_validator(mode="after")
     def _one_source(self) -> Translation:

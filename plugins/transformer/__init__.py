@@ -16,7 +16,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.options import Head, Variant
+from transformer_zoo.core.options import MAX_VOCAB, Head, Variant
 from transformer_zoo.core.schedules import inverse_sqrt_warmup
 from transformer_zoo.registry import hookimpl
 
@@ -27,7 +27,8 @@ class TransformerConfig(EncoderDecoderConfig):
     family: ClassVar[str] = "transformer"
 
     variant: str = Field("transformer", description="the registered variant this config started from")
-    vocab_size: int = Field(37000, ge=1, description="shared source/target vocabulary (about 37000 BPE tokens in the paper)")
+    vocab_size: int = Field(37000, ge=1, le=MAX_VOCAB,
+                            description="shared source/target vocabulary (about 37000 BPE tokens in the paper)")
     head: Head = Field(
         {"kind": "lm", "label_smoothing": 0.1},
         validate_default=True,

@@ -17,7 +17,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.options import Head, Stack, Variant
+from transformer_zoo.core.options import MAX_VOCAB, Head, Stack, Variant
 from transformer_zoo.registry import hookimpl
 
 RECURRENT = {"kind": "recurrent", "layers": 6, "act": True}
@@ -30,7 +30,7 @@ class UniversalTransformerConfig(EncoderDecoderConfig):
     positions_per_step: ClassVar[bool] = True  # P^t: positions and the step index, added before every step
 
     variant: str = Field("universal-transformer", description="the registered variant this config started from")
-    vocab_size: int = Field(37000, ge=1, description="shared source/target vocabulary, as the Transformer's")
+    vocab_size: int = Field(37000, ge=1, le=MAX_VOCAB, description="shared source/target vocabulary, as the Transformer's")
     encoder: Stack | None = Field(RECURRENT, validate_default=True,
                                   description="encoder: a recurrent stack (layers = the most steps T)")
     decoder: Stack | None = Field(RECURRENT, validate_default=True,

@@ -194,6 +194,8 @@ def test_gan_images_are_checked_like_a_classifiers(gan):
         gan.discriminate(images(gan).numpy(), labels)
     with pytest.raises(ValueError, match="images: an empty batch"):
         gan.discriminate(images(gan)[:0], labels[:0])
+    with pytest.raises(ValueError, match="expected one label per image, got 3 labels for 2 images"):
+        gan.discriminate(images(gan), torch.tensor([1, 2, 3]))
 
 
 def test_gan_noise_follows_the_models_dtype(gan):

@@ -177,6 +177,20 @@ def test_mistakes_a_user_can_make_are_named_with_what_would_be_right(data, tmp_p
         make("seq2seq")
 
 
+def test_a_binary_file_is_refused_naming_the_file_and_why(tmp_path):
+    (tmp_path / "train.txt").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="path: '.*train.txt' is not UTF-8 text \\(byte 0: a NUL byte\\)"):
+        task_on("language-modeling", tmp_path / "train.txt")
+    (tmp_path / "train.csv").write_bytes(b"sentence,topic\n\xff\xfe,cat\n")
+    with pytest.raises(ConfigError, match="could not read path='.*train.csv': 'utf-8' codec can't decode byte 0xff"):
+        task_on("text-classification", tmp_path / "train.csv")
+
+
+def test_an_empty_path_is_refused_rather_than_read_as_the_working_directory():
+    with pytest.raises(ValueError, match="'' is empty, which would read every file under the working directory"):
+        make("language-modeling", path="")
+
+
 def test_a_hub_dataset_is_read_by_name_and_offline_says_to_give_a_path(monkeypatch):
     """datasets.load_dataset stands in for the network: a DatasetDict with a validation split."""
     hub = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows(30)),

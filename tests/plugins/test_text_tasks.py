@@ -121,6 +121,18 @@ def test_bad_files_are_refused_with_what_to_give(corpus, tmp_path):
         make("translation", files=str(corpus / "pairs.jsonl"), vocab_size=300)
 
 
+def test_a_binary_file_given_as_text_is_refused_by_name(corpus, tmp_path):
+    (tmp_path / "image.txt").write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="files: '.*image.txt' is not UTF-8 text \\(byte 0: a NUL byte\\)"):
+        make("text-lm", files=str(tmp_path / "image.txt"))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="test_files: '.*latin1.txt' is not UTF-8 text \\(byte 3: invalid"):
+        make("text-lm", files=str(corpus), test_files=str(tmp_path / "latin1.txt"))
+    (tmp_path / "late.txt").write_bytes(b"plain words\n" * 10_000 + b"\xff\xfe\n")  # past the start that is checked
+    with pytest.raises(ConfigError, match="could not read files='.*late.txt' as text: .*give UTF-8 text files"):
+        make("text-lm", files=str(tmp_path / "late.txt"), vocab_size=300)
+
+
 def test_tsv_and_jsonl_give_the_same_pairs(corpus):
     tsv = make("translation", files=str(corpus / "pairs.tsv"), vocab_size=300)
     jsonl = make("translation", files=str(corpus / "pairs.jsonl"), source="en", target="de", vocab_size=300)
