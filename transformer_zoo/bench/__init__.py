@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "mfu": ("mfu", "model FLOPs utilisation of a compiled bf16 training step, against the device's peak"),
     "contention": ("contention", "a training run alone and beside a CPU-bound process, by thread count"),
     "dense-threshold": ("dense_threshold", "a sparse pattern's own kernel against dense SDPA under its mask, by length"),
+    "robustness": ("robustness", "bad configs, inputs, checkpoints, folders and plugins, and how each attempt ended"),
 }
 
 
