@@ -13,8 +13,9 @@ from torch import Tensor, nn
 def token_loss(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothing: float = 0.0) -> Tensor:
     """Mean cross-entropy of ``logits`` ``(..., V)`` over the targets that are not ``ignore_index``;
     0 (with a zero gradient) when every target is ignored, where a plain mean would be 0/0 (a
-    masked-LM batch, or one process's slice of it, may hold no masked token)."""
-    targets = targets.flatten()
+    masked-LM batch, or one process's slice of it, may hold no masked token). Targets may be of
+    any integer dtype, as ids may."""
+    targets = targets.flatten().long()
     total = F.cross_entropy(logits.flatten(0, -2), targets, ignore_index=ignore_index,
                             label_smoothing=label_smoothing, reduction="sum")
     return total / (targets != ignore_index).sum().clamp(min=1)
@@ -86,7 +87,7 @@ class SequenceClassificationHead(nn.Module):
         return self.proj(self.dropout(self.pool(hidden, mask)))
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(logits, targets)
+        return F.cross_entropy(logits, targets.long())
 
 
 class TokenClassificationHead(nn.Module):

@@ -120,7 +120,7 @@ class PooledClassificationHead(nn.Module):
         return self.proj(self.dropout(pooled))  # (B, C)
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(logits, targets)
+        return F.cross_entropy(logits, targets.long())
 
 
 class Bert(EncoderDecoder):

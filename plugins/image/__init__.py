@@ -250,7 +250,7 @@ class SaganClassifier(ZooModel):
                            attentions={name: [{"self": w[:, None]}] for name, w in maps.items()})
 
     def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
-        return nn.functional.cross_entropy(output.logits, targets)
+        return nn.functional.cross_entropy(output.logits, targets.long())
 
 
 class SaganClassifierConfig(ImageConfig):

@@ -76,6 +76,22 @@ def test_int32_ids_are_accepted_as_nn_embedding_accepts_them(token_model):
                                    call(token_model, good, None).logits.shape)
 
 
+@pytest.mark.parametrize("head", [{"kind": "lm"}, {"kind": "sequence-classification", "num_classes": 3},
+                                  {"kind": "token-classification", "num_classes": 3}])
+def test_int32_targets_give_the_loss_of_int64_ones(head):
+    torch.manual_seed(0)
+    model = tz.build_model("bert-tiny", head=head, dropout=0.0)
+    output = model(ids(model, length=6))
+    targets = torch.randint(0, 3, output.logits.shape[:-1])
+    torch.testing.assert_close(model.loss(output, targets.int()), model.loss(output, targets), rtol=0, atol=0)
+
+
+def test_int32_labels_give_the_loss_of_int64_ones(image_model):
+    output = image_model(torch.rand(2, image_model.config.channels, *image_model.config.image_size))
+    labels = torch.tensor([1, 2])
+    torch.testing.assert_close(image_model.loss(output, labels.int()), image_model.loss(output, labels), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("convert, message", [
     (lambda t: t.tolist(), "tgt must be a torch.Tensor"),
     (lambda t: t.to(torch.uint8), "tgt must be integers of dtype torch.long"),
