@@ -20,6 +20,8 @@ from typing import Annotated, Any
 
 import torch
 from pydantic import BaseModel, Field, field_validator
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -204,8 +206,6 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
     """Time and peak memory of each ``(label, config)`` and of its full-attention twins at each
     of ``spec.lengths``; each config's ``max_len`` is raised to the longest length if needed.
     Weights are freshly initialised (cost does not depend on training)."""
-    from tqdm.auto import tqdm
-
     device = torch.device(device)
     longest = max(spec.lengths)
     jobs = []
@@ -219,21 +219,25 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
         if not all(is_full(kind) for kind in attention_kinds(config)):  # a full-attention model is a reference itself
             jobs += [(label, kind, twin(config, kind)) for kind in spec.references]
     points = []
-    bar = tqdm(total=len(jobs) * len(spec.lengths), desc="scaling", unit="point", disable=not progress)
-    for label, attention, config in jobs:
-        torch.manual_seed(0)
-        model = config.build().to(device)
-        for length in spec.lengths:
-            bar.set_postfix_str(f"{label} [{attention}] n={length}")
-            try:
-                measured = {mode: (*figures, None) for mode, figures in measure(model, task, length, spec, device).items()}
-            except RuntimeError as exc:  # out of memory, say: keep the other points
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                bar.write(f"scaling: {label} [{attention}] at n={length} failed ({reason})")
-                measured = {mode: (None, None, reason) for mode in MODES}
-            for mode, (seconds, peak, error) in measured.items():
-                points.append(ScalingPoint(variant=label, attention=attention, length=length, mode=mode,
-                                           seconds=seconds, peak_mb=peak, error=error))
-            bar.update()
-    bar.close()
+    bar = Progress(TextColumn("scaling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[point]}"),
+                   console=Console(stderr=True), disable=not progress, transient=True)
+    with bar:
+        points_done = bar.add_task("scaling", total=len(jobs) * len(spec.lengths), point="")
+        for label, attention, config in jobs:
+            torch.manual_seed(0)
+            model = config.build().to(device)
+            for length in spec.lengths:
+                bar.update(points_done, point=f"{label} [{attention}] n={length}")
+                try:
+                    measured = {mode: (*figures, None)
+                                for mode, figures in measure(model, task, length, spec, device).items()}
+                except RuntimeError as exc:  # out of memory, say: keep the other points
+                    reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    bar.console.print(f"scaling: {label} [{attention}] at n={length} failed ({reason})",
+                                      markup=False, highlight=False)
+                    measured = {mode: (None, None, reason) for mode in MODES}
+                for mode, (seconds, peak, error) in measured.items():
+                    points.append(ScalingPoint(variant=label, attention=attention, length=length, mode=mode,
+                                               seconds=seconds, peak_mb=peak, error=error))
+                bar.advance(points_done)
     return points

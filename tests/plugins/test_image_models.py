@@ -1,5 +1,5 @@
 """The image family: ViT, the Image Transformer's local 2-D attention and SAGAN blocks in a
-classifier, trained on scikit-learn's digits; image models refuse token tasks and bad images."""
+classifier, trained on the 8x8 digits; image models refuse token tasks and bad images."""
 
 from __future__ import annotations
 
@@ -108,3 +108,14 @@ def test_an_image_encoder_checks_its_attention_kinds_against_its_token_count():
         tz.load_config("vit-tiny", {"encoder": {"attention": {"kind": "sliding-window", "window": 1000}}})
     model = tz.build_model("vit-tiny", encoder={"attention": {"kind": "sliding-window", "window": 4}})
     assert model(torch.rand(2, 1, 8, 8)).logits.shape == (2, 10)
+
+
+def test_the_shipped_digits_are_scikit_learns():
+    """The package ships the digits rather than depend on scikit-learn for them (a dev extra here)."""
+    sklearn_datasets = pytest.importorskip("sklearn.datasets")
+    from transformer_zoo.plugins.tasks.digits import load_digits
+
+    images, labels = load_digits()
+    reference = sklearn_datasets.load_digits()
+    assert images.dtype == labels.dtype == "uint8" and images.shape == (1797, 8, 8)
+    assert (images == reference.images).all() and (labels == reference.target).all()
