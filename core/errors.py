@@ -22,9 +22,8 @@ class UnknownNameError(ZooError, LookupError):
         known = sorted(known)
         close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
         hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        listing = ", ".join(known) if len(known) <= 20 else ", ".join(known[:20]) + ", ..."
         super().__init__(
-            f"unknown {what} {name!r}; {hint + ' ' if hint else ''}registered: {listing or '(none)'}"
+            f"unknown {what} {name!r}; {hint + ' ' if hint else ''}registered: {', '.join(known) or '(none)'}"
         )
         self.name = name
         self.close_matches = close

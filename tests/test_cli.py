@@ -159,3 +159,34 @@ def test_errors_and_zoo_warnings_print_brackets_as_written(capsys, monkeypatch):
     assert main(["list"]) == 2
     assert capsys.readouterr().err.splitlines() == ["warning: a shape [bold] of [64, 32]",
                                                      "error: phases ['model'] and [red]"]
+
+
+def test_a_folder_given_as_a_config_is_called_a_folder(capsys, tmp_path):
+    assert main(["train", str(tmp_path)]) == 2
+    assert "is a folder; give a YAML or JSON file" in capsys.readouterr().err
+    assert main(["show", str(tmp_path)]) == 2
+    assert "is a folder; give a YAML or JSON file, or a variant name" in capsys.readouterr().err
+
+
+def test_a_yaml_error_names_the_file_and_line(capsys, tmp_path):
+    (tmp_path / "bad.yaml").write_text("variant: transformer-tiny\n  d_model: 64\n d_ff: 3\n")
+    assert main(["show", str(tmp_path / "bad.yaml")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f'in "{tmp_path / "bad.yaml"}", line 2' in err and "<unicode string>" not in err
+
+
+def test_an_unknown_name_lists_every_registered_name(capsys):
+    import transformer_zoo as tz
+
+    assert main(["show", "transformer-smal"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert len(tz.list_variants()) > 20
+    assert all(name in err for name in tz.list_variants()) and "..." not in err
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"tzoo {version('transformer-zoo')}"

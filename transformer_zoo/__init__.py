@@ -4,11 +4,16 @@ Build any registered variant by name or from a config, register your own through
 ``transformer_zoo`` entry points, and compare them on tasks.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .api import build_model, from_pretrained, list_variants, load_config
 from .core.errors import ConfigError, UnknownNameError, ZooError
 from .registry import get_registry, hookimpl
 
-__version__ = "0.1.0"
+try:
+    __version__ = version("transformer-zoo")  # pyproject.toml is the one place the version is written
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 
 def register_plugin(plugin: object, name: str | None = None) -> str:

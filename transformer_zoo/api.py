@@ -69,9 +69,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load(text)``, but a mapping that sets one key twice is a ``yaml.YAMLError``."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)  # a safe loader: plain data only
+def load_yaml(text: str, name: str | None = None) -> Any:
+    """``yaml.safe_load(text)``, but a mapping that sets one key twice is a ``yaml.YAMLError``;
+    its errors name ``name`` (the file the text came from) where given."""
+    loader = _UniqueKeyLoader(text)  # a safe loader: plain data only
+    if name is not None:
+        loader.name = name  # what error marks call the source, rather than "<unicode string>"
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -127,16 +134,23 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _is_folder_path(text: str) -> bool:
+    """Whether ``text`` is a path to a folder (it has a separator, which no variant name has)."""
+    return ("/" in text or os.sep in text) and Path(text).is_dir()
+
+
 def _read(source: ConfigSource) -> dict[str, Any]:
     if isinstance(source, VariantConfig):
         return source.model_dump(mode="json")
     if isinstance(source, Mapping):
         return copy.deepcopy(dict(source))
     path = Path(source)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a folder; give a YAML or JSON file, or a variant name")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; give a YAML or JSON file, or a variant name")
     try:
-        data = load_json(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text())
+        data = load_json(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text(), str(path))
     except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: bad JSON, a repeated key, not UTF-8
         raise ConfigError(f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
     if not isinstance(data, dict):
@@ -175,7 +189,7 @@ def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, An
         ConfigError: a field is unknown, of the wrong type or out of range (each one named).
         UnknownNameError: the variant or a component kind is not registered.
     """
-    if isinstance(source, str) and Path(source).suffix not in CONFIG_SUFFIXES:
+    if isinstance(source, str) and Path(source).suffix not in CONFIG_SUFFIXES and not _is_folder_path(source):
         source = {"variant": source}
     data = _read(source)
     if overrides:

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import api
+from . import __version__, api
 from .core.errors import ZooError
 from .core.options import CATEGORIES
 from .registry import PluginWarning, get_registry
@@ -59,8 +59,7 @@ def _list(args: argparse.Namespace) -> Any:
 
 
 def _show(args: argparse.Namespace) -> Any:
-    source = args.name
-    config = api.load_config({"variant": source} if not source.endswith((".yaml", ".yml", ".json")) else source, args.set)
+    config = api.load_config(args.name, args.set)  # a variant name, or a YAML or JSON file
     with torch.device("meta"):  # count parameters without allocating them
         model = config.build()
     return {
@@ -171,6 +170,7 @@ def _seeds(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tzoo", description="A zoo of Transformer variants.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help="also register the plugin in this importable module (repeatable; as does the "

@@ -79,6 +79,9 @@ class TrainConfig(Options):
 
 def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
     """A validated training config from a YAML/JSON file or a mapping, with ``key=value`` overrides."""
+    if not isinstance(source, dict) and Path(source).is_dir():
+        raise ConfigError(f"training config {str(source)!r} is a folder; give a YAML or JSON file (a run folder is "
+                          "resumed by running its command again: tzoo train CONFIG --out FOLDER)")
     if not isinstance(source, dict) and not Path(source).is_file():
         raise ConfigError(f"training config {str(source)!r} does not exist; give a YAML or JSON file")
     data = _read(source)
