@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,12 @@ class Importer:
 class ModelOutput:
     """What :class:`EncoderDecoder` returns.
 
+    Read it by attribute (``out.logits``), or as ``transformers``' ``ModelOutput`` is read: by
+    key (``out["logits"]``), by index (``out[0]``) or as ``out.to_tuple()``. Keys and indices
+    run over the fields that are set, in the order below: a field that is None or empty (no
+    attention weights asked for, no auxiliary loss) is left out, so ``out[0]`` is always the
+    logits.
+
     Attributes:
         logits: the head's output: ``(B, T, V)`` for token heads, ``(B, C)`` for sequence heads.
         hidden: the last stack's hidden states ``(B, T, D)``.
@@ -128,6 +134,33 @@ class ModelOutput:
     attentions: dict[str, list[dict[str, Tensor]]] = field(default_factory=dict)
     aux_loss: Tensor | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
+
+    def keys(self) -> list[str]:
+        """The names of the fields that are set (not None, not empty), in order."""
+        return [f.name for f in fields(self) if _is_set(getattr(self, f.name))]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, key) for key in self.keys()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(key, getattr(self, key)) for key in self.keys()]
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        """The values of the fields that are set, in order: ``(logits, hidden, ...)``."""
+        return tuple(self.values())
+
+    def __getitem__(self, key: str | int | slice) -> Any:
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(f"{key!r} is not set in this output; set: {', '.join(self.keys())}")
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __iter__(self) -> Iterator[str]:  # as a mapping's: its keys
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
 
     @classmethod
     def of(cls, logits: Tensor, stacks: dict[str, StackOutput | None], *, need_weights: bool = False,
@@ -145,6 +178,10 @@ class ModelOutput:
             extras={**{f"{name}_{key}": value for name, out in ran.items() for key, value in out.extras.items()},
                     **(extras or {})},
         )
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and not (isinstance(value, (dict, list, tuple)) and not value)
 
 
 class EncoderDecoder(ZooModel):

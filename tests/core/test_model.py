@@ -114,3 +114,17 @@ def test_token_loss_is_the_mean_over_counted_targets_and_zero_when_none_count(sm
     none = token_loss(logits, torch.full((3, 5), -100), -100, smoothing)
     none.backward()
     assert none.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_outputs_are_read_as_transformers_outputs_are():
+    torch.manual_seed(0)
+    model = tz.build_model("universal-transformer-encoder-tiny").eval()
+    ids = torch.randint(1, 50, (2, 5))
+    out = model(ids)
+    assert out.keys() == ["logits", "hidden", "aux_loss", "extras"]  # no attention weights asked for: left out
+    assert out["logits"] is out.logits and out[0] is out.logits and out[1] is out.hidden
+    assert out.to_tuple() == tuple(out.values()) and len(out) == 4 and list(out) == out.keys()
+    assert out[:2] == (out.logits, out.hidden) and dict(out.items())["aux_loss"] is out.aux_loss
+    with pytest.raises(KeyError, match="'attentions' is not set in this output; set: logits, hidden, aux_loss"):
+        out["attentions"]
+    assert "attentions" in model(ids, need_weights=True).keys()
