@@ -12,13 +12,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
 import torch
 from torch import Tensor, nn
 
 from .decoding import beam_search, greedy_decode
+
+if TYPE_CHECKING:
+    import datasets
 
 PAD, BOS, EOS = 0, 1, 2
 CLS = BOS  # classification tasks start each sequence with this id; the head pools it

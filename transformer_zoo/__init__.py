@@ -2,28 +2,56 @@
 
 Build any registered variant by name or from a config, register your own through the
 ``transformer_zoo`` entry points, and compare them on tasks.
+
+Importing the package is light: torch and the registry load on first use of a name below, so
+that ``tzoo --help`` and ``tzoo --version`` start without them.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from .api import build_model, from_pretrained, list_variants, load_config
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
 from .core.errors import ConfigError, UnknownNameError, ZooError
-from .registry import get_registry, hookimpl
+
+if TYPE_CHECKING:
+    from .api import build_model, from_pretrained, list_variants, load_config
+    from .registry import get_registry, hookimpl
 
 try:
     __version__ = version("transformer-zoo")  # pyproject.toml is the one place the version is written
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
+_LAZY = {"build_model": ".api", "from_pretrained": ".api", "list_variants": ".api", "load_config": ".api",
+         "get_registry": ".registry", "hookimpl": ".registry"}
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: the names that need torch, imported when first read
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 def register_plugin(plugin: object, name: str | None = None) -> str:
     """Register a plugin in-process (a notebook): a module or object with ``@hookimpl`` functions."""
+    from .registry import get_registry
+
     return get_registry().register(plugin, name)
 
 
 def plugin_errors() -> dict[str, str]:
     """The plugins that failed to load, by name, with why (empty when all loaded). Each failure
     was also warned about (a ``PluginWarning``) when the registry loaded."""
+    from .registry import get_registry
+
     return dict(get_registry().load_errors)
 
 

@@ -9,14 +9,16 @@ longer lengths. Data is generated from the seed, so every run sees the same exam
 from __future__ import annotations
 
 import functools
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
-import datasets
 import numpy as np
 from pydantic import Field, model_validator
 
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import BOS, EOS, PAD, Seq2SeqTask
+
+if TYPE_CHECKING:
+    import datasets
 
 FIRST_SYMBOL = 3  # after PAD, BOS, EOS
 Length = Annotated[int, Field(le=MAX_LENGTH)]  # the lower bound is checked with the range
@@ -72,6 +74,8 @@ class AlgorithmicTask(Seq2SeqTask):
 
     @functools.cache
     def dataset(self, split: str) -> datasets.Dataset:
+        import datasets
+
         if split not in self.splits:
             raise ValueError(f"task {self.options.kind!r} has no split {split!r}; splits: {', '.join(self.splits)}")
         o = self.options

@@ -17,9 +17,8 @@ import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
 from pydantic import Field, field_validator, model_validator
 
 from transformer_zoo.core.errors import ConfigError
@@ -37,6 +36,9 @@ from .text import (
     special_ids,
 )
 from .translation import BleuScored
+
+if TYPE_CHECKING:
+    import datasets
 
 FORMATS: dict[str, tuple[str, dict[str, Any]]] = {  # suffix: the datasets builder and its options
     ".csv": ("csv", {"keep_default_na": False}),  # an empty cell is "", and the text "NA" stays text
@@ -125,6 +127,8 @@ class DatasetOptions(TokenizerSource):
 
     def read(self) -> dict[str, datasets.Dataset]:
         """Every split of the data, as read."""
+        import datasets
+
         path = self.path
         try:
             if self.dataset_name is not None:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
 import numpy as np
 import safetensors.numpy
 import torch
@@ -23,6 +22,9 @@ from pydantic import Field
 
 from transformer_zoo.core.options import TaskOptions
 from transformer_zoo.core.tasks import ClassificationTask, model_reads, objective_reason
+
+if TYPE_CHECKING:
+    import datasets
 
 LEVELS = 17  # grey levels 0..16
 FIRST_TOKEN = 2  # after PAD and CLS
@@ -73,6 +75,8 @@ class DigitsTask(ClassificationTask):
 
     @functools.cache
     def dataset(self, split: str) -> datasets.Dataset:
+        import datasets
+
         if split not in self.splits:
             raise ValueError(f"task 'digits' has no split {split!r}; splits: {', '.join(self.splits)}")
         all_images, labels = load_digits()

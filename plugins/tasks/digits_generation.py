@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
 import numpy as np
 import safetensors.torch
 import torch
@@ -42,6 +41,9 @@ from transformer_zoo.core.options import TaskOptions
 from transformer_zoo.core.tasks import Better, Task, objective_reason
 
 from .digits import Digits
+
+if TYPE_CHECKING:
+    import datasets
 
 CLASSIFIER_WEIGHTS = Path(__file__).with_name("digits_classifier.safetensors")
 SAMPLE_SEED = 0  # noise of the scored samples and of the sample grid

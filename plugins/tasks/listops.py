@@ -8,14 +8,16 @@ one of 10 classes. The long-range difficulty is that the answer depends on every
 from __future__ import annotations
 
 import functools
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-import datasets
 import numpy as np
 from pydantic import Field, model_validator
 
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import CLS, PAD, ClassificationTask
+
+if TYPE_CHECKING:
+    import datasets
 
 OPERATORS = ("MAX", "MIN", "MED", "SM")
 TOKENS = [*(str(d) for d in range(10)), *(f"[{op}" for op in OPERATORS), "]"]
@@ -97,6 +99,8 @@ class ListOpsTask(ClassificationTask):
 
     @functools.cache
     def dataset(self, split: str) -> datasets.Dataset:
+        import datasets
+
         if split not in self.splits:
             raise ValueError(f"task 'listops' has no split {split!r}; splits: {', '.join(self.splits)}")
         o = self.options

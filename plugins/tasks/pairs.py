@@ -24,14 +24,16 @@ The classes are uniform, so the majority-class baseline is about ``1 / symbols``
 from __future__ import annotations
 
 import functools
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
 import numpy as np
 from pydantic import Field, model_validator
 
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import CLS, PAD, ClassificationTask
+
+if TYPE_CHECKING:
+    import datasets
 
 FIRST_SYMBOL = 2  # after PAD and CLS
 POSITIONS = "the two symbols the label combines: 1-based, negative counts from the end (-1: the last)"
@@ -118,6 +120,8 @@ class PairTask(ClassificationTask):
 
     @functools.cache
     def dataset(self, split: str) -> datasets.Dataset:
+        import datasets
+
         self._check_split(split)
         o = self.options
         rng = np.random.default_rng([o.seed, self.splits.index(split)])

@@ -17,15 +17,17 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
 from pydantic import Field, field_validator
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import LanguageModelTask, MaskedLMTask, Task
+
+if TYPE_CHECKING:
+    import datasets
+    from tokenizers import Tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]")  # ids 0-4 of a tokenizer trained here
 ROLE_NAMES = {  # what a loaded tokenizer may call each special token, in order of preference
@@ -116,6 +118,8 @@ class TokenizerSource(TaskOptions):
     def load_tokenizer(self, texts: Any, key: str) -> Tokenizer:
         """The tokenizer named by ``tokenizer``, or one trained on ``texts`` (an iterator of
         batches of strings) and cached under ``key``."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
         if self.tokenizer is not None:
             path = Path(self.tokenizer).expanduser()
             path = path / "tokenizer.json" if path.is_dir() else path
@@ -211,6 +215,8 @@ class TextTask(Tokenized, Task):
 
     @functools.cache
     def _raw(self, split: str) -> datasets.Dataset:
+        import datasets
+
         o = self.options
         files = self.test_files if self.test_files is not None and split != "train" else self.files
         try:

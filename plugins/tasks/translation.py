@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
-import sacrebleu
 from pydantic import Field, field_validator, model_validator
-from tokenizers import Tokenizer
 
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.options import MAX_BEAM, MAX_EXAMPLES, MAX_LENGTH
 from transformer_zoo.core.tasks import Better, Seq2SeqTask
 
 from .text import Tokenized, TokenizerSource, check_patterns, fingerprint, resolve_files, special_ids
+
+if TYPE_CHECKING:
+    import datasets
+    from tokenizers import Tokenizer
 
 
 class Translation(TokenizerSource):
@@ -58,6 +59,8 @@ PARALLEL_SUFFIXES = (".tsv", ".jsonl", ".json", ".txt")
 
 
 def _read_pairs(files: list[str]) -> datasets.Dataset:
+    import datasets
+
     kinds = {Path(f).suffix.lower() for f in files}
     try:
         if kinds <= {".tsv", ".txt"}:
@@ -84,6 +87,8 @@ class BleuScored:
 
     def extra_scores(self, data: datasets.Dataset, outputs: list[list[int]]) -> dict[str, float]:
         """``bleu``: sacrebleu's corpus BLEU (0-100) of the detokenized outputs against the references."""
+        import sacrebleu
+
         hypotheses = self.tokenizer.decode_batch(outputs)
         return {"bleu": sacrebleu.corpus_bleu(hypotheses, [data["target_text"]]).score}
 
@@ -121,6 +126,8 @@ class TranslationTask(BleuScored, Tokenized, Seq2SeqTask):
         return data.train_test_split(test_size=self.options.test_fraction, seed=self.options.seed)[split]
 
     def _hub(self, split: str) -> datasets.Dataset:
+        import datasets
+
         o = self.options
         try:
             data = datasets.load_dataset(o.dataset_name, o.dataset_config)

@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "contention": ("contention", "a training run alone and beside a CPU-bound process, by thread count"),
     "dense-threshold": ("dense_threshold", "a sparse pattern's own kernel against dense SDPA under its mask, by length"),
     "robustness": ("robustness", "bad configs, inputs, checkpoints, folders and plugins, and how each attempt ended"),
+    "startup": ("startup", "tzoo --version, --help, list and schema, each in a fresh process, against import torch"),
 }
 
 
