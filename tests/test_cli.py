@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
 import subprocess
 import sys
 
@@ -131,7 +133,28 @@ def test_every_benchmark_script_runs_the_package_code():
     from transformer_zoo.bench import BENCHMARKS
 
     scripts = {p.stem for p in (Path(__file__).parent.parent / "benchmarks").glob("*.py")}
-    assert scripts == {module for module, _ in BENCHMARKS.values()}
+    assert scripts == {bench.module for bench in BENCHMARKS.values()}
+
+
+@pytest.mark.parametrize("name", ["transformer", "bert", "decoding", "robustness", "startup", "attention-kernels", "mfu",
+                                  "contention", "dense-threshold", "throughput", "ut-act", "sagan-gan"])
+def test_a_benchmarks_help_names_it_and_explains_every_option(name, capsys):
+    import importlib
+
+    from transformer_zoo.bench import BENCHMARKS
+
+    module = importlib.import_module(f"transformer_zoo.bench.{BENCHMARKS[name].module}")
+    parser = module.build_parser()
+    assert parser.prog == f"tzoo bench {name}" and parser.description == module.__doc__
+    unexplained = [a.option_strings[0] for a in parser._actions if not a.help]
+    assert unexplained == [], f"options without help: {unexplained}"
+    with pytest.raises(SystemExit):
+        main(["bench", name, "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith(f"usage: tzoo bench {name}") and module.__doc__.split("\n\n")[0] in text
+    assert all(f"(default: {a.default})" in " ".join(text.split()) for a in parser._actions
+               if a.default not in (None, False, argparse.SUPPRESS) and "default" not in a.help)
+
 
 
 def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys, monkeypatch):
@@ -190,3 +213,32 @@ def test_version_is_the_installed_packages(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"tzoo {version('transformer-zoo')}"
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+@pytest.mark.parametrize("kind", ["variant", "attention", "task"])
+def test_list_on_a_terminal_fits_its_width_and_shows_every_name_whole(capsys, monkeypatch, width, kind):
+    import re
+
+    from transformer_zoo.registry import get_registry
+
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich: stdout is a terminal
+    monkeypatch.setenv("COLUMNS", str(width))
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert main(["list", "--kind", kind]) == 0
+    text = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # styles (bold, dim) are not text
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= width
+    names = get_registry().variants() if kind == "variant" else list(get_registry().components(kind))
+    words = set(text.split())
+    assert all(name in words for name in names), "a name was cut or folded"
+    assert "``" not in text and "…" not in text
+
+
+def test_list_piped_prints_one_plain_row_per_name(capsys):
+    import transformer_zoo as tz
+
+    assert main(["list"]) == 0  # captured: not a terminal
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["name", "family", "plugin", "description"]
+    assert [line.split()[0] for line in lines[1:]] == tz.list_variants()

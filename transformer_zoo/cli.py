@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any
 import yaml
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .core.errors import ZooError
@@ -150,21 +153,44 @@ def _bench(args: argparse.Namespace) -> Any:
     from .bench import BENCHMARKS, run
 
     if args.name is None:
-        return [{"benchmark": name, "measures": text} for name, (_, text) in BENCHMARKS.items()]
+        return [{"benchmark": name, "measures": bench.measures, "takes": bench.takes} for name, bench in BENCHMARKS.items()]
     run(args.name, args.args)
     return None
 
 
+def _plain(text: str) -> str:
+    """Docstring markup as plain text: ``code`` and :role:`~a.b.name` become code and name."""
+    text = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
 def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    """Rows as a table whose last column wraps; names and other columns are never cut. Piped (not a
+    terminal): plain aligned rows, one line each. Too narrow for the table: each row's other columns
+    on one line and its last column wrapped below it."""
     if not rows:
         console.print(f"no {title} match")
         return
-    table = Table(title=title, title_justify="left")
-    for i, column in enumerate(rows[0]):
-        table.add_column(column, no_wrap=i == 0)  # names are never folded
-    for row in rows:
-        table.add_row(*(str(v) for v in row.values()))
-    console.print(table)
+    columns = list(rows[0])
+    cells = [[_plain(str(value)) for value in row.values()] for row in rows]
+    widths = [max(len(column), *(len(row[i]) for row in cells)) for i, column in enumerate(columns)]
+    if not console.is_terminal:
+        for row in [columns, *cells]:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        return
+    if console.width - sum(widths[:-1]) - 2 * (len(columns) - 1) >= 40:  # room for a readable last column
+        table = Table(title=title, title_justify="left", box=None, padding=(0, 2, 0, 0))
+        for i, column in enumerate(columns):
+            last = i == len(columns) - 1
+            table.add_column(column, no_wrap=not last, min_width=None if last else widths[i], overflow="fold")
+        for row in cells:
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
+        return
+    console.print(Text(title, style="italic"))
+    for row in cells:
+        console.print(Text(row[0], style="bold") + Text("  " + "  ".join(row[1:-1]), style="dim"))
+        console.print(Padding(Text(row[-1]), (0, 0, 0, 4), expand=False))
 
 
 def _seeds(text: str) -> list[int]:

@@ -23,7 +23,7 @@ import transformers
 
 import transformer_zoo as tz
 
-from .common import add_device_options, autocast, device_name, device_of, paired_medians, write_json
+from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, write_json
 
 CONFIGS = {
     "minilm": {"num_hidden_layers": 6, "hidden_size": 384, "num_attention_heads": 12, "intermediate_size": 1536},
@@ -99,15 +99,19 @@ def measure(name: str, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["minilm", "base"])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=10)
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["minilm", "base"], help="BERT sizes to measure")
+    parser.add_argument("--batch", type=int, default=8, help="examples per batch")
+    parser.add_argument("--length", type=int, default=128, help="tokens per sequence")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs of each side (the median is reported)")
     parser.add_argument("--json", help="also write the results to this file")
     add_device_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     rows = [row for name in args.configs for row in measure(name, args)]
     print(f"bert against transformers {transformers.__version__} BertModel (sdpa), batch {args.batch}, "
           f"length {args.length}, {device_name(device_of(args))}{' bf16' if args.bf16 else ''}, "

@@ -14,6 +14,25 @@ from collections.abc import Callable
 import torch
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written (the module's docstring), and each option's default after its help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def bench_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of the benchmark in ``module`` (its ``__name__``): ``tzoo bench NAME`` in its
+    usage, its docstring as the description."""
+    from . import BENCHMARKS
+
+    name = next(name for name, (stem, *_) in BENCHMARKS.items() if module.rsplit(".", 1)[-1] == stem)
+    return argparse.ArgumentParser(prog=f"tzoo bench {name}", description=doc, formatter_class=_HelpFormatter)
+
+
 def add_device_options(parser: argparse.ArgumentParser) -> None:
     """``--device`` and ``--bf16``, the same in every benchmark."""
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",

@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 
-from .common import write_json
+from .common import bench_parser, write_json
 
 RUN = """
 import json, tempfile, torch
@@ -46,15 +46,19 @@ def seconds(args: argparse.Namespace, threads: int, busy: bool, environment: dic
             competitor.wait()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tzoo bench contention", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1], help="thread counts to measure")
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=150, help="training steps of each run")
     parser.add_argument("--variant", default="transformer-tiny", help="a variant of the built-in comparison")
     parser.add_argument("--task", default="listops", help="a task of the built-in comparison")
     parser.add_argument("--passive", action="store_true", help="also measure with OMP_WAIT_POLICY=PASSIVE")
     parser.add_argument("--json", type=str, default=None, metavar="PATH", help="also write the results as JSON")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     settings = [(threads, {}) for threads in args.threads]
     if args.passive:
         settings += [(threads, {"OMP_WAIT_POLICY": "PASSIVE"}) for threads in args.threads if threads > 1]

@@ -16,21 +16,26 @@ import torch
 import transformer_zoo as tz
 from transformer_zoo.core.decoding import greedy_decode
 
-from .common import add_device_options, autocast, device_name, device_of, paired_medians, write_json
+from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, write_json
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--new-tokens", type=int, default=256,
+                        help="tokens each source decodes to (no end token stops a row early)")
+    parser.add_argument("--d-model", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--layers", type=int, default=3, help="layers in the encoder and in the decoder")
+    parser.add_argument("--batch", type=int, default=8, help="sources decoded together")
+    parser.add_argument("--src-length", type=int, default=32, help="tokens per source")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (the median is reported)")
+    parser.add_argument("--json", help="also write the results to this file")
+    add_device_options(parser)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--src-length", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", help="also write the results to this file")
-    add_device_options(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     device = device_of(args)
 
     torch.manual_seed(0)

@@ -19,7 +19,7 @@ import torch
 from ..core.image import Local2dPattern
 from ..core.local_attention import DENSE_UP_TO, Pattern, PatternKernel
 from ..core.masks import AttentionMask
-from .common import add_device_options, device_of, paired_medians, precision, write_json
+from .common import add_device_options, bench_parser, device_of, paired_medians, precision, write_json
 
 
 def patterns(keys: int) -> dict[str, object]:
@@ -42,16 +42,20 @@ def training_pass(kernel: PatternKernel, qkv: list[torch.Tensor], args: argparse
     return run
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tzoo bench dense-threshold", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
     parser.add_argument("--keys", type=int, nargs="+", default=[64, 256, 1024], help="sequence lengths (squares)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=8, help="examples per batch")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--head-dim", type=int, default=16, help="width of each head")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs of each side (the median is reported)")
     parser.add_argument("--json", type=str, default=None, metavar="PATH", help="also write the results as JSON")
     add_device_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     device = device_of(args)
     print(f"training pass of the attention, batch {args.batch}, {args.heads} heads of {args.head_dim}, on "
           f"{device.type}; auto is dense up to {DENSE_UP_TO} keys")

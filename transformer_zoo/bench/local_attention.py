@@ -32,7 +32,7 @@ from transformer_zoo.core.attention import attention_math
 from transformer_zoo.core.local_attention import Pattern, chunked_attention, flex_attention_kernel
 from transformer_zoo.scaling import PeakMemory
 
-from .common import add_device_options, device_name, device_of, sdpa_kernels, write_json
+from .common import add_device_options, bench_parser, device_name, device_of, sdpa_kernels, write_json
 
 METHODS = ("sdpa", "math", "sliding-window", "dilated", "block-local", "local-global", "block-sparse")
 FLEX = "flex-sliding-window"  # compiled FlexAttention with the sliding window's block mask; forward only on CPU
@@ -101,20 +101,24 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
             "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensor_mb, "kernels": kernels}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths for every method")
     parser.add_argument("--long", type=int, nargs="*", default=[65536], help="lengths for the chunked kernels only")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--window", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--window", type=int, default=256, help="keys each query sees on each side (sliding window)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (the median is reported)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=(*METHODS, FLEX),
                         help=f"{FLEX} (compiled FlexAttention) is not in the default list: it compiles in each process")
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--plot", help="write a PNG of memory and time against length")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     add_device_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     device = device_of(args)
     print(f"attention kernels on {device_name(device)}{' in bf16' if args.bf16 else ''}", flush=True)
     passes = [False, True] if args.backward else [False]

@@ -26,7 +26,7 @@ import transformer_zoo as tz
 
 from ..scaling import _median_seconds
 from ..train import datasheet_tflops, fused_adamw
-from .common import add_device_options, device_name, device_of, write_json
+from .common import add_device_options, bench_parser, device_name, device_of, write_json
 from .throughput import random_batch
 
 
@@ -95,13 +95,13 @@ def profile(step, device: torch.device, steps: int = 3) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=["transformer-base", "bert-base"])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--length", type=int, default=256)
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--variants", nargs="+", default=["transformer-base", "bert-base"], help="registered variants to measure")
+    parser.add_argument("--batch", type=int, default=64, help="examples per batch")
+    parser.add_argument("--length", type=int, default=256, help="tokens per sequence")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (they compile)")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs of each side (the median is reported)")
     parser.add_argument("--matmul-size", type=int, help="side of the reference matrix product (default: 8192 on CUDA, "
                         "1024 on the CPU)")
     parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: the data sheet's, "
@@ -111,7 +111,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="compile the model alone and run its loss eagerly (tzoo train compiles them together)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     add_device_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     device = device_of(args)
     matmul = matmul_tflops(device, args.matmul_size or (8192 if device.type == "cuda" else 1024))
     peak = args.peak_tflops or datasheet_tflops(device)

@@ -19,7 +19,7 @@ import time
 
 from transformer_zoo.plugins.tasks.digits_generation import DigitsGeneration
 
-from .common import write_json
+from .common import bench_parser, write_json
 from transformer_zoo.train import TrainConfig, train
 
 MODELS = {
@@ -38,13 +38,17 @@ def run(model: dict, seed: int, args: argparse.Namespace) -> dict:
             **summary["metrics"]["test"]}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--batch", type=int, default=64)
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--steps", type=int, default=3000, help="training steps of each run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds: each trains the GAN with attention and without")
+    parser.add_argument("--batch", type=int, default=64, help="examples per batch")
     parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     results = {"args": vars(args), "real": DigitsGeneration().build().baselines("test"), "models": {}}
     for name, model in MODELS.items():
         results["models"][name] = [run(model, seed, args) for seed in args.seeds]

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from .common import bench_parser
+
 HEAVY = ("torch", "datasets", "sacrebleu", "matplotlib", "tokenizers", "scipy", "pandas")
 COMMANDS = {"import torch": None, "tzoo --version": ["--version"], "tzoo --help": ["--help"],
             "tzoo list": ["list"], "tzoo schema": ["schema"]}
@@ -49,12 +51,15 @@ def imported(argv: list[str]) -> list[str]:
     return json.loads(done.stderr.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="tzoo bench startup", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
     parser.add_argument("--repeats", type=int, default=7, help="runs of each command (the median is reported)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
 
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
     names = list(COMMANDS)

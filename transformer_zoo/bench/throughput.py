@@ -21,7 +21,7 @@ import torch
 import transformer_zoo as tz
 
 from ..train import trains_only
-from .common import add_device_options, autocast, device_name, device_of, paired_medians, precision, write_json
+from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, precision, write_json
 
 COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}
 
@@ -98,15 +98,19 @@ def workload(model: torch.nn.Module, batch: int, length: int, amp: Callable) -> 
     return train, lambda: model(**inputs), tokens
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--length", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--batch", type=int, default=8, help="examples per batch")
+    parser.add_argument("--length", type=int, default=128, help="tokens per sequence")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each side (the median is reported)")
     parser.add_argument("--variants", nargs="+", help="names to measure (default: every registered variant)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     add_device_options(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     device = device_of(args)
     print(f"throughput on {device_name(device)}{' bf16' if args.bf16 else ''}, batch {args.batch}, "
           f"length {args.length}, {torch.get_num_threads()} threads")

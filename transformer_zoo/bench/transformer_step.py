@@ -17,20 +17,24 @@ from torch import nn
 import transformer_zoo as tz
 from transformer_zoo.core.masks import AttentionMask
 
-from .common import add_device_options, autocast, device_name, device_of, paired_medians, write_json
+from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, write_json
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--d-model", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--layers", type=int, default=3, help="layers in the encoder and in the decoder")
+    parser.add_argument("--batch", type=int, default=16, help="examples per batch")
+    parser.add_argument("--length", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs of each side (the median is reported)")
+    parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    add_device_options(parser)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
-    add_device_options(parser)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     device = device_of(args)
     torch.manual_seed(0)
     d, ff = args.d_model, 4 * args.d_model

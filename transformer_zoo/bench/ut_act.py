@@ -19,7 +19,7 @@ import torch
 
 import transformer_zoo as tz
 
-from .common import paired_medians, write_json
+from .common import bench_parser, paired_medians, write_json
 
 
 def models(args: argparse.Namespace, halting_bias: float) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -63,16 +63,20 @@ def measure(act_model, plain, args, setting: str) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--d-model", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=20)
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--d-model", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--steps", type=int, default=6, help="the Universal Transformer's most steps (the fixed-step model runs all of them)")
+    parser.add_argument("--batch", type=int, default=16, help="examples per batch")
+    parser.add_argument("--length", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs of each side (the median is reported)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     rows = measure(*models(args, halting_bias=-30.0), args, "act-all-steps")
     rows += measure(*models(args, halting_bias=1.0), args, "act-at-init")
     print(f"Universal Transformer d={args.d_model} heads={args.heads} T={args.steps} batch={args.batch} "

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..common import bench_parser
 from .configs import GAN_BASE, TRAIN_BASE, configs, files, training
 from .folders import checkpoints, pretrained
 from .harness import GOOD, TITLES, WARMUP_VARIANTS, Context, Result, Sandbox
@@ -89,15 +90,20 @@ def _short(text: str) -> str:
     return (line[:157] + "...") if len(line) > 160 else line
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", help=f"comma-separated categories (default: all): {','.join(CATEGORIES)}")
+def build_parser() -> argparse.ArgumentParser:
+    parser = bench_parser(__name__, __doc__)
+    parser.add_argument("--only", help=f"comma-separated categories of cases (default: all): {','.join(CATEGORIES)}")
     parser.add_argument("--json", type=Path, help="write every case and the table as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the table and the cases that did not hold here")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample of bad model configs")
-    parser.add_argument("--config-cases", type=int, default=420, help="bad model configs sampled (default 420)")
+    parser.add_argument("--config-cases", type=int, default=420, help="bad model configs sampled")
     parser.add_argument("--memory-gb", type=float, default=4.0, help="what a case may allocate in the worker, in GB")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     chosen = list(CATEGORIES) if not args.only else [c.strip() for c in args.only.split(",") if c.strip()]
     unknown = [c for c in chosen if c not in CATEGORIES]
