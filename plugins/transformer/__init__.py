@@ -2,9 +2,10 @@
 
 An encoder-decoder of post-norm layers: sinusoidal positions added to embeddings scaled by
 sqrt(d_model), one embedding table shared by source, target and output projection,
-label-smoothed cross-entropy (epsilon 0.1) and the warm-up then inverse-square-root
-learning-rate schedule (eq. 3). Everything is composed from the core; this file holds only
-the paper's defaults and presets.
+and label-smoothed cross-entropy (epsilon 0.1). The warm-up then inverse-square-root
+learning-rate schedule (eq. 3) is training's ``schedule: inverse-sqrt`` with
+``lr = (d_model * warmup_steps) ** -0.5``. Everything is composed from the core; this file
+holds only the paper's defaults and presets.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import Field
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LambdaLR
 
 from transformer_zoo.core.config import EncoderDecoderConfig
 from transformer_zoo.core.options import MAX_VOCAB, Head, Variant
-from transformer_zoo.core.schedules import inverse_sqrt_warmup
 from transformer_zoo.registry import hookimpl
 
 
@@ -34,11 +32,9 @@ class TransformerConfig(EncoderDecoderConfig):
         validate_default=True,
         description="generator tied to the shared embeddings, label smoothing 0.1",
     )
-    warmup_steps: int = Field(4000, ge=1, description="warm-up steps of the learning-rate schedule (eq. 3)")
-
-    def lr_schedule(self, optimizer: Optimizer) -> LambdaLR:
-        """The paper's schedule on ``optimizer`` (set its lr to 1.0 for the paper's rates)."""
-        return inverse_sqrt_warmup(optimizer, self.d_model, self.warmup_steps)
+    warmup_steps: int | None = Field(
+        None, ge=1, exclude=True, description="deprecated, leave it out: the learning-rate schedule is the training "
+        "config's (schedule: inverse-sqrt, warmup_steps); configs written before hold it, and it is accepted and dropped")
 
 
 BIG = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)

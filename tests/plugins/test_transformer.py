@@ -8,7 +8,7 @@ from torch import nn
 
 import transformer_zoo as tz
 from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.schedules import inverse_sqrt_factor
+from transformer_zoo.train_config import load_train_config, lr_factor
 
 D, H, FF, LAYERS, VOCAB = 32, 4, 64, 2, 50
 
@@ -153,17 +153,19 @@ def test_future_tokens_never_change_earlier_outputs(positional, with_mask):
         assert not torch.allclose(out[:, t + 1 :], base[:, t + 1 :]), "the perturbation must be visible later"
 
 
-def test_warmup_schedule_follows_equation_3():
-    config = tz.load_config({"variant": "transformer-base"})
-    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
-    schedule = config.lr_schedule(optimizer)
-    rates = []
-    for _ in range(8000):
-        rates.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        schedule.step()
-    peak = max(range(len(rates)), key=rates.__getitem__)
-    assert peak + 1 == config.warmup_steps
-    assert rates[0] == pytest.approx(512**-0.5 * 4000**-1.5)
-    assert rates[7999] == pytest.approx(512**-0.5 * 8000**-0.5)
-    assert inverse_sqrt_factor(16000, 512, 4000) == pytest.approx(rates[3999] / 2)
+def test_trainings_inverse_sqrt_schedule_is_equation_3():
+    """With lr = (d_model * warmup)^-0.5, training's schedule is d_model^-0.5 * min(n^-0.5, n * warmup^-1.5)
+    at training step n (the paper's eq. 3); step n is the optimizer step with index n - 1."""
+    d_model, warmup = 512, 4000
+    config = load_train_config({"model": {"variant": "transformer-base"}, "task": {"kind": "copy"}, "steps": 100000,
+                                "schedule": "inverse-sqrt", "warmup_steps": warmup, "lr": (d_model * warmup) ** -0.5})
+    rates = [config.lr * lr_factor(index, config) for index in range(8000)]
+    paper = [d_model**-0.5 * min(n**-0.5, n * warmup**-1.5) for n in range(1, 8001)]
+    assert rates == pytest.approx(paper, rel=1e-12)
+    assert max(range(len(rates)), key=rates.__getitem__) + 1 == warmup
+
+
+def test_a_saved_config_with_the_former_warmup_field_still_loads():
+    config = tz.load_config({"variant": "transformer-tiny", "warmup_steps": 4000})
+    assert "warmup_steps" not in config.model_dump()
+    assert tz.build_model(config).config == tz.load_config("transformer-tiny")
