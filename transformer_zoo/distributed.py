@@ -26,7 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict)
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -101,49 +103,41 @@ def held_parameters(model: nn.Module) -> int:
     return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters())
 
 
-def gathered(value: Any) -> Any:
-    """A sharded tensor whole (every process must call it, in the same order); anything else as is."""
-    return value.full_tensor() if isinstance(value, DTensor) else value
+WHOLE_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on process 0's CPU, one tensor at a time
 
 
 def gathered_weights(model: nn.Module, here: World) -> dict[str, Tensor]:
-    """The whole weights of a sharded model, on the CPU of process 0 (empty elsewhere)."""
-    whole = {}
-    for name, value in model.state_dict().items():
-        value = gathered(value)
-        if here.main:
-            whole[name] = value.detach().cpu()
-    return whole
+    """The whole weights of a sharded model, on the CPU of process 0 (empty elsewhere; every
+    process must call it)."""
+    return get_model_state_dict(model, options=WHOLE_ON_CPU)
 
 
-def gathered_optimizer(optimizer: torch.optim.Optimizer, here: World) -> dict[str, Any]:
-    """A sharded model's optimizer state in the layout of one process's, on the CPU of process 0
-    (empty elsewhere); one tensor at a time is whole on a device."""
-    state = optimizer.state_dict()
-    moments = {}
-    for index, values in sorted(state["state"].items()):
-        whole = {}
-        for key, value in values.items():
-            value = gathered(value)
-            whole[key] = value.cpu() if isinstance(value, Tensor) else value
-        if here.main:
-            moments[index] = whole
-    return {"state": moments, "param_groups": state["param_groups"]} if here.main else {}
+def _parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of the optimizer's parameters, in the order of its state's indices."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 
 
-def sharded_optimizer(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """An optimizer state saved whole (read by every process, on the CPU), cut into this
-    process's shards of the optimizer's parameters."""
-    parameters = [p for group in optimizer.param_groups for p in group["params"]]
-    moments = {}
-    for index, values in state["state"].items():
-        like = parameters[int(index)]
-        moments[index] = {
-            # every process holds the whole value: each keeps its own shard, nothing is sent
-            key: distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
-            if isinstance(like, DTensor) and isinstance(value, Tensor) and value.shape == like.shape else value
-            for key, value in values.items()}
-    return {**state, "state": moments}
+def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, here: World) -> dict[str, Any]:
+    """A sharded model's optimizer state in the layout of one process's (by parameter index), on
+    the CPU of process 0 (empty elsewhere; every process must call it)."""
+    state = get_optimizer_state_dict(model, optimizer, options=WHOLE_ON_CPU)
+    if not here.main:
+        return {}
+    index = {name: i for i, name in enumerate(_parameter_names(model, optimizer))}
+    return {"state": {index[name]: values for name, values in state["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in state["param_groups"]]}
+
+
+def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load an optimizer state saved whole, by parameter index (every process reads it on the
+    CPU), into a sharded model's optimizer: each process keeps its shards."""
+    names = _parameter_names(model, optimizer)
+    by_name = {"state": {names[int(i)]: values for i, values in state["state"].items()},
+               "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
+                                for group in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
 def shard(batch: dict[str, Tensor], here: World) -> dict[str, Tensor]:

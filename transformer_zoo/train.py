@@ -520,7 +520,7 @@ class Trainer:
             raise ValueError("this Trainer has no run folder to save into; give run_dir to Trainer(...)")
         if self.sharded:
             model = self.gather()
-            states = {name: distributed.gathered_optimizer(optimizer, self.here)
+            states = {name: distributed.gathered_optimizer(self.model, optimizer, self.here)
                       for name, optimizer in self.optimizers.items()}
         else:
             model, states = self.model, {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()}
@@ -584,7 +584,10 @@ class Trainer:
         try:
             for name, optimizer in self.optimizers.items():
                 state = states["optimizers"][name]
-                optimizer.load_state_dict(distributed.sharded_optimizer(state, optimizer) if self.sharded else state)
+                if self.sharded:
+                    distributed.load_sharded_optimizer(self.model, optimizer, state)
+                else:
+                    optimizer.load_state_dict(state)
                 self.schedulers[name].load_state_dict(states["schedulers"][name])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise CheckpointError(f"{checkpoint / 'optimizer.pt'} does not load into the optimizers ({exc}); start "
