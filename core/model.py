@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import safetensors.torch
+import torch
 from torch import Tensor, nn
 
 from .inputs import check_tensor, check_token_ids
@@ -76,16 +77,23 @@ class ZooModel(nn.Module):
         loss = self.head.loss(output.logits, targets)
         return loss if output.aux_loss is None else loss + output.aux_loss
 
-    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+    def save_pretrained(self, directory: str | os.PathLike, *, format: str = "zoo") -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
 
         Each file is written atomically; load with ``transformer_zoo.from_pretrained``.
+        ``format="zoo"``, the zoo's own layout, keeps every option of the config; a family with
+        another layout overrides this method to offer it (the bert family's ``"hf"``, which
+        ``transformers`` loads).
         """
         if self.config is None:
             raise ValueError(
                 f"this {type(self).__name__} has no config: it was built by hand; build it with "
                 "transformer_zoo.build_model(...) to be able to save and reload it"
             )
+        if format != "zoo":
+            family = getattr(self.config, "family", "") or type(self).__name__
+            raise ValueError(f"format={format!r}: a {family} model saves only in the zoo's own format, format='zoo' "
+                             "(the Hugging Face layout, format='hf', is written for the bert family)")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_model(self, str(p)))
@@ -178,6 +186,10 @@ class ModelOutput:
             extras={**{f"{name}_{key}": value for name, out in ran.items() for key, value in out.extras.items()},
                     **(extras or {})},
         )
+
+
+# A pytree node, so that torch.export can return it; the name keeps saved programs loadable if the class moves.
+torch.export.register_dataclass(ModelOutput, serialized_type_name="transformer_zoo.core.model.ModelOutput")
 
 
 def _is_set(value: Any) -> bool:

@@ -12,7 +12,9 @@ Checkpoints saved by Hugging Face ``transformers`` load exactly (:mod:`.hf`).
 
 from __future__ import annotations
 
-from typing import ClassVar
+import os
+from pathlib import Path
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,7 @@ from transformer_zoo.core.stack import StackOutput
 from transformer_zoo.registry import hookimpl
 
 from .hf import BERT_IMPORTER
+from .hf_save import save_hf
 
 
 # ---- modules --------------------------------------------------------------------------------
@@ -173,6 +176,24 @@ class Bert(EncoderDecoder):
             logits = self.head(out.hidden, None if mask is None else mask.bool())
         return ModelOutput.of(logits, {"encoder": out}, need_weights=need_weights,
                               extras=None if pooled is None else {"pooled": pooled})
+
+    def save_pretrained(self, directory: str | os.PathLike, *, format: Literal["zoo", "hf"] = "zoo",
+                        architecture: str | None = None) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` into ``directory``, each atomically.
+
+        ``format="zoo"`` (the default) keeps every option of the config. ``format="hf"`` writes
+        the layout of Hugging Face ``transformers`` (its ``BertForMaskedLM.from_pretrained`` and
+        the like read it, and so does ``transformer_zoo.from_pretrained``) for a config BERT as
+        released can express; ``architecture`` picks the class (:func:`~.hf_save.save_hf`).
+        """
+        if format not in ("zoo", "hf"):
+            raise ValueError(f"format={format!r}; a bert model saves as 'zoo' (every option, the default) or 'hf' "
+                             "(the layout of Hugging Face transformers)")
+        if format == "hf":
+            return save_hf(self, directory, architecture)
+        if architecture is not None:
+            raise ValueError(f"architecture={architecture!r} names a transformers class, for format='hf' only")
+        return super().save_pretrained(directory)
 
 
 # ---- options ----------------------------------------------------------------------------------

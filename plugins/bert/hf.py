@@ -4,6 +4,8 @@ A folder holding ``config.json`` (``model_type: bert``) and ``model.safetensors`
 safetensors, or ``pytorch_model.bin``) becomes a :class:`~transformer_zoo.plugins.bert.Bert`:
 its config is translated, every weight is placed by name (the query, key and value projections
 are concatenated into one fused input projection), and whatever cannot be placed is reported.
+
+The other way is :mod:`.hf_save`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ OTHER = {
     "cls.predictions.transform.LayerNorm": "head.norm",
     "classifier": "head.proj",
     "cls.seq_relationship": "head.proj",  # next-sentence prediction: a 2-class pooled classifier
+}
+DECODER = {  # the masked-LM decoder; transformers keeps its bias under two names
+    "cls.predictions.bias": "head.decoder.proj.bias",
+    "cls.predictions.decoder.bias": "head.decoder.proj.bias",
+    "cls.predictions.decoder.weight": "head.decoder.proj.weight",  # tied to the token embeddings: checked on load
 }
 BODY = ("embeddings.", "encoder.", "pooler.")  # a body weight that cannot be placed contradicts the config
 
@@ -218,10 +225,8 @@ def map_weights(checkpoint: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[
             ours = f"encoder.layers.{match[1]}.{LAYER[match[2]]}.{param}" if match[2] in LAYER else None
         elif prefix in OTHER:
             ours = f"{OTHER[prefix]}.{param}"
-        elif name in ("cls.predictions.bias", "cls.predictions.decoder.bias"):
-            ours = "head.decoder.proj.bias"
-        elif name == "cls.predictions.decoder.weight":
-            ours = "head.decoder.proj.weight"  # tied to the token embeddings: checked on load
+        elif name in DECODER:
+            ours = DECODER[name]
         else:
             ours = None
         if ours is None:
