@@ -77,6 +77,12 @@ class ZooModel(nn.Module):
         loss = self.head.loss(output.logits, targets)
         return loss if output.aux_loss is None else loss + output.aux_loss
 
+    def labelled(self, output: ModelOutput, labels: Tensor | None) -> ModelOutput:
+        """``output`` with its ``loss`` set from ``labels`` (a forward's ``labels=``), when given."""
+        if labels is not None:
+            output.loss = self.loss(output, labels)
+        return output
+
     def save_pretrained(self, directory: str | os.PathLike, *, format: str = "zoo") -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
 
@@ -125,9 +131,9 @@ class ModelOutput:
 
     Read it by attribute (``out.logits``), or as ``transformers``' ``ModelOutput`` is read: by
     key (``out["logits"]``), by index (``out[0]``) or as ``out.to_tuple()``. Keys and indices
-    run over the fields that are set, in the order below: a field that is None or empty (no
-    attention weights asked for, no auxiliary loss) is left out, so ``out[0]`` is always the
-    logits.
+    run over the fields that are set, ``loss`` first and then in the order below: a field that
+    is None or empty (no labels given, no attention weights asked for, no auxiliary loss) is
+    left out, so ``out[0]`` is the loss when the forward had ``labels=``, else the logits.
 
     Attributes:
         logits: the head's output: ``(B, T, V)`` for token heads, ``(B, C)`` for sequence heads.
@@ -135,6 +141,7 @@ class ModelOutput:
         attentions: weights by stack (``encoder``, ``decoder``), per layer application, by block.
         aux_loss: terms to add to the task loss (ponder cost), or None.
         extras: other per-forward outputs of the stacks, prefixed by stack name.
+        loss: the model's loss on the forward's ``labels=`` (:meth:`ZooModel.loss`), or None.
     """
 
     logits: Tensor
@@ -142,10 +149,12 @@ class ModelOutput:
     attentions: dict[str, list[dict[str, Tensor]]] = field(default_factory=dict)
     aux_loss: Tensor | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
+    loss: Tensor | None = None
 
     def keys(self) -> list[str]:
-        """The names of the fields that are set (not None, not empty), in order."""
-        return [f.name for f in fields(self) if _is_set(getattr(self, f.name))]
+        """The names of the fields that are set (not None, not empty): ``loss``, then in order."""
+        names = ["loss", *(f.name for f in fields(self) if f.name != "loss")]
+        return [name for name in names if _is_set(getattr(self, name))]
 
     def values(self) -> list[Any]:
         return [getattr(self, key) for key in self.keys()]
@@ -154,7 +163,7 @@ class ModelOutput:
         return [(key, getattr(self, key)) for key in self.keys()]
 
     def to_tuple(self) -> tuple[Any, ...]:
-        """The values of the fields that are set, in order: ``(logits, hidden, ...)``."""
+        """The values of the fields that are set, in order: ``([loss,] logits, hidden, ...)``."""
         return tuple(self.values())
 
     def __getitem__(self, key: str | int | slice) -> Any:
@@ -300,15 +309,23 @@ class EncoderDecoder(ZooModel):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
         need_weights: bool = False,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
     ) -> ModelOutput:
-        """Logits for a batch.
+        """Logits for a batch (and the loss, given ``labels``).
 
         Encoder-decoder: ``model(src, tgt)``; encoder-only: ``model(src)``; decoder-only:
         ``model(tgt=ids)`` or simply ``model(ids)``. Ids are ``(B, T)`` tensors of ``torch.long``
         (or ``int32``), ``B`` and ``T`` at least 1; masks are ``(B, T)``, 1 for real tokens and 0
         for padding. Anything else (a list, a numpy array, ``uint8`` ids, an empty batch) is a
         ValueError saying what was expected.
+
+        ``labels`` are the targets of the logits, position by position, as :meth:`ZooModel.loss`
+        takes them (for a language model, the ids shifted by one: nothing is shifted here);
+        ``out.loss`` is then set. ``output_attentions=True``, ``transformers``' name, is
+        ``need_weights=True``.
         """
+        need_weights = need_weights or bool(output_attentions)
         if self.encoder is None and tgt is None:  # decoder-only: the one sequence may come as src
             if src_mask is not None and tgt_mask is not None:
                 raise ValueError("this model is decoder-only: give one mask (tgt_mask), not src_mask and tgt_mask")
@@ -334,4 +351,4 @@ class EncoderDecoder(ZooModel):
             dec = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=need_weights)
         last, mask = (dec, tgt_mask) if dec is not None else (enc, src_mask)
         logits = self.head(last.hidden, None if mask is None else mask.bool())
-        return ModelOutput.of(logits, {"encoder": enc, "decoder": dec}, need_weights=need_weights)
+        return self.labelled(ModelOutput.of(logits, {"encoder": enc, "decoder": dec}, need_weights=need_weights), labels)

@@ -84,3 +84,7 @@ def test_variant_builds_trains_and_round_trips(name, tmp_path):
     assert reloaded.config == model.config
     with torch.no_grad():
         assert torch.equal(reloaded(**inputs).logits, expected)
+        labelled = reloaded(**inputs, labels=targets, output_attentions=True)  # transformers' names
+        torch.testing.assert_close(labelled.loss, reloaded.loss(reloaded(**inputs), targets))  # weights asked: the math path
+    assert labelled[0] is labelled.loss and labelled["loss"] is labelled.loss and labelled[1] is labelled.logits
+    assert labelled.attentions, "output_attentions=True asks for the attention weights, as need_weights=True does"

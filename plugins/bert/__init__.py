@@ -162,8 +162,12 @@ class Bert(EncoderDecoder):
 
     def forward(self, src: Tensor | None = None, src_mask: Tensor | None = None,  # type: ignore[override]
                 token_type_ids: Tensor | None = None, *, input_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, need_weights: bool = False) -> ModelOutput:
-        """Logits for a batch; ids as ``src`` or ``input_ids``, the mask as ``src_mask`` or ``attention_mask``."""
+                attention_mask: Tensor | None = None, need_weights: bool = False, labels: Tensor | None = None,
+                output_attentions: bool | None = None) -> ModelOutput:
+        """Logits for a batch; ids as ``src`` or ``input_ids``, the mask as ``src_mask`` or ``attention_mask``.
+        With ``labels`` (token ids, -100 where unscored, for the masked-LM head; one class per
+        sequence for a classifier), ``out.loss`` is set; ``output_attentions`` is ``need_weights``."""
+        need_weights = need_weights or bool(output_attentions)
         ids = input_ids if input_ids is not None else src
         mask = attention_mask if attention_mask is not None else src_mask
         if ids is None:
@@ -174,8 +178,8 @@ class Bert(EncoderDecoder):
             logits = self.head(pooled)
         else:
             logits = self.head(out.hidden, None if mask is None else mask.bool())
-        return ModelOutput.of(logits, {"encoder": out}, need_weights=need_weights,
-                              extras=None if pooled is None else {"pooled": pooled})
+        return self.labelled(ModelOutput.of(logits, {"encoder": out}, need_weights=need_weights,
+                                            extras=None if pooled is None else {"pooled": pooled}), labels)
 
     def save_pretrained(self, directory: str | os.PathLike, *, format: Literal["zoo", "hf"] = "zoo",
                         architecture: str | None = None) -> Path:

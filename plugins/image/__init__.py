@@ -115,18 +115,21 @@ class ImageEncoder(ZooModel):
         self.cls = nn.Parameter(torch.zeros(1, 1, patches.proj.out_channels)) if cls_token else None
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, image: Tensor, *, need_weights: bool = False) -> ModelOutput:
-        """``image`` ``(B, C, H, W)``, floats of the model's dtype, to class logits ``(B, num_classes)``.
+    def forward(self, image: Tensor, *, need_weights: bool = False, labels: Tensor | None = None,
+                output_attentions: bool | None = None) -> ModelOutput:
+        """``image`` ``(B, C, H, W)``, floats of the model's dtype, to class logits ``(B, num_classes)``
+        (and ``out.loss``, given ``labels`` ``(B,)``; ``output_attentions`` is ``need_weights``).
 
         Pixel values are not checked (that would cost a device sync on every call): a NaN or
         infinite pixel propagates, so its image's logits are NaN, and a loss over them stops
         training. Anything but a non-empty float tensor of that shape and dtype is a ValueError.
         """
+        need_weights = need_weights or bool(output_attentions)
         x = self.positional(self.patches(image))  # (B, n_patches, D)
         if self.cls is not None:
             x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1)  # the class token has no position
         out = self.encoder(self.dropout(x), self_mask=AttentionMask(), need_weights=need_weights)
-        return ModelOutput.of(self.head(out.hidden), {"encoder": out}, need_weights=need_weights)
+        return self.labelled(ModelOutput.of(self.head(out.hidden), {"encoder": out}, need_weights=need_weights), labels)
 
 
 class ImageConfig(VariantConfig):
@@ -229,15 +232,18 @@ class SaganClassifier(ZooModel):
         self.attention = nn.ModuleDict(attention)
         self.classifier = nn.Linear(widths[-1], num_classes)
 
-    def forward(self, image: Tensor, *, need_weights: bool = False) -> ModelOutput:
+    def forward(self, image: Tensor, *, need_weights: bool = False, labels: Tensor | None = None,
+                output_attentions: bool | None = None) -> ModelOutput:
         """``image`` ``(B, C, H, W)``, floats of the model's dtype, to class logits; with
-        ``need_weights``, each SAGAN block's weights ``(B, h*w, h*w)`` over its feature map, by stage.
+        ``need_weights`` (or ``output_attentions``), each SAGAN block's weights ``(B, h*w, h*w)``
+        over its feature map, by stage; with ``labels`` ``(B,)``, ``out.loss``.
 
         Pixel values are not checked (that would cost a device sync on every call): a NaN or
         infinite pixel propagates, so its image's logits are NaN (in training, batch norm spreads
         it to the whole batch), and a loss over them stops training.
         """
         check_image(image, self.channels, self.image_size, dtype=self.classifier.weight.dtype)
+        need_weights = need_weights or bool(output_attentions)
         x, maps = image, {}
         for i, stage in enumerate(self.stages):
             x = stage(x)
@@ -246,8 +252,9 @@ class SaganClassifier(ZooModel):
                 if need_weights:
                     maps[f"stage{i}"] = weights
         pooled = x.mean(dim=(2, 3))  # (B, C)
-        return ModelOutput(logits=self.classifier(pooled), hidden=pooled[:, None],
-                           attentions={name: [{"self": w[:, None]}] for name, w in maps.items()})
+        out = ModelOutput(logits=self.classifier(pooled), hidden=pooled[:, None],
+                          attentions={name: [{"self": w[:, None]}] for name, w in maps.items()})
+        return self.labelled(out, labels)
 
     def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
         return nn.functional.cross_entropy(output.logits, targets.long())
