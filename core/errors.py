@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
 
 
 class ZooError(Exception):
@@ -38,6 +40,16 @@ class DuplicateNameError(ZooError, ValueError):
 
 class PluginLoadError(ZooError, RuntimeError):
     """A plugin that could not be imported or registered."""
+
+
+def optional(module: str, extra: str, feature: str) -> ModuleType:
+    """``module``, one of an optional feature's packages (the ``extra`` of the distribution);
+    a ConfigError saying how to install it when it is missing."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{feature} needs {module}, which is not installed; install it with "
+                          f"pip install 'transformer-zoo[{extra}]'") from None
 
 
 @contextmanager

@@ -102,8 +102,10 @@ def _requirement_names(metadata: str) -> tuple[set[str], set[str]]:
 
 
 def test_the_wheel_declares_every_package_it_imports_and_not_scikit_learn(wheel):
-    runtime, _ = _requirement_names(_metadata(wheel))
-    assert "scikit-learn" not in runtime and "scipy" in runtime
+    runtime, extras = _requirement_names(_metadata(wheel))
+    assert "scikit-learn" not in runtime  # only the tests read sklearn's digits, to check the package's copy
+    assert {"tokenizers", "sacrebleu"} <= extras - runtime  # the text extra
+    runtime |= {"tokenizers", "sacrebleu"}  # imported where a text task is built, through core.errors.optional
     stdlib = set(sys.stdlib_module_names)
     distributions = importlib.metadata.packages_distributions()
     optional = {"transformers"}  # only the bert benchmark, which says to install it when missing
@@ -148,3 +150,19 @@ def test_the_installed_wheel_runs_without_scikit_learn(wheel, tmp_path):
         "images, labels = load_digits()\nassert tuple(images.shape) == (1797, 8, 8) and len(labels) == 1797\n"
     )
     _imported_after(code, env=env, cwd=tmp_path)
+
+
+def test_a_text_task_without_the_text_extra_says_how_to_install_it(monkeypatch, tmp_path):
+    from transformer_zoo.core.errors import ConfigError
+    from transformer_zoo.registry import get_registry
+
+    (tmp_path / "a.txt").write_text("some words to read\n" * 20)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "sacrebleu", None)
+    with pytest.raises(ConfigError, match=r"the text-lm task \(its tokenizer\) needs tokenizers, which is not "
+                                          r"installed; install it with pip install 'transformer-zoo\[text\]'"):
+        get_registry().component("task", "text-lm")(files=str(tmp_path / "a.txt")).build()
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("a b\tc d\n" * 20)
+    with pytest.raises(ConfigError, match=r"the translation task \(its BLEU\) needs sacrebleu"):
+        get_registry().component("task", "translation")(files=str(pairs)).build()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.errors import ConfigError, optional
 from transformer_zoo.core.options import MAX_BEAM, MAX_EXAMPLES, MAX_LENGTH
 from transformer_zoo.core.tasks import Better, ClassificationTask, LanguageModelTask, Seq2SeqTask, Task
 
@@ -331,6 +331,7 @@ class Seq2Seq(DatasetOptions):
     beam_size: int = Field(1, ge=1, le=MAX_BEAM, description="1: greedy decoding; more: beam search when scoring")
 
     def build(self) -> Seq2SeqDataTask:
+        optional("sacrebleu", "text", "the seq2seq task (its BLEU)")  # refused now, not after training
         return Seq2SeqDataTask(self)
 
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.errors import ConfigError, optional
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
 from transformer_zoo.core.tasks import LanguageModelTask, MaskedLMTask, Task
 
@@ -118,6 +118,7 @@ class TokenizerSource(TaskOptions):
     def load_tokenizer(self, texts: Any, key: str) -> Tokenizer:
         """The tokenizer named by ``tokenizer``, or one trained on ``texts`` (an iterator of
         batches of strings) and cached under ``key``."""
+        optional("tokenizers", "text", f"the {self.kind} task (its tokenizer)")  # missing: how to install it
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if self.tokenizer is not None:

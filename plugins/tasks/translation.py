@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.core.errors import ConfigError, optional
 from transformer_zoo.core.options import MAX_BEAM, MAX_EXAMPLES, MAX_LENGTH
 from transformer_zoo.core.tasks import Better, Seq2SeqTask
 
@@ -52,6 +52,7 @@ class Translation(TokenizerSource):
         return self
 
     def build(self) -> TranslationTask:
+        optional("sacrebleu", "text", "the translation task (its BLEU)")  # refused now, not after training
         return TranslationTask(self)
 
 
