@@ -102,9 +102,12 @@ def sdpa_kernel(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tens
         return math_kernel(q, k, v, mask, bias, dropout_p, need_weights)
     q_len, k_len = q.size(-2), k.size(-2)
     plain = mask.padding is None and mask.explicit is None and bias is None
-    if plain and (not mask.causal or q_len == 1 or q_len == k_len):
-        is_causal = mask.causal and q_len > 1
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal), None
+    # In this order torch.export needs no guard on a dynamic length: without a cache, queries and keys
+    # share one (symbolic) length, so ``q_len == 1`` is never asked; ``is_causal`` stays a Python bool.
+    if plain and (not mask.causal or q_len == k_len):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=mask.causal), None
+    if plain and q_len == 1:  # one new query of a cached decoding step sees every key so far
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p), None
     dense = mask.dense(q_len, k_len, q.device)
     if bias is not None:
         dense = bias if dense is None else bias.masked_fill(~dense, float("-inf"))

@@ -499,7 +499,8 @@ class MemoryCompressedAttention(MultiHeadAttention):
     def summary_mask(self, q_len: int, k_len: int, padding: Tensor | None, causal: bool,
                      device: torch.device) -> Tensor | None:
         """Which summaries each query may see, ``(B or 1, 1, Tq, T')``; None: all of them."""
-        c, n_summaries = self.compression, math.ceil(k_len / self.compression)
+        c = self.compression
+        n_summaries = (k_len + -k_len % c) // c  # ceil(k_len / c) as _compress pads: one expression for torch.export
         mask = None
         if causal:
             last = (torch.arange(n_summaries, device=device) + 1) * c - 1  # the last position a summary covers

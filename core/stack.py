@@ -199,8 +199,11 @@ class RecurrentStack(nn.Module):
         output = torch.zeros_like(x)
         state = x
         for step in range(self.steps):
-            if cache is None and not bool(running.any()):
-                break  # every position has halted; with a cache later tokens need every step's keys
+            # Every position has halted: stop early (with a cache later tokens need every step's keys). An
+            # exported graph cannot branch on a tensor's values, so it runs every step: a halted position's
+            # weight is 0 and its state is copied, so the outputs are the same. (torch.compile breaks the graph here.)
+            if cache is None and not torch.compiler.is_exporting() and not bool(running.any()):
+                break
             p = torch.sigmoid(self.halting(self.signal(state, step, offset)).float()).squeeze(-1)  # (B, T)
             last = step == self.steps - 1
             halts = running & ((halted_sum + p > self.threshold) | last)

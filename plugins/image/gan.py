@@ -177,6 +177,8 @@ class SaganGan(ZooModel):
         if labels.dim() != 1 or labels.dtype != torch.long:
             raise ValueError(f"labels must be class ids of shape (batch,) and dtype long, got {tuple(labels.shape)} "
                              f"{labels.dtype}")
+        if torch.compiler.is_compiling():  # reading values would break a compiled or exported graph
+            return
         if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < self.num_classes:
             raise ValueError(f"labels must be classes 0 to {self.num_classes - 1}, got {labels.tolist()}")
 
@@ -196,10 +198,11 @@ class SaganGan(ZooModel):
         in [0, 1]; with ``need_weights``, ``attentions["generator-block{i}"]`` holds the weights
         ``(B, 1, h*w, h*w)`` of the SAGAN block after block ``i``, over its feature map."""
         self._check_labels(label)
-        noise = self.noise(len(label)) if noise is None else noise
+        batch = label.size(0)  # not len(label), which would fix the batch size of an exported program
+        noise = self.noise(batch) if noise is None else noise
         check_tensor(noise, "noise", f"of shape (batch, {self.noise_dim})")
-        if noise.shape != (len(label), self.noise_dim):
-            raise ValueError(f"noise must be (batch, {self.noise_dim}) for {len(label)} labels, got {tuple(noise.shape)}")
+        if noise.shape != (batch, self.noise_dim):
+            raise ValueError(f"noise must be (batch, {self.noise_dim}) for {batch} labels, got {tuple(noise.shape)}")
         check_float_dtype(noise, "noise", self._dtype)
         images, maps = self.generator(noise, label, need_weights=need_weights)
         return ModelOutput(logits=images, hidden=noise[:, None],
@@ -215,8 +218,8 @@ class SaganGan(ZooModel):
         image's score NaN (and, in training, a NaN loss, which stops the run)."""
         check_image(images, self.channels, self.image_size, dtype=self._dtype)
         self._check_labels(labels)
-        if len(labels) != len(images):
-            raise ValueError(f"expected one label per image, got {len(labels)} labels for {len(images)} images")
+        if labels.size(0) != images.size(0):
+            raise ValueError(f"expected one label per image, got {labels.size(0)} labels for {images.size(0)} images")
         return self.discriminator(images, labels, need_weights=need_weights)
 
     def adversarial_loss(self, images: Tensor, labels: Tensor, phase: str) -> Tensor:
