@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-PAGES = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/configs.md", "docs/export.md", "docs/variants/transformer.md",
-         "docs/variants/bert.md", "docs/reference/transformer_zoo.md"]
+PAGES = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/configs.md", "docs/export.md",
+         "docs/variants/transformer.md", "docs/variants/bert.md", "docs/reference/transformer_zoo.md"]
 READERS_OWN = "path/to/"  # a block that reads the reader's own folder cannot run here
 CHECKED = re.compile(r"^(\s*)print\((.*)\)\s+# (.*)$")
 
