@@ -242,3 +242,8 @@ def test_list_piped_prints_one_plain_row_per_name(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "family", "plugin", "description"]
     assert [line.split()[0] for line in lines[1:]] == tz.list_variants()
+
+
+def test_the_benchmark_list_says_how_long_each_takes(capsys):
+    assert main(["bench", "--json"]) == 0
+    assert all(re.fullmatch(r"(about|over) [0-9.]+ (s|min)", row["takes"]) for row in json.loads(capsys.readouterr().out))
