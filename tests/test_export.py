@@ -108,7 +108,10 @@ def export(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.exp
     return torch.export.export(model, (), inputs, dynamic_shapes=dynamic_shapes(inputs))
 
 
-@pytest.mark.parametrize("name", list(by_model().values()), ids=list(by_model()))
+EXPORTS = by_model()
+
+
+@pytest.mark.parametrize("name", list(EXPORTS.values()), ids=list(EXPORTS))
 def test_variant_exports_with_dynamic_shapes(name):
     model = small_model(name)
     if name in NOT_EXPORTABLE:

@@ -106,7 +106,7 @@ def held_parameters(model: nn.Module) -> int:
 WHOLE_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on process 0's CPU, one tensor at a time
 
 
-def gathered_weights(model: nn.Module, here: World) -> dict[str, Tensor]:
+def gathered_weights(model: nn.Module) -> dict[str, Tensor]:
     """The whole weights of a sharded model, on the CPU of process 0 (empty elsewhere; every
     process must call it)."""
     return get_model_state_dict(model, options=WHOLE_ON_CPU)

@@ -488,7 +488,7 @@ class Trainer:
     def gather(self) -> torch.nn.Module | None:
         """A sharded model's weights, whole, in a model on process 0's CPU (None elsewhere);
         every process takes part."""
-        weights = distributed.gathered_weights(self.model, self.here)
+        weights = distributed.gathered_weights(self.model)
         if not self.here.main:
             return None
         if self._whole is None:
