@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_zoo.bench.startup import HEAVY
+from benchmarks.startup import HEAVY
 from transformer_zoo.cli import KINDS
 from transformer_zoo.core.options import CATEGORIES
 
@@ -83,12 +83,20 @@ def test_the_wheel_carries_its_data_and_licence(wheel):
     for path in ("transformer_zoo/py.typed", "transformer_zoo/specs/default.yaml",
                  "transformer_zoo/plugins/tasks/digits.safetensors",
                  "transformer_zoo/plugins/tasks/digits_classifier.safetensors",
-                 "transformer_zoo/bench/robustness/__init__.py", "transformer_zoo/registry/manager.py"):
+                 "transformer_zoo/registry/manager.py", "transformer_zoo/training/trainer.py",
+                 "transformer_zoo/comparing/records.py"):
         assert path in names, f"{path} is missing from the wheel"
     assert any(n.startswith("transformer_zoo/studies/") and n.endswith(".yaml") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     metadata = _metadata(wheel)
     assert "License-Expression: Apache-2.0" in metadata
+
+
+def test_the_wheel_carries_no_benchmark_or_audit_code(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = [n for n in names if "bench" in n or "robustness" in n]
+    assert not shipped, f"benchmark or audit code in the wheel: {shipped}"
+    assert not any(n.startswith("benchmarks/") for n in names)
 
 
 def _requirement_names(metadata: str) -> tuple[set[str], set[str]]:
@@ -108,7 +116,6 @@ def test_the_wheel_declares_every_package_it_imports_and_not_scikit_learn(wheel)
     runtime |= {"tokenizers", "sacrebleu"}  # imported where a text task is built, through core.errors.optional
     stdlib = set(sys.stdlib_module_names)
     distributions = importlib.metadata.packages_distributions()
-    optional = {"transformers"}  # only the bert benchmark, which says to install it when missing
     provided = {"pydantic_core": "pydantic"}  # pydantic pins its core exactly; pydantic's docs import it directly
     undeclared = {}
     with zipfile.ZipFile(wheel) as archive:
@@ -120,7 +127,7 @@ def test_the_wheel_declares_every_package_it_imports_and_not_scikit_learn(wheel)
                            else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
                 for module in modules:
                     top = module.split(".")[0]
-                    if top in stdlib or top == "transformer_zoo" or top in optional:
+                    if top in stdlib or top == "transformer_zoo":
                         continue
                     dists = {re.sub(r"[-_.]+", "-", d).lower()
                              for d in ([provided[top]] if top in provided else distributions.get(top, [top]))}

@@ -100,8 +100,8 @@ def _schema(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> Any:
-    from .distributed import job
-    from .train import load_train_config, train
+    from .training import load_train_config, train
+    from .training.distributed import job
 
     config = load_train_config(args.config, args.set)
     run_dir = args.out or Path("runs") / Path(args.config).stem
@@ -111,13 +111,13 @@ def _train(args: argparse.Namespace) -> Any:
 
 
 def _evaluate(args: argparse.Namespace) -> Any:
-    from .train import evaluate_run
+    from .training import evaluate_run
 
     return evaluate_run(args.run_dir)
 
 
 def _attention(args: argparse.Namespace) -> Any:
-    from .attention_maps import attention_maps, parse_query
+    from .comparing.attention_maps import attention_maps, parse_query
 
     queries = [parse_query(q) for q in args.query]
     return [str(p) for p in attention_maps(args.run_dir, text=args.input, example=args.example, out=args.out,
@@ -125,9 +125,8 @@ def _attention(args: argparse.Namespace) -> Any:
 
 
 def _compare(args: argparse.Namespace) -> Any:
-    from .compare import compare, load_spec
-
-    from .distributed import job, world
+    from .comparing import compare, load_spec
+    from .training.distributed import job, world
 
     spec = load_spec(args.spec, seeds=args.seeds)
     out = args.out or Path("reports") / spec.name
@@ -139,7 +138,7 @@ def _compare(args: argparse.Namespace) -> Any:
 
 
 def _reproduce(args: argparse.Namespace) -> Any:
-    from .reproduce import as_json, reproduce_all, study_rows
+    from .comparing.studies import as_json, reproduce_all, study_rows
 
     if not args.names:
         return study_rows()
@@ -150,12 +149,28 @@ def _reproduce(args: argparse.Namespace) -> Any:
 
 
 def _bench(args: argparse.Namespace) -> Any:
-    from .bench import BENCHMARKS, run
-
+    benchmarks = _benchmarks()
     if args.name is None:
-        return [{"benchmark": name, "measures": bench.measures, "takes": bench.takes} for name, bench in BENCHMARKS.items()]
-    run(args.name, args.args)
+        return [{"benchmark": name, "measures": bench.measures, "takes": bench.takes}
+                for name, bench in benchmarks.BENCHMARKS.items()]
+    benchmarks.run(args.name, args.args)
     return None
+
+
+def _benchmarks() -> Any:
+    """The ``benchmarks`` package of a checkout: beside this package's source (an editable
+    install) or in the working folder. A wheel does not carry it."""
+    import importlib
+    import sys
+
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (root / "benchmarks" / "__init__.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            return importlib.import_module("benchmarks")
+    raise ZooError("the benchmarks are not part of the installed package; they live in the benchmarks/ folder of "
+                   "a checkout of transformer-zoo: install it with pip install -e . and run tzoo bench from there "
+                   "(or python -m benchmarks NAME in its root)")
 
 
 def _plain(text: str) -> str:
@@ -207,10 +222,13 @@ def _seeds(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tzoo", description="A zoo of Transformer variants.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    plugin_help = ("also register the plugin in this importable module (repeatable; as does the TZOO_PLUGINS "
+                   "variable, comma-separated); compare's workers register it too")
+    # before the command (tzoo --plugin M list) or after it (tzoo list --plugin M): both are kept, in that order
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE", dest="plugins_first",
+                        help=plugin_help)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="also register the plugin in this importable module (repeatable; as does the "
-                             "TZOO_PLUGINS variable, comma-separated); compare's workers register it too")
+    common.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=plugin_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, **options: Any) -> argparse.ArgumentParser:  # every command takes --plugin
@@ -335,7 +353,8 @@ def _main(argv: Sequence[str] | None) -> int:
     console = Console()
     err = Console(stderr=True)
     try:
-        for module in args.plugin:
+        args.plugin = [*args.plugins_first, *args.plugin]
+        for module in dict.fromkeys(args.plugin):  # a module named twice is registered once
             get_registry().register_module(module)
         with _one_line_warnings(err):
             result = args.run(args)

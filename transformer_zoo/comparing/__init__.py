@@ -1,0 +1,41 @@
+"""Comparing: variants x tasks x seeds on one budget, with statistics over seeds, a report, and
+the studies that judge the papers' claims.
+
+What lives here, in the order data flows:
+
+- :mod:`.spec`: :class:`CompareSpec` (what to compare) and :func:`~.spec.plan` (every run's
+  training config, checked before anything trains);
+- :mod:`.runner`: :func:`compare`, which trains the runs (a worker pool, or a torchrun job) and
+  measures each one;
+- :mod:`.records`: :class:`RunRecord`, :class:`TaskSummary` and :class:`CompareResults`, data
+  only, which everything after the runner reads;
+- :mod:`.stats` (intervals and tests over seeds), :mod:`.summary` (each task's table and
+  verdict), :mod:`.report` (``report.md``) and :mod:`.plots` (PNG figures);
+- :mod:`.scaling` (time and memory against sequence length) and :mod:`.probes` (measurements
+  of trained models);
+- :mod:`.studies`: ``tzoo reproduce``, a spec plus a stated claim, judged holds, does not hold
+  or inconclusive;
+- :mod:`.attention_maps`: ``tzoo attention``, figures of a trained run's attention.
+
+What it may import: :mod:`transformer_zoo.core`, :mod:`transformer_zoo.registry`,
+:mod:`transformer_zoo.api`, :mod:`transformer_zoo.configs` and :mod:`transformer_zoo.training`;
+never the command line. :mod:`.records` imports nothing that reads it (summary, report, plots).
+"""
+
+from .records import CompareResults, RunRecord, TaskSummary
+from .runner import ComparisonInterrupted, compare
+from .spec import CompareSpec, load_spec, plan
+from .studies import reproduce, reproduce_all
+
+__all__ = [
+    "CompareResults",
+    "CompareSpec",
+    "ComparisonInterrupted",
+    "RunRecord",
+    "TaskSummary",
+    "compare",
+    "load_spec",
+    "plan",
+    "reproduce",
+    "reproduce_all",
+]

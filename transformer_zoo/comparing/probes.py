@@ -1,0 +1,187 @@
+"""Probes of a trained model's attention, measured on the first test examples of a task.
+
+- :func:`attention_statistics`: how spread the attention rows are (their mean entropy) and how
+  many are saturated, nearly all their weight on one key: Vaswani et al. 2017 (section 3.2.1)
+  divide the dot products by ``sqrt(d_k)`` because large ones push the softmax "into regions
+  where it has extremely small gradients".
+- :func:`mirror_alignment`: how much of the decoder's cross-attention lies on the source position
+  that a copy (the diagonal) or a reverse (the anti-diagonal) reads; a model that learned the
+  rule, rather than the training lengths, keeps it on longer inputs (Dehghani et al. 2018).
+
+Both run the model once, in eval mode and with teacher forcing (the decoder reads the target, as
+in training), and return plain floats by name. :func:`run_probes` runs probes by name, as a
+comparison spec lists them (``probes: [attention]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..core.tasks import model_reads
+
+SATURATED = 0.99
+"""A row is saturated when its largest weight is above this."""
+
+QUERY_MASKS = {"encoder": "src_mask", "decoder": "tgt_mask"}
+"""The batch mask of each stack's query positions (1 for real tokens); a stack of another name,
+or a batch without its mask, counts every query row as real."""
+
+ALIGNMENTS = {"copy": False, "reverse": True}
+"""Task kinds whose output position ``i`` reads one source position: ``i`` (copy), or ``n - 1 - i``
+(reverse, ``mirrored``)."""
+
+ProbeName = Literal["attention", "alignment"]
+
+PROBE_NAMES: dict[str, str] = {
+    "attention": "attention_entropy (mean entropy of an attention row over real queries, in nats) and saturated_rows "
+                 f"(fraction of rows whose largest weight is above {SATURATED}); token models",
+    "alignment": "alignment (the largest, over decoder layers, mean cross-attention weight an output position puts "
+                 "on the source position it copies); encoder-decoder models on copy and reverse",
+}
+"""Each probe a spec can ask for, with what it measures."""
+
+PROBE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "attention": ("attention_entropy", "saturated_rows"),
+    "alignment": ("alignment",),
+}
+"""The measurements each probe may return, by probe name."""
+
+
+@torch.no_grad()
+def _attend(model: nn.Module, task: Any, examples: int) -> tuple[dict[str, Tensor], Any] | None:
+    """The model's inputs for the first ``examples`` test examples and its output with attention
+    weights, in eval mode (the model's mode is restored); None for a model that reads no tokens."""
+    if model_reads(getattr(model, "config", None)) != "tokens":
+        return None
+    test = task.dataset("test")
+    rows = [test[i] for i in range(min(examples, len(test)))]
+    if not rows:
+        return None
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in task.model_inputs(model, task.collate(rows)).items()}
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(**inputs, need_weights=True)
+    finally:
+        model.train(was_training)
+    return inputs, out
+
+
+def _real_queries(inputs: dict[str, Tensor], stack: str, weights: Tensor) -> Tensor:
+    """``(B, 1, Tq)`` bool: which query rows of a block's ``(B, H, Tq, Tk)`` weights are real tokens."""
+    b, _, tq, _ = weights.shape
+    mask = inputs.get(QUERY_MASKS.get(stack, ""))
+    if mask is None or mask.shape != (b, tq):
+        return torch.ones(b, 1, tq, dtype=torch.bool, device=weights.device)
+    return mask.bool()[:, None, :].to(weights.device)
+
+
+def attention_statistics(model: nn.Module, task: Any, examples: int = 64) -> dict[str, float]:
+    """Entropy and saturation of a token model's attention rows on the task's test examples.
+
+    The model runs in eval mode with ``need_weights`` on the first ``examples`` test examples
+    (teacher forcing for a decoder). Every row of every block (self- and cross-attention), layer
+    (or application of a recurrent layer) and head counts once, over real query positions only:
+    padded queries are left out by the batch masks (padded keys get no weight anyway), and so is
+    a row with no weight at all (a query that sees no key). A row with a single key to see, such
+    as a causal decoder's first, has entropy 0 and counts as saturated.
+
+    Args:
+        model: a zoo model; ``task``: the task it was trained on (its ``test`` split is read).
+        examples: how many test examples, from the first.
+
+    Returns:
+        ``attention_entropy``: the mean entropy of a row, ``-sum_k w_k log w_k``, in nats
+        (between 0 and ``log`` of the keys a row sees); ``saturated_rows``: the fraction of rows
+        whose largest weight is above :data:`SATURATED`. Empty for a model that reads no tokens
+        (image models, the GAN) or returns no attention weights.
+    """
+    ran = _attend(model, task, examples)
+    if ran is None:
+        return {}
+    inputs, out = ran
+    entropy, saturated, rows = 0.0, 0, 0
+    for stack, layers in (getattr(out, "attentions", None) or {}).items():
+        for blocks in layers:
+            for weights in blocks.values():  # (B, H, Tq, Tk)
+                weights = weights.float()
+                real = _real_queries(inputs, stack, weights) & (weights.sum(-1) > 0)  # (B, H, Tq)
+                row_entropy = torch.special.entr(weights).sum(-1)  # 0 log 0 = 0
+                entropy += float(row_entropy[real].sum())
+                saturated += int((weights.amax(-1) > SATURATED)[real].sum())
+                rows += int(real.sum())
+    if not rows:
+        return {}
+    return {"attention_entropy": entropy / rows, "saturated_rows": saturated / rows}
+
+
+def mirror_alignment(model: nn.Module, task: Any, examples: int = 64, mirrored: bool = True) -> dict[str, float]:
+    """How much of each decoder layer's cross-attention lies on the source position an output copies.
+
+    Under teacher forcing the decoder reads ``[BOS, y_0, ..., y_{m-1}]`` and its position ``i``
+    predicts ``y_i``; on a source of ``n`` symbols (no BOS or EOS in the source), a reverse writes
+    ``y_i = x_{n-1-i}`` and a copy ``y_i = x_i``. For each layer, the weight position ``i`` puts on
+    source position ``n - 1 - i`` (``mirrored``) or ``i`` is averaged over heads and over the real
+    positions ``i < n`` of the first ``examples`` test examples, every position of every example
+    counting once. The model runs in eval mode.
+
+    Args:
+        model: an encoder-decoder zoo model; ``task``: a seq2seq task whose batches hold ``src``,
+            ``src_mask``, ``tgt`` and ``tgt_mask`` (copy and reverse, ``plugins/tasks/algorithmic``).
+        examples: how many test examples, from the first.
+        mirrored: True for reverse (the anti-diagonal), False for copy (the diagonal).
+
+    Returns:
+        ``layer0``, ``layer1``, ...: the mean weight of each decoder layer (each application, for
+        a recurrent stack), between 0 and 1 (1: every head puts all its weight on the position
+        read); ``best``: the largest of them. Empty for a model without cross-attention.
+    """
+    if getattr(model, "architecture", "encoder-decoder") != "encoder-decoder":
+        return {}
+    ran = _attend(model, task, examples)
+    if ran is None:
+        return {}
+    inputs, out = ran
+    layers = [blocks["cross"] for blocks in (getattr(out, "attentions", None) or {}).get("decoder", [])
+              if "cross" in blocks]
+    if not layers:
+        return {}
+    batch, tgt_len, src_len = layers[0].size(0), layers[0].size(-2), layers[0].size(-1)
+    device = layers[0].device
+    src_mask, tgt_mask = inputs.get("src_mask"), inputs.get("tgt_mask")
+    n = (src_mask.sum(1) if src_mask is not None else torch.full((batch,), src_len)).to(device)[:, None]  # (B, 1)
+    m = (tgt_mask.sum(1) if tgt_mask is not None else torch.full((batch,), tgt_len)).to(device)[:, None]
+    i = torch.arange(tgt_len, device=device)[None, :]  # (1, T)
+    real = (i < n) & (i < m)  # (B, T)
+    read = (n - 1 - i if mirrored else i.expand(batch, -1)).clamp(0, src_len - 1)  # (B, T): the source position
+    found = {}
+    for layer, weights in enumerate(layers):  # (B, H, T, S)
+        index = read[:, None, :, None].expand(-1, weights.size(1), -1, 1)
+        on_read = weights.float().gather(-1, index).squeeze(-1).mean(1)  # (B, T), mean over heads
+        found[f"layer{layer}"] = float(on_read[real].mean()) if real.any() else 0.0
+    found["best"] = max(found.values())
+    return found
+
+
+def run_probes(probes: Iterable[str], model: nn.Module, task: Any, examples: int = 64) -> dict[str, float]:
+    """The measurements of the named probes (:data:`PROBE_NAMES`) on a trained model, by name
+    (:data:`PROBE_OUTPUTS`); a probe that does not apply to the model or the task (alignment on
+    a task other than copy or reverse) measures nothing."""
+    found: dict[str, float] = {}
+    for probe in probes:
+        if probe == "attention":
+            found.update(attention_statistics(model, task, examples))
+        elif probe == "alignment":
+            kind = getattr(task, "name", None)
+            if kind in ALIGNMENTS:
+                alignment = mirror_alignment(model, task, examples, mirrored=ALIGNMENTS[kind])
+                if alignment:
+                    found["alignment"] = alignment["best"]
+        else:
+            raise ValueError(f"unknown probe {probe!r}; probes: {', '.join(PROBE_NAMES)}")
+    return found

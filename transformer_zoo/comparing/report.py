@@ -1,0 +1,196 @@
+"""The compare report: ``report.md``, the findings first and the spec last, with its PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .plots import plot_curves, plot_metric_vs_parameters, plot_scaling, plot_throughput
+from .records import CompareResults, RunRecord, TaskSummary
+from .scaling import MODE_NAMES, MODES, ScalingPoint
+from .stats import ALPHA, TEST_NAMES
+from .summary import format_cell, format_number
+
+KEPT = "†"  # marks a variant with runs kept from an earlier invocation
+
+
+def task_table(summary: TaskSummary, records: list[RunRecord]) -> str:
+    """One row per variant: each column's mean [95% interval] over seeds; a column's best in bold
+    when it is separable from every other variant."""
+    names = [column.name for column in summary.columns]
+    best = {column.name: column.best for column in summary.columns}
+    lines = ["| variant | seeds | " + " | ".join(names) + " |", "|" + " --- |" * (len(names) + 2)]
+    for variant, cells in summary.cells.items():
+        kept = KEPT if any(r.reused for r in records if r.variant == variant) else ""
+        texts = [format_cell(cells.get(name), 0 if name == "parameters" else 3) for name in names]
+        row = [f"**{text}**" if best[name] == variant else text for name, text in zip(names, texts)]
+        seeds = max(cell.n for cell in cells.values())
+        lines.append(f"| {variant}{kept} | {seeds} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def tests_table(summary: TaskSummary) -> str:
+    """Every variant against the reference, in each metric column."""
+    lines = [f"Against the reference, {summary.reference} ({TEST_NAMES[summary.test]}; the difference is the "
+             "variant's mean minus the reference's, with its 95% interval):", "",
+             "| variant | column | difference [95% CI] | p | separable at 0.05 |", "| --- | --- | --- | --- | --- |"]
+    for test in summary.tests:
+        if test.p is None:
+            lines.append(f"| {test.variant} | {test.column} | {format_number(test.difference)} | n/a | no test (one seed) |")
+            continue
+        interval = f"{format_number(test.difference)} [{format_number(test.low)}, {format_number(test.high)}]"
+        lines.append(f"| {test.variant} | {test.column} | {interval} | {test.p:.3g} | {'yes' if test.separable else 'no'} |")
+    return "\n".join(lines)
+
+
+def summary_lines(summaries: list[TaskSummary]) -> list[str]:
+    """Per task: the verdict, and what the best mean costs against the reference."""
+    lines = []
+    for summary in summaries:
+        lines.append(f"- **{summary.task}** ({summary.headline}): {summary.verdict}")
+        top = summary.leaders[0] if summary.leaders else None
+        if top is None or top == summary.reference:
+            if len(summary.cells) > 1:
+                lines.append(f"  The reference, {summary.reference}, has the best mean.")
+            continue
+        ratios = summary.cost_ratios.get(top, {})
+        costs = ", ".join(f"{value:.2f}x {name}" for name, value in ratios.items())
+        lines.append(f"  Cost of {top} against the reference, {summary.reference}: {costs}."
+                     + ("" if summary.costs_comparable else " Times are not compared: runs of this task come from "
+                        "different invocations."))
+    return lines
+
+
+def condition_lines(results: CompareResults) -> list[str]:
+    """Warnings about how the runs were measured: kept from another invocation, or under load."""
+    lines = []
+    kept = [r for r in results.runs if r.reused]
+    if kept:
+        lines.append(f"- {len(kept)} of {len(results.runs)} runs (marked {KEPT}) were kept from an earlier invocation "
+                     f"({', '.join(sorted({r.invocation or 'unknown' for r in kept}))}); their times were measured under "
+                     "other conditions, so times of tasks that mix invocations are neither bolded nor compared.")
+    loaded = [r for r in results.runs if r.cpus and r.load_average >= r.cpus + 1]  # a process more than cores
+    if loaded:
+        worst = max(loaded, key=lambda r: r.load_average / r.cpus)
+        lines.append(f"- The machine's load exceeded its cores by one or more during {len(loaded)} runs (at worst "
+                     f"{worst.load_average:.1f} on {worst.cpus} cores, {worst.variant} on {worst.task}, seed "
+                     f"{worst.seed}): other work competed with them, and their times are slower than the machine's.")
+    return lines
+
+
+def runs_table(records: list[RunRecord]) -> str:
+    lines = ["| variant | task | seed | started (UTC) | threads | load / cores | wall s | kept |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        lines.append(f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.threads or 'n/a'} | "
+                     f"{r.load_average:.1f} / {r.cpus or 'n/a'} | {format_number(r.wall_seconds)} | "
+                     f"{'yes' if r.reused else ''} |")
+    return "\n".join(lines)
+
+
+def scaling_tables(points: list[ScalingPoint]) -> str:
+    """Time and peak memory by model and length, then each sparse model against its full-attention twins."""
+    lengths = sorted({p.length for p in points})
+    at = {(p.variant, p.attention, p.mode, p.length): p for p in points}
+    models = list(dict.fromkeys((p.variant, p.attention) for p in points))
+    names = {(p.variant, p.attention): p.label for p in points}
+    head = "| model | pass | " + " | ".join(f"n = {n}" for n in lengths) + " |"
+    rule = "|" + " --- |" * (len(lengths) + 2)
+    lines = ["Time (ms) and peak memory (MiB) of one pass:", "", head, rule]
+    for variant, attention in models:
+        for mode in MODES:
+            cells = [at.get((variant, attention, mode, n)) for n in lengths]
+            text = [("failed" if c.error else f"{c.seconds * 1e3:,.1f} ms, {c.peak_mb:,.1f} MiB") if c else "n/a"
+                    for c in cells]
+            lines.append(f"| {names[variant, attention]} | {MODE_NAMES[mode]} | " + " | ".join(text) + " |")
+    twins = [(v, a) for v, a in models if a != "as configured"]
+    if twins:
+        lines += ["", "Against full attention: the model as configured over the same model with a full attention "
+                  "kind, time x and memory x (below 1: the sparse model is cheaper):", "", head, rule]
+        for variant, attention in twins:
+            for mode in MODES:
+                cells = []
+                for n in lengths:
+                    mine, full = at.get((variant, "as configured", mode, n)), at.get((variant, attention, mode, n))
+                    cells.append(f"{mine.seconds / full.seconds:.2f}x time, {mine.peak_mb / full.peak_mb:.2f}x memory"
+                                 if mine and full and full.seconds and full.peak_mb and mine.seconds else "n/a")
+                lines.append(f"| {variant} vs [{attention}] | {MODE_NAMES[mode]} | " + " | ".join(cells) + " |")
+    failed = [p for p in points if p.error and p.mode == MODES[0]]
+    if failed:
+        lines += ["", "Failed: " + "; ".join(f"{p.label} at n = {p.length} ({p.error})" for p in failed) + "."]
+    return "\n".join(lines)
+
+
+def _method(results: CompareResults) -> str:
+    spec = results.spec
+    return (f"Every run of a task had the same data and budget; each variant ran with seeds {spec.get('seeds')}. "
+            "A cell is the mean over seeds with its Student-t 95% confidence interval in brackets (one seed: the "
+            f"value alone). Each variant is tested against the reference with {TEST_NAMES[spec.get('test', 'welch')]} "
+            f"over seeds. The best mean of a column is bold only when it is separable from every other variant's at "
+            f"alpha = {ALPHA}; a single seed, or means within each other's noise, bold nothing. These tests say "
+            "whether a difference would recur with other seeds of this spec (initialisation, batch order, dropout), "
+            "not whether it holds for other budgets, sizes or data, and several columns tested at once will now "
+            "and then show a difference by chance. FLOPs per token are those of one training step's forward and "
+            "backward on one batch, counted by PyTorch's FlopCounterMode, per token read. Peak memory on CPU is the "
+            "tensor storage alive at once during one training step on the run's first batch (weights, gradients, "
+            "AdamW state, activations), counted exactly; on CUDA, the allocator's peak over the run. Tokens per "
+            "second and wall time vary with the machine's load: see the runs table.")
+
+
+def write_report(results: CompareResults, out_dir: Path) -> Path:
+    """Write ``report.md`` and the plots; returns the report's path."""
+    records, spec = results.runs, results.spec
+    threads = sorted({r.threads for r in records if r.threads})
+    lines = [f"# Comparison: {spec.get('name', 'compare')}", ""]
+    lines += [f"{len(records)} runs ({len(spec.get('seeds', []))} seeds), {spec.get('workers', 1)} at a time with "
+              f"{', '.join(map(str, threads)) or 'n/a'} CPU thread(s) each, on {results.machine.get('device')} "
+              f"({results.machine.get('cpus')} cores), invocation of {results.invocation or 'n/a'}.", ""]
+    lines += ["## Summary", "", *summary_lines(results.summaries), ""]
+    warnings = condition_lines(results)
+    if warnings:
+        lines += ["Measurement conditions:", "", *warnings, ""]
+    for summary in results.summaries:
+        task = summary.task
+        runs = [r for r in records if r.task == task]
+        lines += [f"## {task}", "", summary.verdict, "", task_table(summary, runs), ""]
+        if len(summary.cells) > 1:
+            lines += [tests_table(summary), ""]
+        if task in results.baselines:
+            scores = ", ".join(f"test {name} {format_number(value)}" for name, value in results.baselines[task].items())
+            lines += [f"{results.baseline_names.get(task, 'Baseline')}: {scores}.", ""]
+        curve = out_dir / f"curves-{task}.png"
+        plot_curves(runs, task, curve)
+        lines += [f"![{task} learning curves]({curve.name})", ""]
+        for record in runs:
+            if record.samples_plot and record.seed == runs[0].seed:
+                lines += [f"Samples of {record.variant} (seed {record.seed}), a row per class:", "",
+                          f"![{record.variant} samples on {task}]({record.samples_plot})", ""]
+            if record.ponder_plot and record.seed == runs[0].seed:
+                lines += [f"Ponder time of {record.variant} (seed {record.seed}) on one test example:", "",
+                          f"![{record.variant} ponder time on {task}]({record.ponder_plot})", ""]
+    if results.scaling:
+        task = spec["scaling"].get("task") or spec["tasks"][0]["kind"]
+        plot_scaling(results.scaling, out_dir / "scaling.png")
+        lines += [f"## Time and memory against length ({task} models)", "",
+                  f"Each variant as configured for {task}, freshly initialised (cost does not depend on training), "
+                  "on one batch of test sequences tiled to each length, with max_len raised where needed. "
+                  "A variant whose self-attention is not full is also measured with each full kind in its place "
+                  "(in brackets: `sdpa` runs PyTorch's fused kernels, `math` writes out the n x n weights). "
+                  "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
+                  "(weights excluded), counted exactly on CPU, by the allocator on CUDA.", "",
+                  scaling_tables(results.scaling), "", "![time and memory against length](scaling.png)", ""]
+    if results.skipped:
+        lines += ["## Not run", ""] + [f"- {s.variant} on {s.task}: {s.reason}" for s in results.skipped] + [""]
+    plot_metric_vs_parameters(records, out_dir / "metric-vs-parameters.png")
+    plot_throughput(records, out_dir / "throughput.png")
+    lines += ["## Plots", "", "![metric against parameters](metric-vs-parameters.png)", "",
+              "![throughput](throughput.png)", ""]
+    lines += ["## How to read it", "", _method(results), ""]
+    lines += ["## Runs", "", runs_table(records), ""]
+    machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())
+    lines += ["## Spec and machine", "", f"Machine: {machine}.", "", "```yaml",
+              yaml.safe_dump(spec, sort_keys=False).rstrip(), "```", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,178 @@
+"""What to compare (:class:`CompareSpec`: variants x tasks x seeds under one budget), and its
+plan: every run's training config, checked before anything trains."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import Field, model_validator
+
+from ..api import build_model, load_config
+from ..configs import read_config, validate
+from ..core.errors import ConfigError
+from ..core.options import Options, Task
+from ..training.config import TrainConfig
+from ..training.trainer import model_config_for
+from .probes import PROBE_NAMES, ProbeName
+from .records import Skipped
+from .scaling import ScalingSpec
+from .stats import TEST_NAMES, TestKind
+
+
+class CompareSpec(Options):
+    """What to compare: variants x tasks x seeds, under one budget."""
+
+    name: str = Field("compare", description="a name for the report")
+    variants: list[str | dict[str, Any]] = Field(
+        min_length=1, description="variant names or model configs; a config may carry a 'label', the short name the "
+        "report gives it (otherwise its name and the values it sets)")
+    tasks: list[Task] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
+    steps: int = Field(500, ge=1, description="training steps of every run")
+    seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
+    seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds; every variant and task runs once per seed")
+    reference: str | None = Field(
+        None, description="the variant (as the spec names it) every other is tested against on each task; null: the "
+        "first variant that ran the task")
+    test: TestKind = Field("welch", description="the test of each difference over seeds: " + "; ".join(
+        f"{name}: {text}" for name, text in TEST_NAMES.items()))
+    workers: int = Field(1, ge=1, description="runs trained at once, each in a worker process of its own")
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads of each run; null: the cores available to this process, shared "
+        "among the workers")
+    model: dict[str, Any] = Field(
+        {}, description="model config values for every variant whose config has the field, under the variant's own "
+        "(dropout: 0.0 turns dropout off wherever there is any); a field no variant has is an error")
+    train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
+    task_train: dict[str, dict[str, Any]] = Field(
+        {}, description="by task kind: training options for the runs on that task, over 'train', 'steps' and "
+        "'seconds' (a GAN's recipe, or its own budget)")
+    variant_train: dict[str, dict[str, Any]] = Field(
+        {}, description="by variant label: training options for that variant's runs, over 'train' and 'task_train' "
+        "(a variant that differs from another in its recipe alone: warm-up or none)")
+    scaling: ScalingSpec | None = Field(
+        None, description="also measure time and memory against sequence length of the variants on one task")
+    probes: list[ProbeName] = Field(
+        [], description="measurements of each trained model on test examples, reported beside the metrics: "
+        + "; ".join(f"{name}: {text}" for name, text in PROBE_NAMES.items()))
+
+    @model_validator(mode="after")
+    def _scaling_task(self) -> CompareSpec:
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds {self.seeds} name a seed twice; give each once")
+        labels = [_label(variant) for variant in self.variants]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"variants {labels} name a variant twice; give each once")
+        if self.reference is not None and self.reference not in labels:
+            raise ValueError(f"reference {self.reference!r} is not one of the spec's variants {labels}; name one "
+                             "of them (a config variant by its label, as the report shows it)")
+        kinds = [task.kind for task in self.tasks]
+        twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+        if twice:
+            raise ValueError(f"tasks name the kind {twice[0]!r} more than once; a report keys its tables by task kind, "
+                             "so compare each dataset of one kind in a spec of its own")
+        unknown = sorted(set(self.task_train) - set(kinds))
+        if unknown:
+            raise ValueError(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
+        unknown = sorted(set(self.variant_train) - set(labels))
+        if unknown:
+            raise ValueError(f"variant_train names {unknown}, which are not among the spec's variants {labels}; key it "
+                             "by a variant's label (a config variant's 'label')")
+        if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
+            raise ValueError(f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them")
+        return self
+
+def default_spec_path() -> Path:
+    return Path(str(resources.files("transformer_zoo") / "specs" / "default.yaml"))
+
+def load_spec(source: str | os.PathLike | dict | None = None, seeds: list[int] | None = None) -> CompareSpec:
+    """A validated spec from a YAML/JSON file or mapping; the built-in default when None.
+
+    Args:
+        seeds: replace the spec's seeds (``tzoo compare --seeds 0,1,2``).
+    """
+    data = read_config(default_spec_path() if source is None else source)
+    if seeds is not None:
+        data = {**data, "seeds": seeds}
+    return validate(CompareSpec, data, "compare spec")
+
+def _label(variant: str | dict[str, Any]) -> str:
+    if isinstance(variant, str):
+        return variant
+    if "label" in variant:
+        return str(variant["label"])
+    extra = {k: v for k, v in variant.items() if k != "variant"}
+    return variant["variant"] + ("" if not extra else " " + json.dumps(extra, sort_keys=True, separators=(",", "=")))
+
+def _unlabelled(variant: str | dict[str, Any]) -> str | dict[str, Any]:
+    """The variant as a model config: its report label removed."""
+    return variant if isinstance(variant, str) else {k: v for k, v in variant.items() if k != "label"}
+
+def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
+    """Every run's training config, and the pairs that cannot run; all checked before training.
+
+    Args:
+        processes: the processes every run trains over (a torchrun job's); a model that trains
+            in several phases (a GAN) is skipped when there are more than one.
+    """
+    runs, skipped = [], []
+    fields = set()
+    for label, variant in ((_label(v), _unlabelled(v)) for v in spec.variants):
+        config = load_config({"variant": variant} if isinstance(variant, str) else variant)  # unknown names fail here
+        fields |= set(type(config).model_fields)
+        variant = _with_model_options(variant, type(config), spec.model)
+        for task_options in spec.tasks:
+            task = task_options.build()
+            for seed in spec.seeds:
+                config = validate(
+                    TrainConfig,
+                    {**spec.train, "steps": spec.steps, "max_seconds": spec.seconds,
+                     **spec.task_train.get(task_options.kind, {}), **spec.variant_train.get(label, {}),
+                     "model": variant, "task": task_options, "seed": seed},
+                    "compare spec 'train', 'task_train' and 'variant_train' options",
+                )
+                if processes > 1 and config.batch_size % processes:
+                    where = "task_train" if "batch_size" in spec.task_train.get(task_options.kind, {}) else "train"
+                    raise ConfigError(f"batch_size {config.batch_size} is each run's global batch, split over the job's "
+                                      f"{processes} processes; set the spec's {where} batch_size "
+                                      f"({task_options.kind!r}) to a multiple of {processes}")
+                try:
+                    model = model_config_for(config, task)
+                    phases = _phases(model) if processes > 1 else []
+                    if len(phases) > 1:
+                        raise ValueError(f"{model.variant!r} trains in phases {phases}, which run in one process only; "
+                                         "compare it in a job of one process")
+                except ValueError as exc:
+                    skipped.append(Skipped(variant=label, task=task_options.kind, reason=str(exc)))
+                    break
+                runs.append((label, config))
+    unknown = sorted(set(spec.model) - fields)
+    if unknown:
+        raise ConfigError(f"the spec's model options {unknown} are fields of none of its variants' configs; "
+                          "see `tzoo show VARIANT` for the fields a variant has")
+    if not runs:
+        raise ConfigError("no variant in the spec can do any of its tasks:\n" + "\n".join(f"  {s.reason}" for s in skipped))
+    return runs, skipped
+
+def _with_model_options(variant: str | dict[str, Any], config: type, options: dict[str, Any]) -> str | dict[str, Any]:
+    """The variant with the spec's ``model`` values its config has and does not set itself."""
+    given = {"variant": variant} if isinstance(variant, str) else variant
+    extra = {k: v for k, v in options.items() if k in config.model_fields and k not in given}
+    return {**given, **extra} if extra else variant
+
+def _phases(model) -> list[str]:
+    """The names of a model config's training phases (the model is built without memory)."""
+    with torch.device("meta"):
+        return [phase.name for phase in build_model(model).phases()]
+
+def run_name(label: str, config: TrainConfig) -> str:
+    """A folder name that is the same every time the same run is planned (so it resumes)."""
+    digest = hashlib.sha1(f"{label}|{config.model_dump_json()}".encode()).hexdigest()[:8]
+    name = re.sub(r"[^\w.+-]+", "_", label.split(" ")[0])  # a label may hold any character; a folder name not
+    return f"{config.task.kind}--{name}--seed{config.seed}--{digest}"

@@ -1,0 +1,388 @@
+"""``tzoo reproduce``: what the papers and lectures claim, rerun as comparisons with a verdict.
+
+A study is a YAML file: a compare spec (:class:`~transformer_zoo.comparing.spec.CompareSpec`), the
+claims it tests, where they come from, and what changes at each scale (``cpu``: at most about
+ten minutes on a 2-core machine; ``gpu``: the paper-sized settings). A claim names a task, a
+metric (a task's score on one split, or a probe's measurement), two variants of the spec by
+label and a relation: ``a`` is ``better`` than ``b``, ``not-worse``, ``matches`` it within a
+margin, or is ``steadier`` over seeds. Its verdict comes from the 95% interval over seeds of
+the difference ``a - b``, taken in the direction in which the metric is better:
+
+- ``better``: **holds** when the interval lies above 0 (the test rejects equal means, the
+  claimed way); **does not hold** when it lies at or below ``margin`` (an advantage, if any, is
+  smaller than the least that would count); **inconclusive** otherwise.
+- ``not-worse``: holds when the interval lies at or above ``-margin``; does not hold when it
+  lies below ``-margin``.
+- ``matches``: holds when the interval lies within ``[-margin, margin]``; does not hold when it
+  lies wholly outside.
+- ``steadier``: ``a``'s standard deviation over seeds is below ``b``'s and the Brown-Forsythe
+  test of equal spread rejects (holds), or above it and the test rejects (does not hold).
+
+A study holds when every claim holds, does not hold when one does not, and is inconclusive
+otherwise. The built-in studies are the package's ``studies/*.yaml``; a path to a YAML file
+of the same shape runs a study of one's own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from ..configs import merge, read_config, validate
+from ..core.errors import ConfigError, UnknownNameError
+from ..core.model import atomic_write
+from ..core.options import Options
+from ..core.tasks import Better
+from .probes import PROBE_OUTPUTS
+from .records import Cell, CompareResults
+from .runner import compare
+from .spec import CompareSpec, plan
+from .stats import ALPHA, TEST_NAMES, difference, interval, spread
+from .summary import format_cell, format_number
+
+Scale = Literal["cpu", "gpu"]
+Relation = Literal["better", "not-worse", "matches", "steadier"]
+Verdict = Literal["holds", "does not hold", "inconclusive"]
+RELATIONS: dict[str, str] = {
+    "better": "a beats b: the interval of a - b lies above 0",
+    "not-worse": "a is at least as good as b, within margin: the interval lies at or above -margin",
+    "matches": "a equals b within margin: the interval lies within [-margin, margin]",
+    "steadier": "a varies less over seeds than b (Brown-Forsythe test)",
+}
+
+
+class Claim(Options):
+    """One stated claim: ``a`` relates to ``b`` so on ``task``'s ``metric``."""
+
+    statement: str = Field(description="the claim in words, as the report prints it")
+    task: str = Field(description="the task kind, one of the spec's tasks")
+    metric: str = Field(description="a metric of the task, or a measurement of one of the spec's probes")
+    split: str = Field("test", description="the evaluation split of a task metric (a probe's is the test split)")
+    a: str = Field(description="the variant claimed to do better, by its label in the spec")
+    b: str = Field(description="the variant it is compared with, by its label")
+    relation: Relation = Field("better", description="; ".join(f"{k}: {v}" for k, v in RELATIONS.items()))
+    margin: float = Field(0.0, ge=0.0, description="the least difference that counts, in the metric's units")
+    direction: Better | None = Field(
+        None, description="which way the metric is better; null: as the task declares it (a probe needs it)")
+
+    @model_validator(mode="after")
+    def _margin(self) -> Claim:
+        if self.relation == "matches" and self.margin == 0:
+            raise ValueError("a 'matches' claim needs a margin > 0: no interval lies within [0, 0]; give the largest "
+                             "difference that still counts as a match, in the metric's units")
+        if self.a == self.b:
+            raise ValueError(f"a and b are both {self.a!r}; a claim compares two variants")
+        return self
+
+
+class Study(Options):
+    """A study: a comparison, the claims it tests and what changes at each scale."""
+
+    name: str = Field(description="the study's name (its file's name)")
+    title: str = Field(description="the claim in a line")
+    source: str = Field(description="where the claim comes from: paper and section, or lecture")
+    notes: str = Field("", description="what the setup follows of the source, what it does not, and why")
+    compare: dict[str, Any] = Field(description="the compare spec of the cpu scale (see `tzoo compare`)")
+    scales: dict[Scale, dict[str, Any]] = Field(
+        {}, description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task kind "
+        "of the task options that change")
+    claims: list[Claim] = Field(min_length=1, description="the claims, each judged on its own")
+
+    def spec(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> CompareSpec:
+        """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top;
+        each claim checked against it: its variants and task are in it, its split and metric exist."""
+        data = dict(self.compare)
+        for change in (self.scales.get(scale, {}), overrides or {}):
+            change = dict(change)
+            tasks = change.pop("tasks", None)
+            data = merge(data, change)
+            if tasks is not None:
+                data["tasks"] = _merged_tasks(data.get("tasks", []), tasks, self.name)
+        if overrides and "steps" in overrides:  # every run's budget, a task's own included
+            data["task_train"] = {kind: {**train, "steps": overrides["steps"]} if "steps" in train else train
+                                  for kind, train in data.get("task_train", {}).items()}
+        spec = validate(CompareSpec, {**data, "name": self.name}, f"study {self.name!r} at the {scale} scale")
+        self.check(spec)
+        return spec
+
+    def check(self, spec: CompareSpec) -> None:
+        """Raise a ConfigError unless every claim can be judged from ``spec``'s runs."""
+        runs, skipped = plan(spec)
+        ran = {(label, config.task.kind) for label, config in runs}
+        tasks = {options.kind: options for options in spec.tasks}
+        built: dict[str, Any] = {}
+        probed = {name for probe in spec.probes for name in PROBE_OUTPUTS[probe]}
+        for i, claim in enumerate(self.claims):
+            where = f"study {self.name!r}, claims.{i}"
+            if claim.task not in tasks:
+                raise ConfigError(f"{where}: task {claim.task!r} is not one of the spec's tasks {sorted(tasks)}")
+            for label in (claim.a, claim.b):
+                if (label, claim.task) not in ran:
+                    why = next((s.reason for s in skipped if s.variant == label and s.task == claim.task),
+                               f"it is not one of the spec's variants {sorted({v for v, _ in ran})}")
+                    raise ConfigError(f"{where}: variant {label!r} does not run {claim.task!r}: {why}")
+            task = built.setdefault(claim.task, tasks[claim.task].build())
+            if claim.metric in probed:
+                if claim.direction is None:
+                    raise ConfigError(f"{where}: {claim.metric!r} is a probe's measurement, which no task ranks; "
+                                      "say which way supports the claim with direction: higher or lower")
+                continue
+            if claim.metric not in task.metrics:
+                raise ConfigError(f"{where}: metric {claim.metric!r} is neither a metric of task {claim.task!r} "
+                                  f"({', '.join(task.metrics)}) nor a measurement of the spec's probes "
+                                  f"({', '.join(sorted(probed)) or 'none: add probes to the spec'})")
+            if claim.split not in task.splits:
+                raise ConfigError(f"{where}: split {claim.split!r} is not one of task {claim.task!r}'s splits "
+                                  f"({', '.join(task.splits)})")
+
+
+def _merged_tasks(tasks: list[Any], changes: dict[str, Any], study: str) -> list[Any]:
+    """The spec's tasks with a scale's changes merged into the task of each named kind."""
+    if not isinstance(changes, dict):
+        raise ConfigError(f"study {study!r}: a scale's 'tasks' is a mapping by task kind of the options that change, "
+                          f"such as {{reverse: {{train_size: 100000}}}}; got {type(changes).__name__}")
+    kinds = [task if isinstance(task, str) else task.get("kind") for task in tasks]
+    unknown = sorted(set(changes) - set(kinds))
+    if unknown:
+        raise ConfigError(f"study {study!r}: a scale changes tasks {unknown}, which are not among the spec's {kinds}")
+    return [merge({"kind": task} if isinstance(task, str) else task, changes.get(kind, {}))
+            for task, kind in zip(tasks, kinds)]
+
+
+class ClaimResult(BaseModel):
+    """A claim's figures over seeds and its verdict."""
+
+    claim: Claim
+    a: Cell = Field(description="a's mean over seeds and its 95% interval")
+    b: Cell = Field(description="b's mean and interval")
+    difference: float = Field(description="mean(a) - mean(b)")
+    low: float | None = Field(description="the difference's 95% interval (Welch-Satterthwaite); None: one seed")
+    high: float | None
+    p: float | None = Field(description="two-sided p of the test of equal means (steadier: of equal spread)")
+    sd_a: float = Field(0.0, description="a's standard deviation over seeds")
+    sd_b: float = Field(0.0, description="b's standard deviation over seeds")
+    probe: bool = Field(False, description="the metric is a probe's measurement (of the test split)")
+    direction: Better = Field("higher", description="which way the metric is better, as the claim was judged")
+    verdict: Verdict
+    reason: str = Field(description="why the verdict, in words")
+
+
+class StudyResult(BaseModel):
+    """A study's outcome: the contents of its ``verdict.json``."""
+
+    name: str
+    title: str
+    source: str
+    notes: str = ""
+    scale: Scale
+    seeds: list[int]
+    steps: int
+    test: str = Field(description="the test of each difference")
+    verdict: Verdict
+    claims: list[ClaimResult]
+    wall_seconds: float = Field(description="wall time of the study's comparison")
+    report: str = Field(description="the comparison's report.md, relative to the study's folder")
+    command: str = Field(description="the command that runs the study again")
+
+
+def studies_dir() -> Path:
+    return Path(str(resources.files("transformer_zoo") / "studies"))
+
+
+def available_studies() -> dict[str, Path]:
+    """The built-in studies, by name."""
+    return {path.stem: path for path in sorted(studies_dir().glob("*.yaml"))}
+
+
+def load_study(source: str | os.PathLike | dict[str, Any]) -> Study:
+    """A validated study from a built-in name, a YAML file or a mapping."""
+    if isinstance(source, (str, os.PathLike)) and not str(source).endswith((".yaml", ".yml", ".json")):
+        found = available_studies()
+        if str(source) not in found:
+            raise UnknownNameError("study (or a path to a study's YAML file)", str(source), found)
+        source = found[str(source)]
+    data = read_config(source)
+    if not isinstance(source, dict):
+        data.setdefault("name", Path(source).stem)
+    return validate(Study, data, "study")
+
+
+def judge(claim: Claim, results: CompareResults) -> ClaimResult:
+    """A claim's verdict from the comparison's runs (see the module's docstring for the rules)."""
+    def values(label: str) -> list[float]:
+        found = []
+        for run in results.runs:
+            if run.variant == label and run.task == claim.task:
+                value = run.probes.get(claim.metric, run.metrics.get(claim.split, {}).get(claim.metric))
+                if value is not None:
+                    found.append(value)
+        return found
+
+    a, b = values(claim.a), values(claim.b)
+    if not a or not b:
+        missing = claim.a if not a else claim.b
+        raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {claim.split} {claim.metric}")
+    direction = claim.direction or next(
+        (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher")
+    cells = {side: Cell(**interval(xs).__dict__) for side, xs in (("a", a), ("b", b))}
+    diff = difference(a, b, results.spec.get("test", "welch"))
+    sd = spread(a, b)
+    probe = any(claim.metric in run.probes for run in results.runs)
+    figures = dict(a=cells["a"], b=cells["b"], difference=diff.difference, low=diff.low, high=diff.high,
+                   sd_a=sd.sd_a, sd_b=sd.sd_b, probe=probe, direction=direction)
+    if claim.relation == "steadier":
+        verdict, reason = _steadier(sd, claim)
+        return ClaimResult(claim=claim, p=sd.p, verdict=verdict, reason=reason, **figures)
+    verdict, reason = _by_interval(claim, diff.low, diff.high, direction, diff.difference)
+    return ClaimResult(claim=claim, p=diff.p, verdict=verdict, reason=reason, **figures)
+
+
+def _by_interval(claim: Claim, low: float | None, high: float | None, direction: str,
+                 mean: float) -> tuple[Verdict, str]:
+    if low is None or high is None:
+        return "inconclusive", "one seed a side gives no interval: run two or more seeds"
+    sign = 1.0 if direction == "higher" else -1.0
+    lo, hi = sorted((sign * low, sign * high))  # the gain of a over b, the way the metric is better
+    gain = (f"the gain of a over b ({direction} is better) is {format_number(sign * mean, 4)} "
+            f"[{format_number(lo, 4)}, {format_number(hi, 4)}]")
+    m = claim.margin
+    if claim.relation == "better":
+        if lo > 0:
+            return "holds", f"{gain}: the interval lies above 0"
+        if hi <= m:
+            return "does not hold", f"{gain}: the interval lies at or below {_margin(m)}"
+        return "inconclusive", f"{gain}: the interval spans 0{'' if m == 0 else f' and {m:g}'}"
+    if claim.relation == "not-worse":
+        if lo >= -m:
+            return "holds", f"{gain}: the interval lies at or above {_margin(-m)}"
+        if hi < -m:
+            return "does not hold", f"{gain}: the interval lies below {_margin(-m)}"
+        return "inconclusive", f"{gain}: the interval spans {_margin(-m)}"
+    if -m <= lo and hi <= m:
+        return "holds", f"{gain}: the interval lies within the margin ±{m:g}"
+    if lo > m or hi < -m:
+        return "does not hold", f"{gain}: the interval lies outside the margin ±{m:g}"
+    return "inconclusive", f"{gain}: the interval reaches beyond the margin ±{m:g}"
+
+
+def _margin(value: float) -> str:
+    return "0" if value == 0 else f"{value:g} (the margin)"
+
+
+def _steadier(sd: Any, claim: Claim) -> tuple[Verdict, str]:
+    text = f"standard deviation over seeds: a {sd.sd_a:.4g}, b {sd.sd_b:.4g}"
+    if sd.p is None:
+        if sd.sd_a == sd.sd_b:
+            return "does not hold", f"{text}: equal, so a is not steadier"
+        return "inconclusive", f"{text}: too few seeds to test the spread"
+    tested = f"{text}, Brown-Forsythe p = {sd.p:.3g}"
+    if sd.p < ALPHA:
+        return ("holds", f"{tested}: a's is smaller") if sd.sd_a < sd.sd_b else ("does not hold", f"{tested}: a's is larger")
+    return "inconclusive", f"{tested}: not separable at alpha = {ALPHA}"
+
+
+def overall(verdicts: list[str]) -> Verdict:
+    """A study's verdict from its claims'."""
+    if all(v == "holds" for v in verdicts):
+        return "holds"
+    return "does not hold" if "does not hold" in verdicts else "inconclusive"
+
+
+def command(name: str, scale: Scale, overrides: dict[str, Any] | None = None) -> str:
+    """The command line that runs the study again as it ran."""
+    overrides = overrides or {}
+    given = [f"--{key} {','.join(map(str, value)) if isinstance(value, list) else value}"
+             for key, value in overrides.items() if key in ("seeds", "steps")]
+    return " ".join([f"tzoo reproduce {name}", *([] if scale == "cpu" else [f"--scale {scale}"]), *given])
+
+
+def reproduce(study: Study, out_dir: str | os.PathLike, scale: Scale = "cpu", overrides: dict[str, Any] | None = None,
+              plugins: list[str] | None = None) -> StudyResult:
+    """Run a study's comparison into ``out_dir`` and judge its claims: ``verdict.json`` and
+    ``verdict.md`` beside the comparison's ``report.md``."""
+    spec = study.spec(scale, overrides)
+    out_dir = Path(out_dir)
+    started = time.perf_counter()
+    results = compare(spec, out_dir, plugins=plugins)
+    if results is None:  # another process of a torchrun job
+        raise RuntimeError("reproduce runs in one process; run it without torchrun")
+    claims = [judge(claim, results) for claim in study.claims]
+    result = StudyResult(
+        name=study.name, title=study.title, source=study.source, notes=study.notes, scale=scale, seeds=spec.seeds,
+        steps=spec.steps, test=TEST_NAMES[spec.test], verdict=overall([c.verdict for c in claims]), claims=claims,
+        wall_seconds=time.perf_counter() - started, report="report.md", command=command(study.name, scale, overrides))
+    text = result.model_dump_json(indent=2)
+    atomic_write(out_dir / "verdict.json", lambda tmp: tmp.write_text(text))
+    page = "\n".join(study_lines(result))
+    atomic_write(out_dir / "verdict.md", lambda tmp: tmp.write_text(page))
+    return result
+
+
+def study_lines(result: StudyResult) -> list[str]:
+    """A study's verdict as markdown: the claims' figures, their test and verdict."""
+    lines = [f"# {result.name}: {result.verdict}", "", f"**{result.title}** ({result.source})", ""]
+    if result.notes:
+        lines += [result.notes.strip(), ""]
+    lines += [f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {_minutes(result.wall_seconds)}; "
+              f"{result.test}; intervals are Student-t 95% over seeds. Rerun: `{result.command}`. Full comparison: "
+              f"[{result.report}]({result.report}).", "",
+              "| claim | a | b | a - b [95% CI] | p | verdict |", "|---|---|---|---|---|---|"]
+    for c in result.claims:
+        cl = c.claim
+        where = f"{cl.task}, {cl.metric}" if c.probe else f"{cl.task}, {cl.split} {cl.metric}"
+        delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.a.n))
+        p = "n/a" if c.p is None else f"{c.p:.3g}"
+        lines.append(f"| {cl.statement} ({where}; {cl.relation}) | {cl.a}: {format_cell(c.a)} | {cl.b}: "
+                     f"{format_cell(c.b)} | {delta} | {p} | **{c.verdict}** |")
+    lines += ["", *[f"- {c.claim.statement}: {c.verdict}. {c.reason[0].upper() + c.reason[1:]}." for c in result.claims]]
+    return lines
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def summary_lines(results: list[StudyResult]) -> list[str]:
+    """One row per study: claim | source | figures | verdict | time."""
+    lines = ["| study | claim | source | our figures (mean [95% CI]; seeds, steps) | verdict | time |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        figures = "; ".join(f"{c.claim.a} {format_cell(c.a)} vs {c.claim.b} {format_cell(c.b)} "
+                            f"({c.claim.task} {c.claim.metric}: {c.verdict})" for c in r.claims)
+        lines.append(f"| [{r.name}]({r.name}/verdict.md) | {r.title} | {r.source} | {figures}; {len(r.seeds)} seeds, "
+                     f"{r.steps} steps | **{r.verdict}** | {_minutes(r.wall_seconds)} |")
+    return lines
+
+
+def reproduce_all(names: list[str], out_dir: str | os.PathLike, scale: Scale = "cpu",
+                  overrides: dict[str, Any] | None = None, plugins: list[str] | None = None) -> list[StudyResult]:
+    """Run the named studies one after another (each into ``out_dir/NAME``), then write
+    ``out_dir/reproductions.md``, a row per study run so far in ``out_dir``. Every study is
+    validated before the first one trains."""
+    studies = [load_study(name) for name in names]
+    for study in studies:
+        study.spec(scale, overrides)
+    out_dir = Path(out_dir)
+    results = [reproduce(study, out_dir / study.name, scale, overrides, plugins) for study in studies]
+    done = [StudyResult.model_validate_json(p.read_text()) for p in sorted(out_dir.glob("*/verdict.json"))]
+    page = "\n".join([f"# Reproductions ({scale} scale)", "", *summary_lines(done), ""])
+    atomic_write(out_dir / "reproductions.md", lambda tmp: tmp.write_text(page))
+    return results
+
+
+def study_rows() -> list[dict[str, str]]:
+    """The built-in studies, for ``tzoo reproduce`` with no name."""
+    rows = []
+    for name, path in available_studies().items():
+        study = load_study(path)
+        rows.append({"study": name, "claim": study.title, "source": study.source})
+    return rows
+
+
+def as_json(results: list[StudyResult]) -> list[dict[str, Any]]:
+    return [r.model_dump(mode="json") for r in results]

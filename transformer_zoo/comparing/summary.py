@@ -1,0 +1,157 @@
+"""What a comparison shows, task by task: every column's mean and 95% interval over seeds, each
+variant tested against the reference, the variant that is best (only when it is separable from
+every other), and costs relative to the reference.
+
+A winner is named only when a test says so: the best mean of a column is bold when its
+difference to every other variant's is significant at :data:`~transformer_zoo.comparing.stats.ALPHA`.
+Costs measured in different invocations (a run kept from an interrupted comparison ran under
+other load) are never compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .records import Cell, Column, RunRecord, TaskSummary, Test
+from .stats import ALPHA, TEST_NAMES, TestKind, difference, interval, smallest_p
+
+HEADLINE_SPLIT = "test"
+
+
+@dataclass(frozen=True)
+class _Getter:
+    column: Column
+    get: Callable[[RunRecord], float | None]
+
+
+def _getters(records: list[RunRecord]) -> list[_Getter]:
+    splits = sorted({split for r in records for split in r.metrics}, key=lambda s: (s != HEADLINE_SPLIT, s))
+    names = sorted({name for r in records for values in r.metrics.values() for name in values})
+    better = {name: next(r.better[name] for r in records if name in r.better) for name in names}  # as the task declares
+    getters = [_Getter(Column(name=f"{split} {name}", kind="metric", better=better[name]),
+                       lambda r, s=split, n=name: r.metrics.get(s, {}).get(n))
+               for split in splits for name in names]
+    for stack in sorted({stack for r in records for stack in r.ponder_time}):
+        getters.append(_Getter(Column(name=f"{stack} ponder", kind="ponder", better=None),
+                               lambda r, s=stack: r.ponder_time.get(s)))
+    for name in sorted({name for r in records for name in r.probes}):  # what the spec's probes measured
+        getters.append(_Getter(Column(name=name, kind="probe", better=None), lambda r, n=name: r.probes.get(n)))
+    getters += [
+        _Getter(Column(name="parameters", kind="cost", better=None), lambda r: r.parameters),
+        _Getter(Column(name="FLOPs/token", kind="cost", better=None), lambda r: r.flops_per_token),
+        _Getter(Column(name="train tokens/s", kind="cost", better="higher"), lambda r: r.train_tokens_per_second),
+        _Getter(Column(name="peak MiB", kind="cost", better="lower"), lambda r: r.peak_memory_mb),
+        _Getter(Column(name="wall s", kind="cost", better="lower"), lambda r: r.wall_seconds),
+    ]
+    return getters
+
+
+TIMES = ("train tokens/s", "wall s")  # costs that depend on the machine's load at the time
+
+
+def summarize_task(records: list[RunRecord], reference: str | None = None, test: TestKind = "welch",
+                   invocation: str | None = None) -> TaskSummary:
+    """The statistics of one task's runs (every variant, every seed).
+
+    Args:
+        reference: the variant to test the others against; None or absent from the task: the
+            first variant of ``records``.
+        invocation: this comparison's; runs of another make the task's times incomparable.
+    """
+    variants = list(dict.fromkeys(r.variant for r in records))
+    reference = reference if reference in variants else variants[0]
+    getters = _getters(records)
+    values = {v: {g.column.name: [x for r in records if r.variant == v and (x := g.get(r)) is not None]
+                  for g in getters} for v in variants}
+    cells = {v: {name: Cell(**interval(xs).__dict__) for name, xs in columns.items() if xs}
+             for v, columns in values.items()}
+    comparable = invocation is None or all(r.invocation == invocation for r in records)
+    columns = []
+    for g in getters:
+        column = g.column.model_copy()
+        if column.better is not None and (column.name not in TIMES or comparable):
+            column.best = _separable_best(values, column.name, column.better == "higher", test)
+        columns.append(column)
+    task, metric = records[0].task, records[0].metric
+    headline = f"{HEADLINE_SPLIT} {metric}"
+    tests = [Test(variant=v, reference=reference, column=c.name, test=test, separable=d.separable(),
+                  **{k: getattr(d, k) for k in ("difference", "low", "high", "p")})
+             for c in columns if c.kind == "metric"
+             for v in variants if v != reference and values[v][c.name] and values[reference][c.name]
+             for d in [difference(values[v][c.name], values[reference][c.name], test)]]
+    higher = records[0].better[metric] == "higher"
+    leaders = _leaders(values, headline, higher, test)
+    seeds = min(len(values[v][headline]) for v in variants)
+    best = next(c.best for c in columns if c.name == headline)
+    ratios = {v: {name: cells[v][name].mean / cells[reference][name].mean
+                  for name in ("parameters", "FLOPs/token", "peak MiB", *TIMES)
+                  if (name not in TIMES or comparable) and cells[reference].get(name) and cells[reference][name].mean
+                  and name in cells[v]}
+              for v in variants if v != reference}
+    return TaskSummary(task=task, headline=headline, reference=reference, test=test, seeds=seeds, columns=columns,
+                       cells=cells, tests=tests, best=best, leaders=leaders,
+                       verdict=_verdict(variants, values, cells, headline, best, leaders, seeds, test),
+                       costs_comparable=comparable, cost_ratios=ratios)
+
+
+def summarize(records: list[RunRecord], reference: str | None = None, test: TestKind = "welch",
+              invocation: str | None = None) -> list[TaskSummary]:
+    """:func:`summarize_task` for every task of ``records``, in their order."""
+    tasks = list(dict.fromkeys(r.task for r in records))
+    return [summarize_task([r for r in records if r.task == task], reference, test, invocation) for task in tasks]
+
+
+def _ranked(values: dict, name: str, higher: bool) -> list[str]:
+    present = [v for v in values if values[v][name]]
+    return sorted(present, key=lambda v: sum(values[v][name]) / len(values[v][name]), reverse=higher)
+
+
+def _leaders(values: dict, name: str, higher: bool, test: TestKind) -> list[str]:
+    """The variant with the best mean in column ``name``, and every variant not separable from it."""
+    ranked = _ranked(values, name, higher)
+    if not ranked:
+        return []
+    top = ranked[0]
+    return [top] + [v for v in ranked[1:] if not difference(values[top][name], values[v][name], test).separable()]
+
+
+def _separable_best(values: dict, name: str, higher: bool, test: TestKind) -> str | None:
+    """The variant with the best mean in column ``name`` if it differs significantly from every other."""
+    leaders = _leaders(values, name, higher, test)
+    return leaders[0] if len(leaders) == 1 and len(_ranked(values, name, higher)) > 1 else None
+
+
+def format_cell(cell: Cell | None, decimals: int = 3) -> str:
+    """``mean [low, high]`` (the 95% interval), each number as :func:`format_number` writes it;
+    one seed, or seeds that agree exactly, the mean alone."""
+    if cell is None:
+        return "n/a"
+    text = format_number(cell.mean, decimals)
+    if cell.low is None or cell.low == cell.high:
+        return text
+    return f"{text} [{format_number(cell.low, decimals)}, {format_number(cell.high, decimals)}]"
+
+
+def format_number(value: float, decimals: int = 3) -> str:
+    """One format for every column: ``decimals`` decimals below 1,000, whole numbers with
+    thousands separators from there."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.{decimals}f}"
+
+
+def _verdict(variants, values, cells, headline, best, leaders, seeds, test) -> str:
+    if len(variants) < 2:
+        return f"Only {variants[0]} ran this task: nothing to compare."
+    top = leaders[0]
+    stated = f"{top} has the best mean, {format_cell(cells[top].get(headline))}"
+    if seeds < 2:
+        return (f"One seed: no test was possible, so no variant is called best ({stated}). "
+                "Run two or more seeds (--seeds 0,1,2) to test the differences.")
+    how = f"{TEST_NAMES[test]} over {seeds} seeds, alpha = {ALPHA}"
+    if best is not None:
+        return f"{best} is best: {format_cell(cells[best][headline])}, separable from every other variant ({how})."
+    floor = smallest_p(seeds, seeds, test)
+    note = (f" With {seeds} seeds a side this test cannot give p below {floor:.2g}: run more seeds."
+            if floor is not None and floor >= ALPHA else "")
+    return (f"Not separable at {seeds} seeds: {', '.join(leaders)} ({stated}; the others listed are not "
+            f"separable from it, {how}).{note}")
