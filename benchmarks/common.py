@@ -41,7 +41,7 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
 
 
 def device_of(args: argparse.Namespace) -> torch.device:
-    from transformer_zoo.training.trainer import resolve_device
+    from transformer_zoo.training.placement import resolve_device
 
     return resolve_device(args.device)
 

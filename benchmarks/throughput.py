@@ -20,7 +20,7 @@ import torch
 
 import transformer_zoo as tz
 
-from transformer_zoo.training.trainer import trains_only
+from transformer_zoo.training.step import trains_only
 from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, precision, write_json
 
 COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}

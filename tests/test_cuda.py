@@ -17,7 +17,9 @@ import torch
 import transformer_zoo as tz
 from transformer_zoo.core.decoding import greedy_decode
 from transformer_zoo.core.local_attention import chunked_attention, dense_attention, flex_attention_kernel
-from transformer_zoo.train import load_train_config, train, trains_only
+from transformer_zoo.training.config import load_train_config
+from transformer_zoo.training.step import trains_only
+from transformer_zoo.training.trainer import train
 
 from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 from test_all_variants import example_batch, generators
@@ -214,7 +216,8 @@ def test_saved_on_gpu_loads_on_cpu(tmp_path):
 
 
 def test_compare_runs_on_cuda_and_records_cuda_memory(tmp_path):
-    from transformer_zoo.compare import compare, load_spec
+    from transformer_zoo.comparing.runner import compare
+    from transformer_zoo.comparing.spec import load_spec
 
     spec = load_spec({
         "name": "cuda", "variants": ["transformer-tiny", "local-global-encoder-tiny"],

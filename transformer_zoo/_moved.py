@@ -17,7 +17,9 @@ from types import ModuleType
 from typing import Any
 
 MOVED: dict[str, tuple[str, ...]] = {  # old module -> the modules its names now live in
-    "transformer_zoo.train": ("transformer_zoo.training.trainer", "transformer_zoo.training.config"),
+    "transformer_zoo.train": ("transformer_zoo.training.trainer", "transformer_zoo.training.config",
+                              "transformer_zoo.training.step", "transformer_zoo.training.placement",
+                              "transformer_zoo.training.interrupts"),
     "transformer_zoo.train_config": ("transformer_zoo.training.config",),
     "transformer_zoo.checkpoints": ("transformer_zoo.training.checkpoints",),
     "transformer_zoo.distributed": ("transformer_zoo.training.distributed",),

@@ -13,6 +13,10 @@ import torch
 import transformer_zoo as tz
 from transformer_zoo.cli import main
 from transformer_zoo.core.tasks import Seq2SeqTask
+from transformer_zoo.training import checkpointing as checkpointing_module
+from transformer_zoo.training import interrupts as interrupts_module
+from transformer_zoo.training import placement as placement_module
+from transformer_zoo.training import step as step_module
 from transformer_zoo.training import trainer as train_module
 from transformer_zoo.training.trainer import Trainer, TrainingDiverged, evaluate_run, train
 from transformer_zoo.training.config import load_train_config
@@ -165,6 +169,7 @@ def test_a_trainer_in_parts_takes_the_steps_train_takes(tmp_path):
     summary = train(config, tmp_path / "whole", progress=False)
     trainer = Trainer(config, tmp_path / "parts", progress=False).setup()
     assert [phase.name for phase in trainer.phases] == list(trainer.optimizers) == ["model"]
+    assert trainer.stepper.model is trainer.model and trainer.checkpointer.run_dir == tmp_path / "parts"
     batch = trainer.batch(0)
     assert all(torch.equal(batch[k], v) for k, v in trainer.batch(0).items()), "a step's batch depends on the step only"
     losses, flops = trainer.counted_step(0, batch)
@@ -177,12 +182,17 @@ def test_a_trainer_in_parts_takes_the_steps_train_takes(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "whole").values(), weights(tmp_path / "parts").values()))
 
 
-def test_no_function_of_the_trainer_is_longer_than_a_screen():
-    tree = ast.parse(inspect.getsource(train_module))
+@pytest.mark.parametrize("module", [train_module, step_module, checkpointing_module, placement_module,
+                                    interrupts_module], ids=lambda module: module.__name__.rpartition(".")[2])
+def test_no_function_of_the_trainer_is_longer_than_a_screen(module):
+    tree = ast.parse(inspect.getsource(module))
     spans = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    assert "run" in spans and "step" in spans
+    assert spans, "the module's functions were read"
     assert {name: lines for name, lines in spans.items() if lines > 60} == {}
+    if module is train_module:
+        assert "run" in spans and "step" in spans
+        assert len(inspect.getsource(module).splitlines()) < 450, "the trainer runs the loop; its parts live beside it"
 
 
 def test_compare_and_scaling_use_only_the_trainers_public_names():

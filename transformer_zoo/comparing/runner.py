@@ -35,13 +35,9 @@ from ..registry import get_registry
 from ..training import distributed
 from ..training.checkpoints import check_folder
 from ..training.config import TrainConfig
-from ..training.trainer import (
-    Trainer,
-    TrainingInterrupted,
-    model_config_for,
-    resolve_device,
-    train,
-)
+from ..training.placement import resolve_device
+from ..training.step import Stepper
+from ..training.trainer import TrainingInterrupted, model_config_for, train
 from .probes import run_probes
 from .records import CompareResults, RunRecord
 from .scaling import PeakMemory, ScalingPoint, measure_scaling
@@ -115,8 +111,8 @@ def _run(args: tuple[str, dict[str, Any], str, str, bool, list[str]]) -> dict[st
     return record
 
 def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) -> tuple[float, float]:
-    """One training step on the run's first batch, as :class:`~transformer_zoo.training.trainer.Trainer`
-    takes it (each phase's loss, backward, gradient clipping and AdamW step), counted, not estimated:
+    """One training step on the run's first batch, as training takes it (each phase's loss, backward,
+    gradient clipping and AdamW step, by :class:`~transformer_zoo.training.step.Stepper`), counted, not estimated:
 
     - FLOPs of its forward and backward passes per token the model reads, by
       ``torch.utils.flop_counter`` (matrix products and attention; a recurrent stack counts the
@@ -125,13 +121,13 @@ def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) 
       (activations, gradients, AdamW's state), by :class:`~transformer_zoo.comparing.scaling.PeakMemory`.
     """
     # in this process alone (under torchrun only process 0 measures), eagerly, from the model as it is
-    trainer = Trainer(config, task=task, progress=False, world=distributed.World()).attach(model.train())
+    stepper = Stepper(config, task, model.train())
     model.zero_grad(set_to_none=True)  # as each training step starts: gradients are the step's own
-    batch = trainer.batch(0)
+    batch = stepper.batch(0)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in itertools.chain(model.parameters(), model.buffers())}
     with PeakMemory() as memory:
-        _, flops = trainer.counted_step(0, batch)
+        _, flops = stepper.counted_step(0, batch)
     return flops / max(task.tokens_in(batch), 1), sum(storages.values()) + memory.peak
 
 @torch.no_grad()
