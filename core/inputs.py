@@ -62,7 +62,8 @@ def check_token_ids(ids: object, vocab_size: int | None = None, name: str = "tok
     if ids.dtype not in ID_DTYPES:
         raise ValueError(f"{name} must be integers of dtype torch.long (or torch.int32), got {ids.dtype}; "
                          "convert with .long()")
-    if vocab_size is not None and not torch.compiler.is_compiling():  # reading values would break a compiled graph
+    # a compiled graph cannot read values, and a meta tensor (shapes alone) has none
+    if vocab_size is not None and not torch.compiler.is_compiling() and ids.device.type != "meta":
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high

@@ -200,9 +200,10 @@ class RecurrentStack(nn.Module):
         state = x
         for step in range(self.steps):
             # Every position has halted: stop early (with a cache later tokens need every step's keys). An
-            # exported graph cannot branch on a tensor's values, so it runs every step: a halted position's
-            # weight is 0 and its state is copied, so the outputs are the same. (torch.compile breaks the graph here.)
-            if cache is None and not torch.compiler.is_exporting() and not bool(running.any()):
+            # exported graph cannot branch on a tensor's values, nor can a meta tensor (shapes alone), so they run
+            # every step: a halted position's weight is 0 and its state is copied, so the outputs are the same.
+            # (torch.compile breaks the graph here.)
+            if cache is None and not torch.compiler.is_exporting() and x.device.type != "meta" and not bool(running.any()):
                 break
             p = torch.sigmoid(self.halting(self.signal(state, step, offset)).float()).squeeze(-1)  # (B, T)
             last = step == self.steps - 1

@@ -63,7 +63,40 @@ def test_generator_builds_trains_each_phase_and_round_trips(name, tmp_path):
         assert torch.equal(reloaded(labels, noise=noise).logits, expected)
 
 
-@pytest.mark.parametrize("name", [name for name in tz.list_variants() if name not in generators()])
+LARGE = 20_000_000
+"""Parameters above which a preset is checked on the meta device: its modules and shapes are a
+small sibling's (``transformer-big`` is ``transformer-tiny`` widened), whose real build below
+checks the values, so a real build of 100M+ parameters would add only time."""
+
+
+def _parameters_on_meta(name: str) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for p in tz.build_model(name).parameters())
+
+
+TOKEN_VARIANTS = [name for name in tz.list_variants() if name not in generators()]
+LARGE_VARIANTS = [name for name in TOKEN_VARIANTS if _parameters_on_meta(name) > LARGE]
+
+
+def test_the_large_presets_are_the_ones_expected():
+    assert {"transformer-big", "bert-base"} <= set(LARGE_VARIANTS)
+    assert "transformer-tiny" not in LARGE_VARIANTS
+
+
+@pytest.mark.parametrize("name", LARGE_VARIANTS)
+def test_a_large_preset_builds_and_trains_a_step_on_meta(name):
+    with torch.device("meta"):
+        model = tz.build_model(name)
+        inputs, shape, targets = example_batch(model)
+        model.train()
+        out = model(**inputs)
+        assert out.logits.shape == shape
+        model.loss(out, targets).backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters() if p.requires_grad), \
+        "every parameter gets a gradient"
+
+
+@pytest.mark.parametrize("name", [name for name in TOKEN_VARIANTS if name not in LARGE_VARIANTS])
 def test_variant_builds_trains_and_round_trips(name, tmp_path):
     model = tz.build_model(name)
     inputs, shape, targets = example_batch(model)
