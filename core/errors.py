@@ -18,14 +18,16 @@ class ConfigError(ZooError, ValueError):
 
 
 class UnknownNameError(ZooError, LookupError):
-    """A name (variant, component kind, task) that nothing registered."""
+    """A name (variant, component kind, task) that nothing registered; ``hint`` (optional) is
+    appended to the message: what else may be wrong."""
 
-    def __init__(self, what: str, name: str, known: Iterable[str]):
+    def __init__(self, what: str, name: str, known: Iterable[str], hint: str = ""):
         known = sorted(known)
         close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
-        hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        guess = f"did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         super().__init__(
-            f"unknown {what} {name!r}; {hint + ' ' if hint else ''}registered: {', '.join(known) or '(none)'}"
+            f"unknown {what} {name!r}; {guess + ' ' if guess else ''}registered: {', '.join(known) or '(none)'}"
+            + (f"; {hint}" if hint else "")  # such as how to load the plugin that may provide it
         )
         self.name = name
         self.close_matches = close

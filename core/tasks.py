@@ -430,7 +430,7 @@ class MaskedLMTask(Task):
         if reason := super().unfit_reason(config):
             return reason
         if getattr(config, "encoder", None) is None:
-            return "a masked-LM task needs a bidirectional encoder (a decoder-only model does text-lm)"
+            return "a masked-LM task needs a bidirectional encoder (a decoder-only model does language-modeling)"
         return None
 
     def model_overrides(self, config: Any) -> dict[str, Any]:

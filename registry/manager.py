@@ -10,12 +10,14 @@ import inspect
 import os
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import pluggy
+from pydantic import BaseModel
 
-from ..core.errors import DuplicateNameError, PluginLoadError, UnknownNameError
+from ..core.errors import ConfigError, DuplicateNameError, PluginLoadError, UnknownNameError, ZooError
 from ..core.model import Importer
 from ..core.options import CATEGORIES, ComponentOptions, Variant, VariantConfig, use_kinds
 from . import hookspecs
@@ -37,6 +39,9 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.image": "transformer_zoo.plugins.image",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
+LOAD_HINT = ("if a plugin provides it, load the plugin: --plugin MODULE (or TZOO_PLUGINS=MODULE), or install "
+             "the package that declares it as a 'transformer_zoo' entry point")
+"""What an unknown kind or variant message adds: the name may come from a plugin not loaded."""
 
 
 def kind_name(options: type[ComponentOptions]) -> str:
@@ -54,6 +59,10 @@ class PluginWarning(UserWarning):
     """A plugin failed to load, or offers something that looks like a hook but is not one."""
 
 
+class RenamedWarning(FutureWarning):
+    """A config used the former name of a kind (one of its options class's ``aliases``) or of an option."""
+
+
 class Registry:
     """Every component kind and variant offered by the loaded plugins.
 
@@ -66,6 +75,12 @@ class Registry:
         entry_points: whether to load third-party plugins of the ``transformer_zoo`` group
             (unless ``$TZOO_DISABLE_PLUGIN_AUTOLOAD`` is set) and the modules named in
             ``$TZOO_PLUGINS``.
+
+    A kind that was renamed keeps its former names in its options class's ``aliases`` (a
+    ``ClassVar[tuple[str, ...]]``): :meth:`component` maps a former name to the kind with a
+    :class:`RenamedWarning`, and :meth:`components` (``tzoo list``) lists the kind once. The class
+    must accept a former name as its ``kind`` (a ``mode="before"`` model validator that rewrites it,
+    with whatever else the former kind spelled differently).
 
     Attributes:
         load_errors: plugin name -> why it was not loaded.
@@ -81,6 +96,7 @@ class Registry:
         self._components: dict[str, dict[str, type[ComponentOptions]]] = {c: {} for c in CATEGORIES}
         self._variants: dict[str, Variant] = {}
         self._importers: dict[str, Importer] = {}
+        self._aliases: dict[str, dict[str, str]] = {c: {} for c in CATEGORIES}  # category -> former name -> kind
         self._providers: dict[tuple[str, str], str] = {}
         self.load_errors: dict[str, str] = {}
         self.load_warnings: dict[str, list[str]] = {}
@@ -136,6 +152,8 @@ class Registry:
             PluginLoadError: what it offers is malformed.
         """
         self.load()
+        if self.pm.is_registered(plugin):  # already loaded (an entry point, --plugin, $TZOO_PLUGINS): once is enough
+            return self.pm.get_name(plugin)
         name = self._register(plugin, name or getattr(plugin, "__name__", None) or type(plugin).__name__)
         self.in_process[name] = plugin
         return name
@@ -168,11 +186,10 @@ class Registry:
         (an object defined in a notebook or in ``__main__``)."""
         modules, stranded = [], []
         for name, plugin in self.in_process.items():
-            module = plugin.__name__ if inspect.ismodule(plugin) else None
-            if module is None or module == "__main__" or importlib.util.find_spec(module) is None:
-                stranded.append(name)
+            if _importable(plugin):
+                modules.append(plugin.__name__)
             else:
-                modules.append(module)
+                stranded.append(name)
         return modules, stranded
 
     def unregister(self, name: str) -> None:
@@ -190,10 +207,17 @@ class Registry:
                     del self._variants[item]
                 elif category == "importer":
                     del self._importers[item]
+                elif item in self._aliases[category]:
+                    del self._aliases[category][item]
                 else:
                     del self._components[category][item]
 
     def _register(self, plugin: Any, name: str | None) -> str:
+        if self.pm.is_registered(plugin):  # the same module through two routes: the first registration stands
+            return self.pm.get_name(plugin)
+        if name is not None and self.pm.has_plugin(name):
+            raise PluginLoadError(f"another plugin is already registered under the name {name!r} (from "
+                                  f"{_origin(self.pm.get_plugin(name))}); register this one under another name")
         try:
             name = self.pm.register(plugin, name)
         except (ValueError, pluggy.PluginValidationError) as exc:
@@ -242,7 +266,13 @@ class Registry:
                     f"plugin {name!r} offers {options!r} as a component; expected a subclass of one of "
                     + ", ".join(base.__name__ for base in CATEGORIES.values())
                 )
-            self._add_offer(offered, (category, kind_name(options)), options, name)
+            kind = kind_name(options)
+            self._add_offer(offered, (category, kind), options, name)
+            for alias in getattr(options, "aliases", ()):
+                if not isinstance(alias, str) or alias == kind:
+                    raise PluginLoadError(f"{options.__name__}.aliases must hold former names of kind {kind!r} (other "
+                                          f"strings); got {alias!r}")
+                self._add_offer(offered, (category, alias), _FormerName(kind), name)
         for variant in (item for batch in variants for item in batch or ()):
             if not (isinstance(variant, Variant) and issubclass(variant.config, VariantConfig)):
                 raise PluginLoadError(
@@ -261,6 +291,8 @@ class Registry:
                 self._variants[item] = value
             elif category == "importer":
                 self._importers[item] = value
+            elif isinstance(value, _FormerName):
+                self._aliases[category][item] = value.kind
             else:
                 self._components[category][item] = value
 
@@ -289,11 +321,23 @@ class Registry:
         return dict(sorted(self.load()._components[category].items()))
 
     def component(self, category: str, kind: str) -> type[ComponentOptions]:
-        """The options class of one kind."""
+        """The options class of one kind; a former name of a kind (see :meth:`aliases`) gives the
+        kind's class, with a :class:`RenamedWarning`."""
         kinds = self.components(category)
-        if kind not in kinds:
-            raise UnknownNameError(f"{category} kind", str(kind), kinds)
-        return kinds[kind]
+        if kind in kinds:
+            return kinds[kind]
+        current = self._aliases[category].get(kind) if isinstance(kind, str) else None
+        if current is None:
+            raise UnknownNameError(f"{category} kind", str(kind), kinds, hint=LOAD_HINT)
+        warnings.warn(f"{category} kind {kind!r} is now called {current!r}; the former name still works, for now: "
+                      f"write kind: {current}", RenamedWarning, stacklevel=2)
+        return kinds[current]
+
+    def aliases(self, category: str) -> dict[str, str]:
+        """Former names of the kinds of ``category``: former name -> the kind's name now."""
+        if category not in CATEGORIES:
+            raise UnknownNameError("component category", category, CATEGORIES)
+        return dict(sorted(self.load()._aliases[category].items()))
 
     def default_kind(self, category: str) -> str:
         return CATEGORIES[category].default_kind
@@ -305,7 +349,7 @@ class Registry:
     def variant(self, name: str) -> Variant:
         self.load()
         if name not in self._variants:
-            raise UnknownNameError("variant", name, self._variants)
+            raise UnknownNameError("variant", name, self._variants, hint=LOAD_HINT)
         return self._variants[name]
 
     def importers(self) -> list[Importer]:
@@ -313,12 +357,128 @@ class Registry:
         return [importer for _, importer in sorted(self.load()._importers.items())]
 
     def provider(self, category: str, name: str) -> str:
-        """The name of the plugin that offers a component kind or (``category="variant"``) a variant."""
+        """The name of the plugin that offers a component kind (or a former name of one) or
+        (``category="variant"``) a variant."""
         return self.load()._providers[(category, name)]
+
+    def plugin_module(self, name: str) -> str:
+        """The module a registered plugin is, as ``--plugin`` would name it; the plugin's name when it
+        is no importable module (an object or module made in a notebook or in ``__main__``)."""
+        plugin = self.load().pm.get_plugin(name)
+        if plugin is None:
+            raise UnknownNameError("plugin", name, [n for n, _ in self.pm.list_name_plugin()])
+        return plugin.__name__ if _importable(plugin) else name
+
+    # ---- which plugins a saved config needs ------------------------------------------------
+    def providers_of(self, config: Any) -> dict[str, str]:
+        """The plugin module that provides each kind and variant ``config`` uses, to be saved with it.
+
+        Args:
+            config: a validated model config (its ``variant`` and every component kind in it), a
+                task's options, or anything holding them: a training config, a list, a mapping.
+
+        Returns:
+            ``"category:name"`` (``"task:reverse"``, ``"attention:local"``, ``"variant:bert-tiny"``)
+            -> plugin module (``"transformer_zoo.plugins.tasks"``), sorted; what :meth:`missing_plugin_hint`
+            and :meth:`saved_plugins` read back.
+        """
+        self.load()
+        found: dict[str, str] = {}
+
+        def walk(value: Any) -> None:
+            if isinstance(value, ComponentOptions):
+                key: tuple[str, str] | None = (value.category, value.kind)
+            elif isinstance(value, VariantConfig):
+                key = ("variant", value.variant)
+            else:
+                key = None
+            if key is not None and key in self._providers:
+                found[f"{key[0]}:{key[1]}"] = self.plugin_module(self._providers[key])
+            if isinstance(value, BaseModel):
+                for field in type(value).model_fields:
+                    walk(getattr(value, field))
+            elif isinstance(value, Mapping):
+                for item in value.values():
+                    walk(item)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    walk(item)
+
+        walk(config)
+        return dict(sorted(found.items()))
+
+    def missing_plugins(self, record: Mapping[str, str]) -> dict[str, str]:
+        """The entries of a :meth:`providers_of` record that nothing loaded provides now (neither a
+        kind, a former name of one, nor a variant): ``"category:name"`` -> the module that did."""
+        self.load()
+        return {key: module for key, module in record.items()
+                if tuple(key.split(":", 1)) not in self._providers}
+
+    def missing_plugin_hint(self, record: Mapping[str, str] | None, category: str | None = None,
+                            name: str | None = None) -> str:
+        """How to load what a saved run used and this process lacks, from the run's
+        :meth:`providers_of` record: one clause per missing kind or variant, such as ``task kind
+        'my-task' was provided by plugin module 'my_pkg.zoo' when this run was saved; load it with
+        --plugin my_pkg.zoo or TZOO_PLUGINS=my_pkg.zoo``. With ``category`` and ``name``, only that
+        lookup (``category="variant"`` for a variant). ``""`` when nothing is missing (or no record).
+        """
+        missing = self.missing_plugins(record or {})
+        if category is not None:
+            missing = {k: m for k, m in missing.items() if k == f"{category}:{name}"}
+        clauses = []
+        for key, module in missing.items():
+            what, item = key.split(":", 1)
+            clauses.append(f"{_what(what)} {item!r} was provided by plugin module {module!r} when this run was saved; "
+                           f"load it with --plugin {module} or TZOO_PLUGINS={module}")
+        return "; ".join(clauses)
+
+    @contextmanager
+    def saved_plugins(self, record: Mapping[str, str] | None) -> Iterator[None]:
+        """Around reading a saved run's config (``tzoo evaluate``, ``from_pretrained``): an error
+        raised inside while a kind or variant of ``record`` (its :meth:`providers_of`) is missing
+        says which plugin module provided it and how to load it. A :class:`ZooError` gets the hint
+        after its message; another ``ValueError`` (a pydantic ``ValidationError``) is raised as a
+        :class:`ConfigError` with the hint, from the original. With nothing missing, errors pass
+        unchanged.
+
+        >>> with get_registry().saved_plugins(saved.get("plugins")):
+        ...     config = load_config(saved["model"])
+        """
+        try:
+            yield
+        except (ZooError, ValueError) as exc:
+            hint = self.missing_plugin_hint(record)
+            if not hint:
+                raise
+            if isinstance(exc, ZooError) and exc.args:
+                exc.args = (f"{exc.args[0]}; {hint}", *exc.args[1:])
+                raise
+            raise ConfigError(f"{exc}; {hint}") from exc
+
+
+class _FormerName(typing.NamedTuple):
+    """An offer of a former name of ``kind`` (one of its options class's ``aliases``)."""
+
+    kind: str
 
 
 def _what(category: str) -> str:
     return category if category in ("variant", "importer") else f"{category} kind"
+
+
+def _importable(plugin: Any) -> bool:
+    """Whether a plugin is a module another process could import by its name."""
+    if not inspect.ismodule(plugin) or plugin.__name__ == "__main__":
+        return False
+    try:
+        return importlib.util.find_spec(plugin.__name__) is not None
+    except (ImportError, ValueError):  # a module made on the fly has no spec
+        return False
+
+
+def _origin(plugin: Any) -> str:
+    """Where a registered plugin comes from, for messages: its module, or its type."""
+    return f"module {plugin.__name__}" if inspect.ismodule(plugin) else f"a {type(plugin).__name__} object"
 
 
 def _describe(exc: BaseException) -> str:

@@ -166,10 +166,10 @@ def test_a_text_task_without_the_text_extra_says_how_to_install_it(monkeypatch, 
     (tmp_path / "a.txt").write_text("some words to read\n" * 20)
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "sacrebleu", None)
-    with pytest.raises(ConfigError, match=r"the text-lm task \(its tokenizer\) needs tokenizers, which is not "
+    with pytest.raises(ConfigError, match=r"the language-modeling task \(its tokenizer\) needs tokenizers, which is not "
                                           r"installed; install it with pip install 'transformer-zoo\[text\]'"):
-        get_registry().component("task", "text-lm")(files=str(tmp_path / "a.txt")).build()
+        get_registry().component("task", "language-modeling")(files=str(tmp_path / "a.txt")).build()
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("a b\tc d\n" * 20)
-    with pytest.raises(ConfigError, match=r"the translation task \(its BLEU\) needs sacrebleu"):
-        get_registry().component("task", "translation")(files=str(pairs)).build()
+    with pytest.raises(ConfigError, match=r"the seq2seq task \(its BLEU\) needs sacrebleu"):
+        get_registry().component("task", "seq2seq")(files=str(pairs)).build()

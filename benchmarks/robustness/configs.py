@@ -244,7 +244,7 @@ def files(ctx: Context) -> list[Result]:
             cli(["show", "transformer-tiny", "--set", i], ctx.root, 30), n)))
     for files_value in ("", []):
         config = {**TRAIN_BASE, "model": {**TRAIN_BASE["model"], "decoder": None},
-                  "task": {"kind": "text-lm", "files": files_value, "vocab_size": 300, "seq_len": 16}}
+                  "task": {"kind": "language-modeling", "files": files_value, "vocab_size": 300, "max_len": 16}}
         run = str(ctx.root / f"files-{len(cases)}")
         cases.append((f"text task files: {files_value!r}", lambda c=config, r=run: refusal(
             ctx.sandbox.run("train", (c, r), 30.0), ["files"])))
@@ -298,7 +298,7 @@ def training(ctx: Context) -> list[Result]:
     binary = ctx.root / "binary.txt"
     binary.write_bytes(bytes(range(256)) * 64)
     text_task = {**TRAIN_BASE, "model": {**TRAIN_BASE["model"], "decoder": None},
-                 "task": {"kind": "text-lm", "files": str(binary), "vocab_size": 300, "seq_len": 16}}
+                 "task": {"kind": "language-modeling", "files": str(binary), "vocab_size": 300, "max_len": 16}}
     cases.append(("text task reading a binary file", lambda: refusal(
         ctx.sandbox.run("train", (text_task, str(ctx.root / "train" / "binary")), 30.0), ["files", "binary.txt"])))
     config = ctx.root / "small.json"

@@ -1,12 +1,13 @@
-"""Generic tasks over Hugging Face ``datasets``: ``text-classification``, ``seq2seq`` and
-``language-modeling`` on a user's own data, with no plugin to write.
+"""Generic tasks over Hugging Face ``datasets``, on a user's own data with no plugin to write:
+the base they share, and ``text-classification`` (``language-modeling`` and ``seq2seq`` build
+on the same base in their own modules).
 
 The data is a local file or folder in a format ``datasets.load_dataset`` reads (the builder is
 picked from the suffix), a folder written by ``save_to_disk``, or a hub dataset by name (when
-online). Options map the data's columns to what each task reads. The test split is named,
-found (``test``, else ``validation``) or held out of the training split with a seed. Text goes
-through the tokenizer of the text tasks: a byte-level BPE trained here, or a loaded
-``tokenizer.json``.
+online); a kind may also read plain files of its own (``files``). Options map the data's columns
+to what each task reads. The test split is named, found (``test``, else ``validation``) or held
+out of the training split with a seed. Text goes through the tokenizer of the text tasks: a
+byte-level BPE trained here, or a loaded ``tokenizer.json``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import json
 import math
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -22,8 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from transformer_zoo.core.errors import ConfigError, optional
-from transformer_zoo.core.options import MAX_BEAM, MAX_EXAMPLES, MAX_LENGTH
-from transformer_zoo.core.tasks import Better, ClassificationTask, LanguageModelTask, Seq2SeqTask, Task
+from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH
+from transformer_zoo.core.tasks import ClassificationTask, Task
+from transformer_zoo.registry import RenamedWarning
 
 from .text import (
     Tokenized,
@@ -31,12 +34,9 @@ from .text import (
     check_patterns,
     check_text,
     fingerprint,
-    lm_windows,
     resolve_files,
     special_ids,
 )
-from .translation import BleuScored
-
 if TYPE_CHECKING:
     import datasets
 
@@ -71,11 +71,21 @@ class DatasetOptions(TokenizerSource):
     """Options shared by the tasks over ``datasets``: where the data is, its splits and limits.
 
     A kind lists the fields that name columns (``columns``) and those whose text trains the
-    tokenizer (``text_columns``).
+    tokenizer (``text_columns``). A kind with its own plain files adds ``files`` and
+    ``test_files`` fields and reads them in :meth:`read_files`.
+
+    A kind that took over another keeps the old one's configs working: ``aliases`` holds the
+    former kind names (the registry maps them here), ``former_defaults`` the former kind's defaults
+    that differ (filled in when a config names the former kind), and ``renamed`` the former option
+    names (accepted, with a warning when the config names the kind by its current name).
     """
 
     columns: ClassVar[tuple[str, ...]] = ()
     text_columns: ClassVar[tuple[str, ...]] = ()
+    aliases: ClassVar[tuple[str, ...]] = ()
+    former_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    renamed: ClassVar[dict[str, str]] = {}
+    file_suffixes: ClassVar[tuple[str, ...]] = (".txt",)  # what a folder given as files is searched for
 
     path: str | dict[str, str | list[str]] | None = Field(
         None, description="local data: a file (.csv, .tsv, .json, .jsonl, .parquet, .txt), a folder of them (files "
@@ -95,20 +105,61 @@ class DatasetOptions(TokenizerSource):
 
     _patterns = field_validator("path")(check_patterns)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _read_former_names(cls, data: Any) -> Any:
+        """A config naming a former kind (``aliases``) or a former option name (``renamed``), as this kind."""
+        if not isinstance(data, dict):
+            return data
+        kind = cls.model_fields["kind"].default
+        former = data.get("kind") in cls.aliases
+        if former:  # the registry has warned of the kind's new name already
+            data = {**cls.former_defaults.get(data["kind"], {}), **data, "kind": kind}
+        for old, new in cls.renamed.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old} is the former name of {new}; give {new} only")
+            if not former:
+                warnings.warn(f"task kind {kind!r}: option {old!r} is now called {new!r}; the former name still works, "
+                              f"for now: write {new}", RenamedWarning, stacklevel=2)
+            data = {(new if key == old else key): value for key, value in data.items()}
+        return data
+
     @model_validator(mode="after")
     def _one_source(self) -> DatasetOptions:
-        if (self.path is None) == (self.dataset_name is None):
-            raise ValueError("give exactly one of path (a local file or folder) and dataset_name (a Hugging Face dataset)")
+        sources = {"path": "a local file or folder", "files": "local files", "dataset_name": "a Hugging Face dataset"}
+        sources = {name: what for name, what in sources.items() if name in type(self).model_fields}
+        if sum(getattr(self, name) is not None for name in sources) != 1:
+            listed = [f"{name} ({what})" for name, what in sources.items()]
+            raise ValueError(f"give exactly one of {', '.join(listed[:-1])} and {listed[-1]}")
+        if getattr(self, "test_files", None) is not None and getattr(self, "files", None) is None:
+            raise ValueError("test_files goes with files: give files too (or, with path, a mapping such as "
+                             "{train: ..., test: ...})")
         return self
 
     def where(self) -> str:
         """The data, as a user named it (for messages)."""
-        return f"path={self.path!r}" if self.path is not None else f"dataset_name={self.dataset_name!r}"
+        if self.path is not None:
+            return f"path={self.path!r}"
+        if getattr(self, "files", None) is not None:
+            return f"files={self.files!r}"
+        return f"dataset_name={self.dataset_name!r}"
+
+    def reading(self) -> dict[str, Any]:
+        """Options of the ``text`` builder for .txt data (a kind may set ``sample_by``)."""
+        return {}
+
+    def read_files(self) -> dict[str, datasets.Dataset]:
+        """The splits of a kind's own ``files`` (and ``test_files``): a kind with those fields reads them here."""
+        raise NotImplementedError(f"{type(self).__name__} has no files of its own")
 
     def cache_key(self) -> str:
         """Identifies the data read and how it is split: the files' paths, sizes and times, or the
         hub name, with the column and split options."""
-        if self.path is None:
+        if getattr(self, "files", None) is not None:
+            files = [*self._own_files("files"), *self._own_files("test_files")]
+        elif self.path is None:
             files = None
         elif isinstance(self.path, str) and _saved(Path(self.path).expanduser()):
             files = sorted(str(p) for name in SAVED_MARKERS for p in Path(self.path).expanduser().rglob(name))
@@ -116,7 +167,12 @@ class DatasetOptions(TokenizerSource):
             files = [f for files in self._files().values() for f in files]
         columns = {field: getattr(self, field) for field in self.columns}
         return fingerprint(files, self.dataset_name, self.dataset_config, columns, self.train_split, self.test_split,
-                           self.test_fraction, self.seed)
+                           self.test_fraction, self.seed, *([self.reading()] if self.reading() else []))
+
+    def _own_files(self, field: str) -> list[str]:
+        """The files of ``files`` or ``test_files`` (none when null), for the cache key."""
+        patterns = getattr(self, field)
+        return [] if patterns is None else resolve_files(patterns, field, self.file_suffixes)
 
     def _files(self) -> dict[str | None, list[str]]:
         """The local data files, by split (None: split by datasets from the file names)."""
@@ -133,6 +189,8 @@ class DatasetOptions(TokenizerSource):
         try:
             if self.dataset_name is not None:
                 data = datasets.load_dataset(self.dataset_name, self.dataset_config)
+            elif getattr(self, "files", None) is not None:
+                return self.read_files()
             elif isinstance(path, str) and _saved(Path(path).expanduser()):
                 data = datasets.load_from_disk(str(Path(path).expanduser()))
             else:
@@ -141,6 +199,7 @@ class DatasetOptions(TokenizerSource):
                 if builder == "text":  # a binary file among them is named now, not deep inside datasets
                     for group in files.values():
                         check_text(group, "path")
+                    options = {**options, **self.reading()}
                 if isinstance(path, dict):
                     data = datasets.load_dataset(builder, data_files=files, **options)
                 elif Path(path).expanduser().is_dir():  # datasets names the splits from the file names
@@ -207,6 +266,7 @@ class DatasetTask(Tokenized, Task):
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
 
     def __init__(self, options: DatasetOptions) -> None:
+        optional("tokenizers", "text", f"the {options.kind} task (its tokenizer)")  # before reading: how to install it
         self.options = options
         # read and checked now, so that a mistake in the data is reported before any training
         self.raw: dict[str, datasets.Dataset] = dict(zip(self.splits, options.splits()))
@@ -314,73 +374,3 @@ class TextClassificationTask(DatasetTask, ClassificationTask):
     def save_assets(self, directory: Path) -> None:
         super().save_assets(directory)
         (Path(directory) / "labels.json").write_text(json.dumps(self.classes))
-
-
-class Seq2Seq(DatasetOptions):
-    """Write the target text for each source text of your data; token accuracy, and BLEU."""
-
-    kind: Literal["seq2seq"] = "seq2seq"
-    columns: ClassVar[tuple[str, ...]] = ("source", "target")
-    text_columns: ClassVar[tuple[str, ...]] = ("source", "target")
-
-    source: str = Field("source", description="the column holding the source text")
-    target: str = Field("target", description="the column holding the target text")
-    too_long: Literal["drop", "truncate"] = Field(
-        "drop", description="pairs with a side longer than max_len tokens: dropped, or cut to max_len"
-    )
-    beam_size: int = Field(1, ge=1, le=MAX_BEAM, description="1: greedy decoding; more: beam search when scoring")
-
-    def build(self) -> Seq2SeqDataTask:
-        optional("sacrebleu", "text", "the seq2seq task (its BLEU)")  # refused now, not after training
-        return Seq2SeqDataTask(self)
-
-
-class Seq2SeqDataTask(BleuScored, DatasetTask, Seq2SeqTask):
-    """Source and target as token ids (one tokenizer for both), with the reference text kept for BLEU."""
-
-    metrics: ClassVar[dict[str, Better]] = {**Seq2SeqTask.metrics, "bleu": "higher"}
-
-    def __init__(self, options: Seq2Seq) -> None:
-        super().__init__(options)
-        self.beam_size = options.beam_size
-
-    def _encode(self, batch: dict[str, list]) -> dict[str, list]:
-        targets = self._texts_of(batch, "target")
-        src, tgt = self.encode_texts(self._texts_of(batch, "source")), self.encode_texts(targets)
-        if self.options.too_long == "truncate":  # the reference text is then what is left of the target
-            limit = self.options.max_len
-            src, tgt = [row[:limit] for row in src], [row[:limit] for row in tgt]
-            targets = self.tokenizer.decode_batch(tgt)
-        return {"src": src, "tgt": tgt, "target_text": targets}
-
-    def _kept(self, data: datasets.Dataset, split: str) -> datasets.Dataset:
-        limit = self.options.max_len
-        kept = data.filter(lambda row: 0 < len(row["src"]) <= limit and 0 < len(row["tgt"]) <= limit)
-        if not len(kept):
-            raise ConfigError(f"every pair of split {split!r} has a side longer than max_len={limit} tokens; raise "
-                              "max_len, or set too_long: truncate to cut them")
-        return kept
-
-
-class LanguageModeling(DatasetOptions):
-    """Predict each next token of your data's texts (a causal decoder); scored by perplexity."""
-
-    kind: Literal["language-modeling"] = "language-modeling"
-    columns: ClassVar[tuple[str, ...]] = ("text",)
-    text_columns: ClassVar[tuple[str, ...]] = ("text",)
-
-    text: str = Field("text", description="the column holding the text (.txt files: 'text', one line a row)")
-
-    def build(self) -> LanguageModelingTask:
-        return LanguageModelingTask(self)
-
-
-class LanguageModelingTask(DatasetTask, LanguageModelTask):
-    """The token stream of all texts (each ended by EOS), cut into windows of ``max_len + 1``
-    tokens that overlap by one, as ``text-lm`` cuts it."""
-
-    def _encode(self, batch: dict[str, list]) -> dict[str, list]:
-        return {"ids": lm_windows(self.encode_texts(self._texts_of(batch, "text")), self.eos_id, self.options.max_len)}
-
-    def parse_input(self, text: str) -> dict[str, Any]:
-        return {"ids": [*self.encode_texts([text])[0], self.eos_id]}

@@ -1,5 +1,5 @@
-"""Text from local files: the tokenizer (trained here or loaded) and the ``text-lm`` and
-``text-mlm`` tasks.
+"""Text from local files: the tokenizer (trained here or loaded), shared by every text task, and
+the ``text-mlm`` task.
 
 Files are read by ``datasets``' ``text`` builder (one example per line, paragraph or file)
 and split into train and test with a fixed seed, or taken from ``test_files``. The tokenizer
@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 
 from transformer_zoo.core.errors import ConfigError, optional
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
-from transformer_zoo.core.tasks import LanguageModelTask, MaskedLMTask, Task
+from transformer_zoo.core.tasks import MaskedLMTask, Task
 
 if TYPE_CHECKING:
     import datasets
@@ -263,26 +263,6 @@ def lm_windows(sequences: list[list[int]], eos_id: int, size: int) -> list[list[
     ``size + 1`` tokens that overlap by one, so that every token is predicted exactly once."""
     stream = [i for ids in sequences for i in (*ids, eos_id)]
     return [stream[s : s + size + 1] for s in range(0, max(len(stream) - 1, 0), size)]
-
-
-class TextLM(TextOptions):
-    """Next-token prediction on local text files (a causal decoder); scored by perplexity."""
-
-    kind: Literal["text-lm"] = "text-lm"
-
-    def build(self) -> TextLMTask:
-        return TextLMTask(self)
-
-
-class TextLMTask(TextTask, LanguageModelTask):
-    """The token stream of all examples (each ended by EOS), cut into ``seq_len + 1`` windows
-    that overlap by one token, so every token is predicted exactly once."""
-
-    def _chunk(self, batch: dict[str, list]) -> dict[str, list]:
-        return {"ids": lm_windows(self.encode_texts(batch["text"]), self.eos_id, self.options.seq_len)}
-
-    def parse_input(self, text: str) -> dict[str, Any]:
-        return {"ids": [*self.encode_texts([text])[0], self.eos_id]}
 
 
 class TextMLM(TextOptions):

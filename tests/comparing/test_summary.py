@@ -64,7 +64,7 @@ def test_one_seed_claims_no_winner():
 
 
 def test_lower_is_better_for_perplexity():
-    runs = [record(v, seed, base + NOISE[seed], metric="perplexity", task="text-lm")
+    runs = [record(v, seed, base + NOISE[seed], metric="perplexity", task="language-modeling")
             for v, base in (("a", 5.0), ("b", 9.0)) for seed in range(5)]
     assert summarize_task(runs).best == "a"
 

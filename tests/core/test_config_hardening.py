@@ -204,10 +204,10 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
 
 
 @pytest.mark.parametrize(("task", "field"), [
-    ({"kind": "text-lm", "files": ""}, "task.files"),
+    ({"kind": "language-modeling", "files": ""}, "task.files"),
     ({"kind": "text-mlm", "files": ["corpus.txt", "  "]}, "task.files"),
-    ({"kind": "text-lm", "files": "corpus.txt", "test_files": ""}, "task.test_files"),
-    ({"kind": "translation", "files": ""}, "task.files"),
+    ({"kind": "language-modeling", "files": "corpus.txt", "test_files": ""}, "task.test_files"),
+    ({"kind": "seq2seq", "files": ""}, "task.files"),
     ({"kind": "text-classification", "path": ""}, "task.path"),
     ({"kind": "seq2seq", "path": {"train": ""}}, "task.path"),
 ])

@@ -7,7 +7,8 @@ import types
 from pathlib import Path
 
 from transformer_zoo.registry import get_registry
-from transformer_zoo.train import load_train_config, train
+from transformer_zoo.training.config import load_train_config
+from transformer_zoo.training.trainer import train
 
 DOC = Path(__file__).parents[2] / "docs" / "tasks.md"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.train import load_train_config
+from transformer_zoo.training.config import load_train_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 CONFIGS = EXAMPLES / "configs"

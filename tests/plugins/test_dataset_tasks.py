@@ -19,7 +19,8 @@ import tokenizers
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.registry import get_registry
-from transformer_zoo.train import evaluate_run, load_run, load_train_config, train
+from transformer_zoo.training.trainer import evaluate_run, load_run, train
+from transformer_zoo.training.config import load_train_config
 
 WORDS = "the a dog bird sat ran flew on under over mat log tree red big small".split()
 COLUMNS = {  # each kind's column options, named unlike the defaults so that the mapping is exercised
@@ -236,7 +237,8 @@ def test_a_model_unfit_for_a_kind_is_refused(data, tmp_path):
 
 
 def test_compare_runs_both_kinds_over_two_seeds(tmp_path):
-    from transformer_zoo.compare import compare, load_spec
+    from transformer_zoo.comparing.runner import compare
+    from transformer_zoo.comparing.spec import load_spec
 
     write_csv(tmp_path / "cats.csv", rows(300, seed=7))
     write_jsonl(tmp_path / "pairs.jsonl", rows(300, seed=8))

@@ -17,7 +17,7 @@ from transformer_zoo.plugins.tasks.digits_generation import (
     score_images,
     train_digits_classifier,
 )
-from transformer_zoo.train import TrainConfig, load_train_config, model_config_for
+from transformer_zoo.training.config import TrainConfig, load_train_config, model_config_for
 
 
 @pytest.fixture(scope="module")

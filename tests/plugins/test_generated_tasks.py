@@ -57,7 +57,7 @@ def test_collate_pads_and_shifts():
 
 def test_bad_task_options_are_named():
     with pytest.raises(tz.ConfigError, match="train_lengths=\\(5, 2\\)"):
-        from transformer_zoo.train import load_train_config
+        from transformer_zoo.training.config import load_train_config
 
         load_train_config({"model": "transformer-tiny", "task": {"kind": "reverse", "train_lengths": [5, 2]}})
     with pytest.raises(ValueError, match="no split 'valid'"):
@@ -97,7 +97,7 @@ def test_listops_labels_are_the_values_of_the_expressions():
 
 def test_listops_refuses_impossible_lengths():
     with pytest.raises(tz.ConfigError, match="min_length=50 is larger than max_length=20"):
-        from transformer_zoo.train import load_train_config
+        from transformer_zoo.training.config import load_train_config
 
         load_train_config({"model": "transformer-tiny", "task": {"kind": "listops", "min_length": 50, "max_length": 20}})
     with pytest.raises(ValueError, match="could not generate expressions"):
@@ -106,7 +106,7 @@ def test_listops_refuses_impossible_lengths():
 
 def test_classification_collate_and_model_fit():
     from transformer_zoo.core.tasks import CLS
-    from transformer_zoo.train import load_train_config, model_config_for
+    from transformer_zoo.training.config import load_train_config, model_config_for
 
     task = make("listops")
     batch = task.collate([{"src": [5, 6, 7], "label": 3}, {"src": [8], "label": 9}])

@@ -10,7 +10,8 @@ import transformer_zoo as tz
 from transformer_zoo.core.tasks import CLS, PAD
 from transformer_zoo.plugins.tasks.pairs import FIRST_SYMBOL
 from transformer_zoo.registry import get_registry
-from transformer_zoo.train import load_train_config, model_config_for, train
+from transformer_zoo.training.config import load_train_config, model_config_for
+from transformer_zoo.training.trainer import train
 
 KINDS = ["near-pair", "far-pair", "ordered-pair"]
 

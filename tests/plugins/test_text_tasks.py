@@ -1,4 +1,6 @@
-"""The text tasks (text-lm, text-mlm) and translation, on small generated local files.
+"""The text tasks (language-modeling and text-mlm on text files) and seq2seq on parallel files
+(translation), on small generated local files; and the former kinds ``text-lm`` and
+``translation``, which still load as these, with a warning.
 
 The corpora are written by the tests: sentences drawn from a small word list (for the language
 models) and a word-for-word "translation" into another word list with the order reversed.
@@ -19,8 +21,9 @@ import tokenizers
 import torch
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.registry import get_registry
-from transformer_zoo.train import load_train_config, train
+from transformer_zoo.registry import RenamedWarning, get_registry
+from transformer_zoo.training.config import load_train_config
+from transformer_zoo.training.trainer import train
 
 WORDS = "the a cat dog bird sat ran flew on under over mat log tree red big small quickly".split()
 LEXICON = dict(zip("one two three four five six seven eight nine ten red blue cat dog".split(),
@@ -49,19 +52,23 @@ def make(kind: str, **options):
     return get_registry().component("task", kind).model_validate({"kind": kind, **options}).build()
 
 
+LENGTHS = {"language-modeling": {"max_len": 32, "max_test_examples": 100},
+           "text-mlm": {"seq_len": 32, "max_test_sequences": 100}}  # each kind's names for them
+
+
 def text_task(kind, corpus, **options):
-    return make(kind, files=str(corpus), vocab_size=300, seq_len=32, max_test_sequences=100, **options)
+    return make(kind, files=str(corpus), vocab_size=300, **LENGTHS[kind], **options)
 
 
 def test_tokenizer_is_trained_once_and_cached(corpus, monkeypatch):
-    first = text_task("text-lm", corpus)
+    first = text_task("language-modeling", corpus)
     assert first.vocab_size == 300 and (first.pad_id, first.bos_id, first.eos_id) == (0, 1, 2)
 
     def no_training(*args, **kwargs):
         raise AssertionError("the cached tokenizer should have been used")
 
     monkeypatch.setattr(tokenizers.Tokenizer, "train_from_iterator", no_training)
-    again = text_task("text-lm", corpus)
+    again = text_task("language-modeling", corpus)
     assert again.tokenizer.to_str() == first.tokenizer.to_str()
     assert again.dataset("train")[:5] == first.dataset("train")[:5]
     ids = again.encode_texts(["the red cat sat on the mat."])[0]
@@ -69,7 +76,7 @@ def test_tokenizer_is_trained_once_and_cached(corpus, monkeypatch):
 
 
 def test_lm_examples_are_windows_of_the_token_stream(corpus):
-    task = text_task("text-lm", corpus / "a.txt")
+    task = text_task("language-modeling", corpus / "a.txt")
     rows = task.dataset("train")["ids"]
     assert all(len(r) == 33 for r in rows[:-1]) and 2 <= len(rows[-1]) <= 33
     assert all(a[-1] == b[0] for a, b in zip(rows, rows[1:])), "windows overlap by one token"
@@ -109,33 +116,33 @@ def test_a_tokenizer_folder_is_loaded_with_its_own_special_tokens(corpus, tmp_pa
 
 def test_bad_files_are_refused_with_what_to_give(corpus, tmp_path):
     with pytest.raises(ConfigError, match="files='nowhere/\\*.txt' matched no file; give a file, a folder"):
-        make("text-lm", files="nowhere/*.txt")
+        make("language-modeling", files="nowhere/*.txt")
     with pytest.raises(ConfigError, match="no tokenizer.json there"):
-        text_task("text-lm", corpus, tokenizer=str(tmp_path))
-    with pytest.raises(ValueError, match="exactly one of files .* and dataset_name"):
-        make("translation")
+        text_task("language-modeling", corpus, tokenizer=str(tmp_path))
+    with pytest.raises(ValueError, match="exactly one of path .*, files .* and dataset_name"):
+        make("seq2seq")
     (tmp_path / "pairs.csv").write_text("a,b\n")
     with pytest.raises(ConfigError, match="must all be .tsv or all be .jsonl"):
-        make("translation", files=str(tmp_path / "pairs.csv"))
-    with pytest.raises(ConfigError, match="no field 'src'; its languages in its 'translation' column are en, de"):
-        make("translation", files=str(corpus / "pairs.jsonl"), vocab_size=300)
+        make("seq2seq", files=str(tmp_path / "pairs.csv"))
+    with pytest.raises(ConfigError, match="no field 'source'; its languages in its 'translation' column are en, de"):
+        make("seq2seq", files=str(corpus / "pairs.jsonl"), vocab_size=300)
 
 
 def test_a_binary_file_given_as_text_is_refused_by_name(corpus, tmp_path):
     (tmp_path / "image.txt").write_bytes(bytes(range(256)) * 4)
     with pytest.raises(ConfigError, match="files: '.*image.txt' is not UTF-8 text \\(byte 0: a NUL byte\\)"):
-        make("text-lm", files=str(tmp_path / "image.txt"))
+        make("language-modeling", files=str(tmp_path / "image.txt"))
     (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     with pytest.raises(ConfigError, match="test_files: '.*latin1.txt' is not UTF-8 text \\(byte 3: invalid"):
-        make("text-lm", files=str(corpus), test_files=str(tmp_path / "latin1.txt"))
+        make("language-modeling", files=str(corpus), test_files=str(tmp_path / "latin1.txt"))
     (tmp_path / "late.txt").write_bytes(b"plain words\n" * 10_000 + b"\xff\xfe\n")  # past the start that is checked
     with pytest.raises(ConfigError, match="could not read files='.*late.txt' as text: .*give UTF-8 text files"):
-        make("text-lm", files=str(tmp_path / "late.txt"), vocab_size=300)
+        make("language-modeling", files=str(tmp_path / "late.txt"), vocab_size=300)
 
 
 def test_tsv_and_jsonl_give_the_same_pairs(corpus):
-    tsv = make("translation", files=str(corpus / "pairs.tsv"), vocab_size=300)
-    jsonl = make("translation", files=str(corpus / "pairs.jsonl"), source="en", target="de", vocab_size=300)
+    tsv = make("seq2seq", files=str(corpus / "pairs.tsv"), vocab_size=300)
+    jsonl = make("seq2seq", files=str(corpus / "pairs.jsonl"), source="en", target="de", vocab_size=300)
     assert tsv.dataset("test")["target_text"] == jsonl.dataset("test")["target_text"]
     assert tsv.dataset("test")["src"] == jsonl.dataset("test")["src"]
 
@@ -154,12 +161,12 @@ def run(tmp_path, task, steps, model=SMALL_MODEL, lr=3e-3):
     return train(config, tmp_path, progress=False)
 
 
-def test_text_lm_learns_beyond_word_frequencies(corpus, tmp_path):
+def test_language_modeling_learns_beyond_word_frequencies(corpus, tmp_path):
     """200 steps: test perplexity at most 0.6x that of the unigram model of the training data."""
-    options = {"kind": "text-lm", "files": str(corpus), "vocab_size": 300, "seq_len": 32, "max_test_sequences": 100}
+    options = {"kind": "language-modeling", "files": str(corpus), "vocab_size": 300, **LENGTHS["language-modeling"]}
     summary = run(tmp_path, options, 200)
     baseline = unigram_perplexity(make(**options))
-    print("text-lm:", summary["metrics"]["test"], "unigram perplexity", baseline)
+    print("language-modeling:", summary["metrics"]["test"], "unigram perplexity", baseline)
     assert summary["metrics"]["test"]["perplexity"] <= 0.6 * baseline
 
 
@@ -178,12 +185,12 @@ def test_text_mlm_recovers_masked_tokens(corpus, tmp_path, model, steps, lr):
 
 
 def test_translation_learns_and_is_scored_by_bleu(corpus, tmp_path):
-    """300 steps on the word-for-word reversed translation: BLEU at least 80, greedy and beam."""
-    options = {"kind": "translation", "files": str(corpus / "pairs.tsv"), "vocab_size": 300, "max_test_pairs": 100}
+    """300 steps of seq2seq on the word-for-word reversed translation: BLEU at least 80, greedy and beam."""
+    options = {"kind": "seq2seq", "files": str(corpus / "pairs.tsv"), "vocab_size": 300, "max_test_examples": 100}
     summary = run(tmp_path, options, 300)
-    print("translation:", summary["metrics"]["test"])
+    print("seq2seq:", summary["metrics"]["test"])
     assert summary["metrics"]["test"]["bleu"] >= 80
-    from transformer_zoo.train import load_run
+    from transformer_zoo.training.trainer import load_run
 
     _, task, model = load_run(tmp_path)
     task.beam_size = 3
@@ -191,7 +198,7 @@ def test_translation_learns_and_is_scored_by_bleu(corpus, tmp_path):
 
 
 def test_a_model_unfit_for_a_text_task_is_refused(corpus, tmp_path):
-    options = {"kind": "text-lm", "files": str(corpus), "vocab_size": 300}
+    options = {"kind": "language-modeling", "files": str(corpus), "vocab_size": 300}
     with pytest.raises(ValueError, match="needs a causal decoder"):
         run(tmp_path, options, 1, model={**SMALL_MODEL, "decoder": None})
     with pytest.raises(ValueError, match="needs a bidirectional encoder"):
@@ -200,7 +207,7 @@ def test_a_model_unfit_for_a_text_task_is_refused(corpus, tmp_path):
 
 def test_a_run_keeps_its_tokenizer(corpus, tmp_path):
     """The run folder holds the tokenizer it was trained with, and reads it back from there."""
-    from transformer_zoo.train import load_run
+    from transformer_zoo.training.trainer import load_run
 
     options = {"kind": "text-mlm", "files": str(corpus), "vocab_size": 300, "max_test_sequences": 10}
     run(tmp_path, options, 2)
@@ -218,7 +225,7 @@ def test_a_hub_dataset_is_read_by_name(monkeypatch):
                                 "validation": datasets.Dataset.from_list(rows[30:])})
     asked = []
     monkeypatch.setattr(datasets, "load_dataset", lambda *args: asked.append(args) or hub)
-    task = make("translation", dataset_name="wmt-like", dataset_config="de-en", source="de", target="en",
+    task = make("seq2seq", dataset_name="wmt-like", dataset_config="de-en", source="de", target="en",
                 vocab_size=300)
     assert asked[0] == ("wmt-like", "de-en")
     assert task.dataset("test")["target_text"] == [f"hello {i}" for i in range(30, 40)]
@@ -230,15 +237,15 @@ def test_an_unreachable_hub_dataset_says_what_to_do_offline(monkeypatch):
         raise ConnectionError("Couldn't reach the Hugging Face Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ConfigError, match="could not load the Hugging Face dataset 'wmt16' .* give a local TSV or JSONL"):
-        make("translation", dataset_name="wmt16", dataset_config="de-en")
+    with pytest.raises(ConfigError, match="could not load the Hugging Face dataset 'wmt16' .* give a local file or folder"):
+        make("seq2seq", dataset_name="wmt16", dataset_config="de-en")
 
 
 def test_the_split_is_part_of_the_cache_key(corpus):
     """Changing test_fraction re-splits: no stale tokenized split is served."""
     def task(fraction):
-        return make("translation", files=str(corpus / "pairs.tsv"), vocab_size=300, test_fraction=fraction,
-                    max_test_pairs=10_000)
+        return make("seq2seq", files=str(corpus / "pairs.tsv"), vocab_size=300, test_fraction=fraction,
+                    max_test_examples=10_000)
 
     assert len(task(0.1).dataset("test")) == 300 and len(task(0.5).dataset("test")) == 1500
     assert len(task(0.5).dataset("train")) == 1500
@@ -263,3 +270,51 @@ def test_a_resumed_text_run_uses_its_own_tokenizer(corpus, tmp_path, monkeypatch
     a = safetensors.torch.load_file(str(tmp_path / "straight" / "model" / "model.safetensors"))
     b = safetensors.torch.load_file(str(tmp_path / "resumed" / "model" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- the former kinds: text-lm is language-modeling, translation is seq2seq -------------------
+def test_the_former_kinds_resolve_to_the_new_ones_with_a_warning():
+    registry = get_registry()
+    for old, new in (("text-lm", "language-modeling"), ("translation", "seq2seq")):
+        with pytest.warns(RenamedWarning, match=f"task kind '{old}' is now called '{new}'"):
+            assert registry.component("task", old) is registry.component("task", new)
+    assert registry.aliases("task") == {"text-lm": "language-modeling", "translation": "seq2seq"}
+
+
+def test_a_saved_config_of_a_former_kind_loads_as_it_meant(corpus):
+    """train.json of an older run holds every option of the former kind: it loads, with the
+    former option names and defaults read as they were."""
+    text_lm = {"kind": "text-lm", "files": str(corpus), "test_files": None, "sample_by": "line", "test_fraction": 0.1,
+               "seq_len": 32, "max_test_sequences": 100, "tokenizer": None, "vocab_size": 300, "seed": 0}
+    translation = {"kind": "translation", "files": str(corpus / "pairs.tsv"), "test_files": None, "dataset_name": None,
+                   "dataset_config": None, "test_fraction": 0.1, "max_len": 128, "max_test_pairs": 100, "beam_size": 1,
+                   "tokenizer": None, "vocab_size": 300, "seed": 0}
+    with pytest.warns(RenamedWarning, match="'text-lm' is now called 'language-modeling'"):
+        lm = load_train_config({"model": SMALL_MODEL, "task": text_lm}).task
+    assert (lm.kind, lm.max_len, lm.max_test_examples, lm.files) == ("language-modeling", 32, 100, str(corpus))
+    with pytest.warns(RenamedWarning, match="'translation' is now called 'seq2seq'"):
+        pairs = load_train_config({"model": SMALL_MODEL, "task": translation}).task
+    assert (pairs.kind, pairs.source, pairs.target, pairs.max_test_examples) == ("seq2seq", "src", "tgt", 100)
+    assert pairs.model_dump()["kind"] == "seq2seq", "saved again, it names the kind by its name now"
+
+
+def test_a_former_kind_reads_the_same_data_as_the_new_one(corpus):
+    with pytest.warns(RenamedWarning):
+        old = make("text-lm", files=str(corpus), vocab_size=300, seq_len=32, max_test_sequences=100)
+    new = text_task("language-modeling", corpus)
+    assert old.dataset("test")["ids"] == new.dataset("test")["ids"]
+    with pytest.warns(RenamedWarning):
+        old = make("translation", files=str(corpus / "pairs.jsonl"), source="en", target="de", vocab_size=300)
+    new = make("seq2seq", files=str(corpus / "pairs.jsonl"), source="en", target="de", vocab_size=300)
+    assert old.dataset("test")["target_text"] == new.dataset("test")["target_text"]
+    assert old.metric == new.metric == "bleu"
+
+
+def test_a_former_option_name_is_read_with_a_warning(corpus):
+    with pytest.warns(RenamedWarning, match="option 'seq_len' is now called 'max_len'"):
+        options = get_registry().component("task", "language-modeling").model_validate(
+            {"kind": "language-modeling", "files": str(corpus), "seq_len": 32})
+    assert options.max_len == 32
+    with pytest.raises(ValueError, match="seq_len is the former name of max_len; give max_len only"):
+        get_registry().component("task", "language-modeling").model_validate(
+            {"kind": "language-modeling", "files": str(corpus), "seq_len": 32, "max_len": 16})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -168,3 +169,99 @@ def test_entry_point_autoload_can_be_disabled(monkeypatch: pytest.MonkeyPatch, d
     assert RecordingEntryPoint.loaded is (not disabled)
     assert registry.pm.has_plugin("recording") is (not disabled)
     assert "transformer-tiny" in registry.variants(), "the built-in plugins load either way"
+
+
+# ---- one plugin module through two routes is loaded once ----------------------------------------
+TWICE = textwrap.dedent('''
+    """A plugin installed through its entry point and also named with --plugin or $TZOO_PLUGINS."""
+    from typing import Literal
+
+    from torch import nn
+
+    from transformer_zoo import hookimpl
+    from transformer_zoo.core.options import NormOptions
+
+
+    class TwiceNorm(NormOptions):
+        """A norm kind of the plugin loaded twice."""
+
+        kind: Literal["twicenorm"] = "twicenorm"
+
+        def build(self, *, d_model: int) -> nn.Module:
+            return nn.LayerNorm(d_model)
+
+
+    @hookimpl
+    def tzoo_components():
+        return [TwiceNorm]
+''')
+
+
+class TwiceEntryPoint:
+    """The ``transformer_zoo`` entry point of the installed package ``twice`` (``twice_plugin``)."""
+
+    name, dist = "twice", None
+
+    def load(self):
+        import importlib
+
+        return importlib.import_module("twice_plugin")
+
+
+@pytest.fixture
+def installed_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``twice_plugin`` importable and declared as an entry point; a fresh process-wide registry."""
+    (tmp_path / "twice_plugin.py").write_text(TWICE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("TZOO_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.delenv("TZOO_PLUGINS", raising=False)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda *, group: [TwiceEntryPoint()])
+    monkeypatch.setattr(manager, "_registry", None)
+    yield
+    sys.modules.pop("twice_plugin", None)
+
+
+def test_an_entry_point_plugin_named_again_is_loaded_once(installed_twice, recwarn: pytest.WarningsRecorder) -> None:
+    registry = Registry().load()
+    assert registry.provider("norm", "twicenorm") == "twice"
+    assert registry.register_module("twice_plugin") == "twice", "--plugin of the same module: a no-op"
+    assert registry.register_module("twice_plugin") == "twice"
+    assert registry.register(sys.modules["twice_plugin"]) == "twice"
+    assert registry.load_errors == {} and not [w for w in recwarn if issubclass(w.category, PluginWarning)]
+    assert [name for name, _ in registry.pm.list_name_plugin()].count("twice") == 1
+
+
+def test_an_entry_point_plugin_also_in_tzoo_plugins_is_loaded_once(installed_twice, monkeypatch: pytest.MonkeyPatch,
+                                                                     recwarn: pytest.WarningsRecorder) -> None:
+    monkeypatch.setenv("TZOO_PLUGINS", "twice_plugin, twice_plugin")
+    registry = Registry().load()
+    assert registry.load_errors == {} and not [w for w in recwarn if issubclass(w.category, PluginWarning)]
+    assert registry.provider("norm", "twicenorm") == "twice"
+
+
+@pytest.mark.parametrize("argv", [["--plugin", "twice_plugin", "list"], ["list", "--plugin", "twice_plugin"],
+                                  ["--plugin", "twice_plugin", "list", "--plugin", "twice_plugin"]],
+                         ids=["before", "after", "both"])
+def test_the_cli_loads_an_entry_point_plugin_given_again_once(installed_twice, argv: list[str], capsys) -> None:
+    from transformer_zoo.cli import main
+
+    assert main([*argv, "--kind", "norm", "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = [row for row in json.loads(captured.out) if row["name"] == "twicenorm"]
+    assert rows == [{"name": "twicenorm", "kind": "norm", "plugin": "twice", "description": "A norm kind of the plugin loaded twice."}]
+    assert "already registered" not in captured.err and "warning" not in captured.err
+
+
+def test_plugin_before_the_command_is_taken_with_those_after_it(installed_twice, monkeypatch, tmp_path, capsys) -> None:
+    """``tzoo --plugin A list --plugin B`` loads both (with autoload off, only through the options)."""
+    monkeypatch.setenv("TZOO_DISABLE_PLUGIN_AUTOLOAD", "1")
+    (tmp_path / "other_plugin.py").write_text(TWICE.replace("twicenorm", "othernorm").replace("TwiceNorm", "OtherNorm"))
+    importlib.invalidate_caches()
+    from transformer_zoo.cli import main
+
+    try:
+        assert main(["--plugin", "twice_plugin", "list", "--kind", "norm", "--plugin", "other_plugin", "--json"]) == 0
+    finally:
+        sys.modules.pop("other_plugin", None)
+    rows = {row["name"]: row["plugin"] for row in json.loads(capsys.readouterr().out)}
+    assert rows["twicenorm"] == "twice_plugin" and rows["othernorm"] == "other_plugin"

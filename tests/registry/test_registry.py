@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import types
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import transformer_zoo as tz
 from transformer_zoo.core.errors import DuplicateNameError, PluginLoadError
 from transformer_zoo.core.options import NormOptions, Variant
 from transformer_zoo.plugins.transformer import TransformerConfig
-from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, get_registry, hookimpl
+from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, RenamedWarning, get_registry, hookimpl
 
 
 class ScaleNorm(NormOptions):
@@ -103,10 +103,19 @@ def test_duplicate_names_are_errors_naming_both_plugins(notebook_plugin):
         tz.register_plugin(twice, "twice")
 
 
-def test_registering_twice_is_a_plugin_error(notebook_plugin):
+def test_registering_the_same_plugin_twice_is_a_no_op(notebook_plugin):
+    """The same module through two routes (an entry point and --plugin, say): the first stands."""
     plugin = get_registry().pm.get_plugin(notebook_plugin)
-    with pytest.raises(PluginLoadError, match="could not be registered"):
-        tz.register_plugin(plugin, "again")
+    assert tz.register_plugin(plugin, "again") == notebook_plugin
+    assert tz.register_plugin(plugin) == notebook_plugin
+    assert not get_registry().pm.has_plugin("again")
+    assert get_registry().provider("norm", "scalenorm") == notebook_plugin
+
+
+def test_another_plugin_under_a_taken_name_is_one_clear_error(notebook_plugin):
+    with pytest.raises(PluginLoadError, match="already registered under the name 'notebook' \\(from module plugin\\); "
+                                              "register this one under another name$"):
+        tz.register_plugin(make_plugin(tzoo_components=lambda: []), notebook_plugin)
 
 
 def test_malformed_offers_are_refused():
@@ -141,3 +150,113 @@ def test_unknown_kind_lists_the_close_names():
 def test_list_variants_takes_wildcards():
     assert tz.list_variants("transformer-*") == ["transformer-base", "transformer-big", "transformer-dmca-tiny", "transformer-tiny"]
     assert tz.list_variants("nothing-*") == []
+
+
+# ---- an unknown name says how to load the plugin that may provide it ----------------------------
+@pytest.mark.parametrize("lookup", [lambda r: r.component("norm", "scalenorm"), lambda r: r.variant("scalenorm-tiny"),
+                                    lambda r: tz.load_config({"variant": "transformer-tiny", "norm": "scalenorm"})],
+                         ids=["kind", "variant", "config"])
+def test_an_unknown_name_says_a_plugin_may_be_missing_and_how_to_load_one(lookup):
+    with pytest.raises(tz.ZooError) as raised:
+        lookup(get_registry())
+    message = str(raised.value)
+    assert "unknown" in message and "if a plugin provides it, load the plugin: --plugin MODULE" in message
+    assert "TZOO_PLUGINS=MODULE" in message and "'transformer_zoo' entry point" in message
+
+
+# ---- a renamed kind keeps its former names ----------------------------------------------------
+class RenamedNorm(NormOptions):
+    """A norm kind that was called 'oldnorm' and 'oldernorm' before."""
+
+    kind: Literal["newnorm"] = "newnorm"
+    aliases: ClassVar[tuple[str, ...]] = ("oldnorm", "oldernorm")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_kind(cls, data):
+        return {**data, "kind": "newnorm"} if isinstance(data, dict) and data.get("kind") in cls.aliases else data
+
+    def build(self, *, d_model: int):
+        import torch
+
+        return torch.nn.LayerNorm(d_model)
+
+
+class ClashingNorm(NormOptions):
+    """A new kind named as another kind's former name."""
+
+    kind: Literal["oldnorm"] = "oldnorm"
+
+
+def test_a_former_kind_name_resolves_with_a_warning_and_is_listed_once():
+    registry = Registry(builtins=BUILTIN_PLUGINS, entry_points=False)
+    registry.register(make_plugin(tzoo_components=lambda: [RenamedNorm]), "renamed")
+    with pytest.warns(RenamedWarning, match="norm kind 'oldnorm' is now called 'newnorm'.*write kind: newnorm"):
+        assert registry.component("norm", "oldnorm") is RenamedNorm
+    assert "newnorm" in registry.components("norm") and "oldnorm" not in registry.components("norm")
+    assert registry.aliases("norm") == {"oldernorm": "newnorm", "oldnorm": "newnorm"}
+    assert registry.provider("norm", "oldnorm") == "renamed"
+    assert RenamedNorm.model_validate({"kind": "oldernorm"}).kind == "newnorm"
+    with pytest.raises(DuplicateNameError, match="norm kind 'oldnorm' is provided by plugin 'renamed' and again"):
+        registry.register(make_plugin(tzoo_components=lambda: [ClashingNorm]), "clash")
+    registry.unregister("renamed")
+    assert registry.aliases("norm") == {}
+    with pytest.raises(tz.UnknownNameError):
+        registry.component("norm", "oldnorm")
+
+
+def test_a_config_naming_a_former_kind_validates_as_the_kind(notebook_plugin):
+    get_registry().register(make_plugin(tzoo_components=lambda: [RenamedNorm]), "renamed")
+    try:
+        with pytest.warns(RenamedWarning, match="'oldnorm' is now called 'newnorm'"):
+            config = tz.load_config({"variant": "transformer-tiny", "norm": "oldnorm"})
+        assert config.norm.kind == "newnorm" and config.model_dump()["norm"]["kind"] == "newnorm"
+    finally:
+        get_registry().unregister("renamed")
+
+
+def test_aliases_must_be_other_names():
+    class SelfAlias(RenamedNorm):
+        """Names itself as its former name."""
+
+        aliases: ClassVar[tuple[str, ...]] = ("newnorm",)
+
+    with pytest.raises(PluginLoadError, match="aliases must hold former names of kind 'newnorm'"):
+        Registry(builtins={}, entry_points=False).register(make_plugin(tzoo_components=lambda: [SelfAlias]), "bad")
+
+
+# ---- which plugin provided each kind of a saved config ----------------------------------------
+def test_providers_of_names_the_module_behind_every_kind_and_variant(notebook_plugin):
+    registry = get_registry()
+    config = tz.load_config({"variant": "scalenorm-tiny", "encoder": {"attention": "sliding-window"}})
+    record = registry.providers_of({"model": config, "task": registry.component("task", "reverse")()})
+    assert record["variant:scalenorm-tiny"] == "notebook", "an object that is no importable module keeps its name"
+    assert record["norm:scalenorm"] == "notebook"
+    assert record["attention:sliding-window"] == "transformer_zoo.plugins.local_global"
+    assert record["task:reverse"] == "transformer_zoo.plugins.tasks"
+    assert list(record) == sorted(record) and all(":" in key for key in record)
+    assert registry.missing_plugins(record) == {} and registry.missing_plugin_hint(record) == ""
+
+
+def test_a_missing_plugin_of_a_saved_run_is_named_with_how_to_load_it(notebook_plugin):
+    registry = get_registry()
+    record = {"variant:transformer-tiny": "transformer_zoo.plugins.transformer", "norm:fancy": "fancy_pkg.zoo",
+              "task:my-task": "my_pkg.tasks"}
+    assert registry.missing_plugins(record) == {"norm:fancy": "fancy_pkg.zoo", "task:my-task": "my_pkg.tasks"}
+    assert registry.missing_plugin_hint(record, "task", "my-task") == (
+        "task kind 'my-task' was provided by plugin module 'my_pkg.tasks' when this run was saved; load it with "
+        "--plugin my_pkg.tasks or TZOO_PLUGINS=my_pkg.tasks")
+    assert registry.missing_plugin_hint(record, "variant", "transformer-tiny") == ""
+    assert registry.missing_plugin_hint(None) == ""
+    with pytest.raises(tz.ConfigError, match="unknown norm kind 'fancy'.*; norm kind 'fancy' was provided by plugin "
+                                             "module 'fancy_pkg.zoo' when this run was saved; load it with --plugin "
+                                             "fancy_pkg.zoo or TZOO_PLUGINS=fancy_pkg.zoo"):
+        with registry.saved_plugins(record):
+            tz.load_config({"variant": "transformer-tiny", "norm": "fancy"})
+    with pytest.raises(ValueError, match="^boom; norm kind 'fancy'"):  # any ValueError: a pydantic one included
+        with registry.saved_plugins(record):
+            raise ValueError("boom")
+    with pytest.raises(tz.ConfigError, match="unknown norm kind 'fancy'") as raised:  # no record: unchanged
+        with registry.saved_plugins(None):
+            tz.load_config({"variant": "transformer-tiny", "norm": "fancy"})
+    assert "was provided by" not in str(raised.value)
