@@ -19,8 +19,10 @@ from typing import Any
 import torch
 
 from ..core.errors import ZooError
+from ..registry import get_registry
 from .checkpoints import (
     CHECKPOINT,
+    PLUGINS,
     CheckpointError,
     RunFolderBusy,
     RunFolderError,
@@ -37,7 +39,7 @@ from .checkpoints import (
     warn_passed_over,
     write_checkpoint,
 )
-from .config import RESUMABLE_FIELDS, TrainConfig, config_changes, load_train_config
+from .config import RESUMABLE_FIELDS, TrainConfig, config_changes, load_train_config, model_config_for
 from .placement import Placement
 from .step import TrainingDiverged
 
@@ -187,14 +189,18 @@ class Checkpointer:
 
     def write_run_folder(self, checkpoint: Path | None, task: Any) -> None:
         """Process 0, once every process has read ``checkpoint``: it becomes the folder's
-        ``checkpoint`` (the other checkpoint folders are removed), and ``train.json`` and the
-        task's assets (for a run from scratch) are written."""
+        ``checkpoint`` (the other checkpoint folders are removed), and ``train.json``,
+        ``plugins.json`` (the plugin module that provided each kind and variant the run uses) and
+        the task's assets (for a run from scratch) are written."""
         self.placement.barrier()
         if not self.placement.here.main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         promote(self.run_dir, checkpoint)
         (self.run_dir / "train.json").write_text(json.dumps(self.config.model_dump(mode="json"), indent=2))
+        # so that a machine without a plugin can name it: the task's and the resolved model's kinds
+        providers = get_registry().providers_of([self.config, model_config_for(self.config, task)])
+        (self.run_dir / PLUGINS).write_text(json.dumps(providers, indent=2))
         if checkpoint is None:
             task.save_assets(self.run_dir)
 

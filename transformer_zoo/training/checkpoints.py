@@ -39,6 +39,10 @@ CHECKPOINT = "checkpoint"
 PARTIAL = f".{CHECKPOINT}.tmp"
 PREVIOUS = f".{CHECKPOINT}.old"
 FILES = ("model.safetensors", "config.json", "optimizer.pt", "state.json")
+PLUGINS = "plugins.json"
+"""In a run folder: the plugin module that provided each kind and variant of the run's config
+(``{"attention:sliding-window": "transformer_zoo.plugins.local_global", ...}``), so that loading
+the run where a plugin is missing names it."""
 LOCK, LOCK_PID = ".lock", ".lock.pid"
 
 
@@ -396,3 +400,13 @@ def _check_schedule(path: Path, phase: str, state: Any, step: int) -> None:
     if state["last_epoch"] != step:
         raise CheckpointError(f"{path}: phase {phase!r}'s schedule is at step {state['last_epoch']}, and state.json at "
                               f"step {step}; the files are of different checkpoints")
+
+
+def read_plugins(run_dir: Path) -> dict[str, str] | None:
+    """The run folder's :data:`PLUGINS` record; None when there is none (a run saved before it
+    was kept) or it is unreadable (it only ever adds a hint to an error)."""
+    try:
+        record = json.loads((run_dir / PLUGINS).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None

@@ -1,6 +1,7 @@
 """Training: one model on one task for a budget of steps, with exact resume.
 
-A run folder holds ``train.json`` (the run's config), what the task derived from its data
+A run folder holds ``train.json`` (the run's config), ``plugins.json`` (which plugin module
+provided each kind it uses), what the task derived from its data
 (``tokenizer/`` for text tasks), ``checkpoint/`` (``model.safetensors``, ``config.json``,
 ``optimizer.pt``, ``state.json`` with the learning curve; replaced atomically, see
 :mod:`~transformer_zoo.training.checkpoints`), and at the end ``summary.json`` and ``model/``. Batches are
@@ -32,9 +33,10 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..api import build_model
+from ..registry import get_registry
 from . import distributed
 from .checkpointing import Checkpointer
-from .checkpoints import CHECKPOINT, check_folder
+from .checkpoints import CHECKPOINT, check_folder, read_plugins
 from .config import TrainConfig, load_train_config, model_config_for
 from .interrupts import TrainingInterrupted, stop_requests
 from .placement import Placement, resolve_device
@@ -413,9 +415,11 @@ def load_run(run_dir: str | os.PathLike) -> tuple[TrainConfig, Any, torch.nn.Mod
         raise FileNotFoundError(
             f"{str(run_dir)!r} is not a finished run folder: expected train.json and model/ written by tzoo train"
         )
-    config = load_train_config(run_dir / "train.json")
-    model = from_pretrained(run_dir / "model").to(resolve_device(config.device)).eval()
-    return config, config.task.with_assets(run_dir).build(), model
+    with get_registry().saved_plugins(read_plugins(run_dir)):  # a missing plugin is named, with how to load it
+        config = load_train_config(run_dir / "train.json")
+        model = from_pretrained(run_dir / "model").to(resolve_device(config.device)).eval()
+        task = config.task.with_assets(run_dir).build()
+    return config, task, model
 
 
 def evaluate_run(run_dir: str | os.PathLike) -> dict[str, dict[str, float]]:
