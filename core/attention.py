@@ -2,8 +2,10 @@
 
 One module, :class:`MultiHeadAttention`, does what every attention kind shares: the query, key
 and value projections, the key/value cache of incremental decoding, the in-attention positions
-(rotary, ALiBi), dropout and the output projection. What the kinds differ in is a *kernel*, a
-plain function (or a callable object holding its settings, never parameters)::
+(rotary, ALiBi), dropout and the output projection. What the kinds differ in is a *kernel*: a
+plain function, a callable object holding its settings, or an ``nn.Module`` holding learned
+parameters (talking-heads attention's head mixing), which the module registers as its
+``kernel`` submodule so that those parameters train, move, save and load with it::
 
     kernel(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights or None)
 
@@ -173,11 +175,22 @@ class MultiHeadAttention(nn.Module):
     in-attention positions (:meth:`project`), lets a kind adjust what the kernel receives
     (:meth:`kernel_inputs`), calls the kernel, and projects its output back to ``d_model``.
 
+    The projection layout, which a state dict and a checkpoint converter rely on: one fused
+    ``in_proj`` (``nn.Linear(d_model, 3 * d_model)``) whose output rows are the queries, then the
+    keys, then the values (``in_proj.weight[:d_model]`` is ``W_Q``, ``[d_model:2 * d_model]`` is
+    ``W_K``, ``[2 * d_model:]`` is ``W_V``, and ``in_proj.bias`` alike); within each, head ``h``
+    is rows ``h * d_head`` to ``(h + 1) * d_head``. ``out_proj`` (``nn.Linear(d_model, d_model)``)
+    reads the heads' outputs concatenated in the same order. This is ``torch.nn.MultiheadAttention``'s
+    ``in_proj_weight`` layout.
+
     Args:
         d_model: model width; split into ``n_heads`` heads of ``d_model // n_heads``.
         n_heads: number of heads.
         kernel: what computes attention from ``(B, H, T, Dh)`` queries, keys and values (see
-            :class:`Kernel`); :func:`sdpa_kernel` by default.
+            :class:`Kernel`); :func:`sdpa_kernel` by default. A kernel with learned parameters
+            is an ``nn.Module``: it becomes this module's ``kernel`` submodule, so its parameters
+            are in ``parameters()`` and the state dict (``kernel.<name>``) and move with ``.to()``.
+            Give each attention module its own kernel module unless sharing is meant.
         dropout: dropout on the attention weights, in training only.
         bias: whether the projections have a bias.
         positional: an in-attention positional scheme, or None.
@@ -188,9 +201,10 @@ class MultiHeadAttention(nn.Module):
     """
 
     self_only: ClassVar[bool] = False
-    """Whether the kind is for self-attention only: its rule is over the positions of one
+    """Whether the module is for self-attention only: its rule is over the positions of one
     sequence (a sparse pattern, a convolution over positions), so attending to an encoder's
-    memory is refused."""
+    memory raises a ValueError. The run-time guard; the kind's options declare ``self_only`` too,
+    so that validation refuses such a ``cross_attention`` first."""
 
     def __init__(
         self,
@@ -208,13 +222,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if scale is not None and not scale > 0:
             raise ValueError(f"scale must be positive (or None for 1/sqrt(d_head)), got {scale}")
-        if isinstance(kernel, nn.Module):
-            raise ValueError("a kernel is a function or a callable object without parameters, not a module; "
-                             "keep parameters on a MultiHeadAttention subclass and use them in kernel_inputs")
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
-        self.kernel = kernel
+        self.kernel = kernel  # an nn.Module kernel registers as a submodule here, with its parameters
         self.dropout = dropout
         # Query, key and value projections stacked in one matrix: self-attention runs one matmul.
         self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
@@ -224,7 +235,9 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         scale = "" if self.scale is None else f", scale={self.scale:g}"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}, kernel={_kernel_name(self.kernel)}{scale}"
+        # a kernel that is a module is shown as a child, below this line
+        kernel = "" if isinstance(self.kernel, nn.Module) else f", kernel={_kernel_name(self.kernel)}"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kernel}{scale}"
 
     def _heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
         """``(B, T, parts * D)`` to ``parts`` tensors of ``(B, H, T, Dh)``."""

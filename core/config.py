@@ -17,14 +17,14 @@ from . import builders
 from .attention import AttentionPositional
 from .model import EncoderDecoder
 from .options import (
-    FFN,
     MAX_LENGTH,
     MAX_VOCAB,
     MAX_WIDTH,
-    Head,
-    Norm,
-    Positional,
-    Stack,
+    FFNField,
+    HeadField,
+    NormField,
+    PositionalField,
+    StackField,
     StackOptions,
     VariantConfig,
 )
@@ -49,18 +49,18 @@ class EncoderDecoderConfig(VariantConfig):
     pad_id: int = Field(0, ge=0, le=MAX_VOCAB, description="padding token id, ignored by token losses")
     share_embeddings: bool = Field(True, description="one embedding table for source and target (needs equal vocabularies)")
     scale_embeddings: bool = Field(True, description="multiply embeddings by sqrt(d_model)")
-    positional: Positional = Field("sinusoidal", validate_default=True, description="positional encoding")
-    norm: Norm = Field("layernorm", validate_default=True, description="normalisation layer")
+    positional: PositionalField = Field("sinusoidal", validate_default=True, description="positional encoding")
+    norm: NormField = Field("layernorm", validate_default=True, description="normalisation layer")
     norm_placement: Literal["pre", "post"] = Field("post", description="norm before each sub-layer (pre) or after the residual (post)")
     final_norm: bool | None = Field(None, description="norm after the last layer of each stack; None: only with pre placement")
-    ffn: FFN = Field("mlp", validate_default=True, description="position-wise feed-forward network")
-    encoder: Stack | None = Field(
+    ffn: FFNField = Field("mlp", validate_default=True, description="position-wise feed-forward network")
+    encoder: StackField | None = Field(
         {"layers": 6}, validate_default=True, description="encoder stack; null for a decoder-only model"
     )
-    decoder: Stack | None = Field(
+    decoder: StackField | None = Field(
         {"layers": 6}, validate_default=True, description="decoder stack; null for an encoder-only model"
     )
-    head: Head = Field("lm", validate_default=True, description="task head on the last stack")
+    head: HeadField = Field("lm", validate_default=True, description="task head on the last stack")
 
     @model_validator(mode="after")
     def _check(self) -> EncoderDecoderConfig:
@@ -90,6 +90,11 @@ class EncoderDecoderConfig(VariantConfig):
                     kind.check_positional(self.positional)
                 except ValueError as error:
                     raise ValueError(f"{name}.attention{f'.{index}' if listed else ''}: {error}") from None
+        if self.encoder is not None and self.decoder is not None:
+            try:
+                self.decoder.cross_attention.check_cross_attention()
+            except ValueError as error:
+                raise ValueError(f"decoder.cross_attention: {error}") from None
         return self
 
     @property

@@ -35,10 +35,6 @@ class AttentionMask:
     causal: bool = False
     explicit: Tensor | None = None
 
-    def is_empty(self) -> bool:
-        """Whether every query may see every key."""
-        return self.padding is None and not self.causal and self.explicit is None
-
     def dense(self, q_len: int, k_len: int, device: torch.device | None = None) -> Tensor | None:
         """The explicit mask, broadcastable to ``(batch, heads, q_len, k_len)``; True = may attend.
         None when nothing is masked."""

@@ -3,8 +3,9 @@
 Every component (attention, positional, norm, ffn, stack, head) declares one options model:
 a subclass of its category's base below with a ``kind`` literal, a described field per
 option, and a ``build`` method that unpacks the options into explicit constructor
-arguments. A config field annotated with ``Attention``, ``Norm``, ... accepts any registered
-kind of that category, built-in or third-party, dispatched on ``kind``.
+arguments. A config field annotated with :data:`AttentionField`, :data:`NormField`, ... (one
+``<Category>Field`` per category) accepts any registered kind of that category, built-in or
+third-party, dispatched on ``kind``.
 """
 
 from __future__ import annotations
@@ -160,6 +161,14 @@ class AttentionOptions(ComponentOptions):
     kernel. A new kind declares its fields and overrides :meth:`make_kernel`; a kind that changes
     keys and values (or keeps parameters of its own) overrides :meth:`build` to return a
     ``MultiHeadAttention`` subclass with its ``kernel_inputs`` hook.
+
+    Every kind has the two fields below, ``bias`` and ``scale``; an override of :meth:`build`
+    passes both on (or its kind refuses them, below). What a kind can take is declared by the
+    class variables ``full``, ``takes_bias``, ``takes_scale`` and ``self_only``, each with the
+    default given here; a kind that differs says so in its own class body, and nothing is
+    inferred from which methods it overrides. Validation checks them (:meth:`check_scale`,
+    :meth:`check_positional`, :meth:`check_cross_attention`). The table of these capability
+    flags is in the plugin guide (docs/writing-a-plugin.md, "What a kind can take").
     """
 
     category: ClassVar[str] = "attention"
@@ -173,21 +182,17 @@ class AttentionOptions(ComponentOptions):
     takes_scale: ClassVar[bool] = True
     """Whether the kind honours ``scale``: its module is a ``MultiHeadAttention`` built with
     ``scale=self.scale`` and its kernel divides the scores by ``sqrt(d_head)``, as SDPA does. A
-    kind that overrides :meth:`build` or :meth:`make_kernel` takes it only when it says so
-    (``takes_scale = True`` in its class body); otherwise a non-null ``scale`` is refused at
-    validation rather than silently ignored (see :meth:`check_scale`)."""
+    kind that does not (its own temperature, a kernel that is not softmax attention) sets
+    ``takes_scale: ClassVar[bool] = False`` in its class body, and a non-null ``scale`` is then
+    refused at validation rather than silently ignored (see :meth:`check_scale`)."""
+    self_only: ClassVar[bool] = False
+    """Whether the kind is for self-attention only: its rule is over the positions of one sequence
+    (a sparse pattern, a convolution over positions), so an encoder-decoder refuses it as the
+    decoder's ``cross_attention`` (see :meth:`check_cross_attention`)."""
 
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
     scale: float | None = Field(None, gt=0, description="factor on the query-key dot products; None: 1/sqrt(d_head) "
                                 "(Vaswani et al. 2017); 1.0: unscaled dot products")
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        # A kind with its own module or kernel has not promised to apply the scale until it says so.
-        own = vars(cls)
-        if ("build" in own or "make_kernel" in own) and "takes_scale" not in own:
-            cls.takes_scale = False
 
     @model_validator(mode="after")
     def _scale_is_taken(self) -> AttentionOptions:
@@ -199,6 +204,12 @@ class AttentionOptions(ComponentOptions):
         if self.scale is not None and not self.takes_scale:
             raise ValueError(f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
                              "remove scale, or use kind: sdpa")
+
+    def check_cross_attention(self) -> None:
+        """Raise a ValueError if this kind cannot attend to an encoder's memory (``self_only``)."""
+        if self.self_only:
+            raise ValueError(f"{self.kind} attention is for self-attention (its rule is over the positions of one "
+                             "sequence), not attention to the encoder's memory; keep cross_attention: sdpa")
 
     def make_kernel(self) -> Kernel:
         """The kind's kernel ``(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights)``
@@ -397,11 +408,13 @@ class ComponentField:
         return {"anyOf": one, "description": f"a {self.category} kind: one of {', '.join(sorted(kinds))}"}
 
 
-Attention = Annotated[AttentionOptions, ComponentField("attention")]
-Positional = Annotated[PositionalOptions, ComponentField("positional")]
-Norm = Annotated[NormOptions, ComponentField("norm")]
-FFN = Annotated[FFNOptions, ComponentField("ffn")]
-Head = Annotated[HeadOptions, ComponentField("head")]
+# The field types of configs: ``<Category>Field`` validates a value as any registered kind of
+# that category (the ``<Category>Options`` class above is the base those kinds subclass).
+AttentionField = Annotated[AttentionOptions, ComponentField("attention")]
+PositionalField = Annotated[PositionalOptions, ComponentField("positional")]
+NormField = Annotated[NormOptions, ComponentField("norm")]
+FFNField = Annotated[FFNOptions, ComponentField("ffn")]
+HeadField = Annotated[HeadOptions, ComponentField("head")]
 
 
 class StackOptions(ComponentOptions):
@@ -422,7 +435,7 @@ class StackOptions(ComponentOptions):
         "sdpa", validate_default=True,
         description="self-attention kind, or a list of kinds that layer i takes in turn (i modulo its length)",
     )
-    cross_attention: Attention = Field(
+    cross_attention: AttentionField = Field(
         "sdpa", validate_default=True, description="attention to the encoder memory (decoders of encoder-decoders)"
     )
 
@@ -441,7 +454,8 @@ class StackOptions(ComponentOptions):
         raise NotImplementedError
 
 
-Stack = Annotated[StackOptions, ComponentField("stack")]
+StackField = Annotated[StackOptions, ComponentField("stack")]
+
 
 class TaskOptions(ComponentOptions):
     """Task kinds. ``build()`` returns a :class:`~transformer_zoo.core.tasks.Task`: its data,
@@ -460,7 +474,7 @@ class TaskOptions(ComponentOptions):
         return self
 
 
-Task = Annotated[TaskOptions, ComponentField("task")]
+TaskField = Annotated[TaskOptions, ComponentField("task")]
 
 CATEGORIES: dict[str, type[ComponentOptions]] = {
     base.category: base

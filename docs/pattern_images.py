@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from transformer_zoo.core.local_attention import Pattern  # noqa: E402
+from transformer_zoo.plugins.local_global.kernels import Pattern  # noqa: E402
 
 LENGTH = 64
 PATTERNS = {

@@ -33,7 +33,7 @@ CAUSAL_KINDS = ["sliding-window", "dilated", "block-local", "local-global", "dil
 
 
 def sparse_pattern(kind: str, causal: bool = False):
-    """The :class:`~transformer_zoo.core.local_attention.Pattern` of ``SPARSE_KINDS[kind]``."""
+    """The :class:`~transformer_zoo.plugins.local_global.kernels.Pattern` of ``SPARSE_KINDS[kind]``."""
     from dataclasses import replace
 
     from transformer_zoo.registry import get_registry

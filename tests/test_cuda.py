@@ -16,9 +16,10 @@ import torch
 
 import transformer_zoo as tz
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.local_attention import chunked_attention, dense_attention, flex_attention_kernel
+from transformer_zoo.core.local_attention import flex_attention_kernel
 from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.step import trains_only
+from transformer_zoo.plugins.local_global.kernels import chunked_attention, dense_attention
 from transformer_zoo.training.trainer import train
 
 from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern

@@ -27,7 +27,17 @@ from transformer_zoo.core.inputs import check_tensor, check_token_ids
 from transformer_zoo.core.layers import ACTIVATIONS
 from transformer_zoo.core.masks import AttentionMask, as_padding_mask
 from transformer_zoo.core.model import EncoderDecoder, ModelOutput
-from transformer_zoo.core.options import FFN, MAX_LENGTH, MAX_VOCAB, MAX_WIDTH, Head, Norm, Positional, Stack, Variant
+from transformer_zoo.core.options import (
+    MAX_LENGTH,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    FFNField,
+    HeadField,
+    NormField,
+    PositionalField,
+    StackField,
+    Variant,
+)
 from transformer_zoo.core.positional import add_positions, position_starts
 from transformer_zoo.core.stack import StackOutput
 from transformer_zoo.registry import hookimpl
@@ -231,13 +241,13 @@ class BertConfig(EncoderDecoderConfig):
     )
     init_std: float = Field(0.02, gt=0, description="standard deviation of the normal initialisation")
     scale_embeddings: bool = Field(False, description="BERT does not scale its embeddings")
-    positional: Positional = Field("learned", validate_default=True, description="learned absolute positions")
-    norm: Norm = Field({"kind": "layernorm", "eps": 1e-12}, validate_default=True, description="layer norm, eps 1e-12")
-    ffn: FFN = Field({"kind": "mlp", "activation": "gelu", "inner_dropout": False}, validate_default=True,
+    positional: PositionalField = Field("learned", validate_default=True, description="learned absolute positions")
+    norm: NormField = Field({"kind": "layernorm", "eps": 1e-12}, validate_default=True, description="layer norm, eps 1e-12")
+    ffn: FFNField = Field({"kind": "mlp", "activation": "gelu", "inner_dropout": False}, validate_default=True,
                      description="GELU feed-forward network, no dropout inside")
-    encoder: Stack | None = Field({"layers": 12}, validate_default=True, description="the encoder stack")
-    decoder: Stack | None = Field(None, description="BERT has no decoder; leave null")
-    head: Head = Field({"kind": "lm", "bias": True}, validate_default=True,
+    encoder: StackField | None = Field({"layers": 12}, validate_default=True, description="the encoder stack")
+    decoder: StackField | None = Field(None, description="BERT has no decoder; leave null")
+    head: HeadField = Field({"kind": "lm", "bias": True}, validate_default=True,
                        description="lm: the masked-LM head; sequence-classification (cls pooling): on the pooler")
 
     @model_validator(mode="after")

@@ -183,16 +183,6 @@ def read_bin(path: Path) -> dict[str, Tensor]:
     return state
 
 
-def read_weights(directory: Path) -> dict[str, Tensor]:
-    """The checkpoint's tensors: ``model.safetensors``, sharded safetensors, or ``pytorch_model.bin``,
-    each file checked first and kept inside the folder."""
-    files = safetensors_files(directory)
-    if files is not None:
-        read_headers(files)  # refuses a damaged file, or a tensor in two shards, before reading any
-        return {name: tensor for path in files for name, tensor in weights.read_tensors(path).items()}
-    return read_bin(_bin_path(directory))
-
-
 def _bin_path(directory: Path) -> Path:
     if not (directory / BIN_NAME).is_file():
         raise FileNotFoundError(f"{str(directory)!r} holds no weights: expected {WEIGHTS_NAME}, {INDEX_NAME} or "

@@ -46,7 +46,6 @@ class MathAttentionOptions(AttentionOptions):
     """Full attention written out (no fused kernel): the n x n weights are made, a reference for kernels."""
 
     kind: Literal["math"] = "math"
-    takes_scale: ClassVar[bool] = True
 
     def make_kernel(self) -> Kernel:
         return math_kernel

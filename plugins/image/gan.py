@@ -35,7 +35,7 @@ from transformer_zoo.core.inputs import check_float_dtype, check_image, check_no
 from transformer_zoo.core.model import ModelOutput, Phase, ZooModel
 from transformer_zoo.core.options import MAX_WIDTH, Width
 
-from . import ImageConfig
+from .config import ImageConfig
 
 
 class ConditionalBatchNorm2d(nn.Module):

@@ -16,7 +16,9 @@ Attention kinds any variant can use by config (``encoder: {attention: sliding-wi
 
 Presets: ``local-global-encoder-tiny`` and ``-base`` (encoder-only, Longformer-style) and
 ``transformer-dmca-tiny`` (decoder-only, local layers interleaved with memory-compressed ones:
-Liu 2018's T-DMCA). The patterns and kernels are in :mod:`transformer_zoo.core.local_attention`.
+Liu 2018's T-DMCA). The 1-D patterns, their chunked kernel and memory-compressed attention are in
+:mod:`.kernels`; the kernel chooser they share with local 2-D attention is in
+:mod:`transformer_zoo.core.local_attention`.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from torch import nn
 
 from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.local_attention import MemoryCompressedAttention, Pattern, PatternKernel, SparseAttention
+from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.options import MAX_LENGTH, AttentionOptions, Head, Positional, Stack, Variant
+from transformer_zoo.core.options import MAX_LENGTH, AttentionOptions, HeadField, PositionalField, StackField, Variant
 from transformer_zoo.registry import hookimpl
+
+from .kernels import MemoryCompressedAttention, Pattern
 
 
 class _Sparse(AttentionOptions):
@@ -40,7 +44,7 @@ class _Sparse(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
-    takes_scale: ClassVar[bool] = True
+    self_only: ClassVar[bool] = True
 
     kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
         "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked")
@@ -151,8 +155,8 @@ class MemoryCompressed(AttentionOptions):
     """Keys and values shortened by a strided convolution of kernel and stride ``compression`` (Liu 2018)."""
 
     full: ClassVar[bool] = False
-    takes_scale: ClassVar[bool] = True
     takes_bias: ClassVar[bool] = False
+    self_only: ClassVar[bool] = True
     kind: Literal["memory-compressed"] = "memory-compressed"
     compression: int = Field(3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)")
 
@@ -174,12 +178,12 @@ class LocalGlobalConfig(EncoderDecoderConfig):
 
     variant: str = Field("local-global-encoder-base", description="the registered variant this config started from")
     max_len: int = Field(4096, ge=1, le=MAX_LENGTH, description="longest sequence")
-    positional: Positional = Field("learned", validate_default=True, description="learned absolute positions, as Longformer")
+    positional: PositionalField = Field("learned", validate_default=True, description="learned absolute positions, as Longformer")
     scale_embeddings: bool = Field(False, description="not scaled")
-    encoder: Stack | None = Field({"layers": 12, "attention": {"kind": "local-global", "window": 256}},
+    encoder: StackField | None = Field({"layers": 12, "attention": {"kind": "local-global", "window": 256}},
                                   validate_default=True, description="the encoder stack, with local-global attention")
-    decoder: Stack | None = Field(None, description="no decoder: encoder-only")
-    head: Head = Field({"kind": "sequence-classification"}, validate_default=True, description="classification head")
+    decoder: StackField | None = Field(None, description="no decoder: encoder-only")
+    head: HeadField = Field({"kind": "sequence-classification"}, validate_default=True, description="classification head")
 
 
 TINY = dict(vocab_size=1000, d_model=64, n_heads=4, d_ff=256, max_len=4096)

@@ -17,7 +17,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.options import MAX_VOCAB, Head, Stack, Variant
+from transformer_zoo.core.options import MAX_VOCAB, HeadField, StackField, Variant
 from transformer_zoo.registry import hookimpl
 
 RECURRENT = {"kind": "recurrent", "layers": 6, "act": True}
@@ -31,11 +31,11 @@ class UniversalTransformerConfig(EncoderDecoderConfig):
 
     variant: str = Field("universal-transformer", description="the registered variant this config started from")
     vocab_size: int = Field(37000, ge=1, le=MAX_VOCAB, description="shared source/target vocabulary, as the Transformer's")
-    encoder: Stack | None = Field(RECURRENT, validate_default=True,
+    encoder: StackField | None = Field(RECURRENT, validate_default=True,
                                   description="encoder: a recurrent stack (layers = the most steps T)")
-    decoder: Stack | None = Field(RECURRENT, validate_default=True,
+    decoder: StackField | None = Field(RECURRENT, validate_default=True,
                                   description="decoder: a recurrent stack; null for an encoder-only model")
-    head: Head = Field({"kind": "lm", "label_smoothing": 0.1}, validate_default=True,
+    head: HeadField = Field({"kind": "lm", "label_smoothing": 0.1}, validate_default=True,
                        description="tied generator, label smoothing 0.1")
 
 

@@ -106,7 +106,7 @@ def test_the_fused_sdpa_kernel_runs_where_pytorch_has_one(dropout, train):
     """On CPU PyTorch fuses attention in inference, and in training without attention dropout
     (with dropout it, and torch.nn.Transformer, take the math path); the model must not force
     the unfused path itself, with its padding and causal masks."""
-    from transformer_zoo.bench.common import sdpa_kernels
+    from benchmarks.common import sdpa_kernels
 
     model = tz.build_model("transformer-tiny", dropout=dropout).train(train)
     src, tgt = torch.randint(3, 100, (2, 12)), torch.randint(3, 100, (2, 9))
@@ -142,8 +142,28 @@ def test_a_kind_is_a_kernel_called_on_heads_with_the_mask_and_bias():
     torch.testing.assert_close(custom(x, mask=mask)[0], plain(x, mask=mask)[0])
     assert seen == {"q": (2, 4, 6, 4), "k": (2, 4, 6, 4), "mask": mask, "bias": None, "dropout_p": 0.0,
                     "need_weights": False}
-    with pytest.raises(ValueError, match="not a module"):
-        MultiHeadAttention(16, 4, kernel=torch.nn.Identity())
+
+
+def test_a_kernel_with_parameters_is_a_submodule_of_the_attention():
+    from transformer_zoo.core.attention import sdpa_kernel
+
+    class Gated(torch.nn.Module):  # a learned gate per head on the output of the softmax attention
+        def __init__(self, n_heads):
+            super().__init__()
+            self.gate = torch.nn.Parameter(torch.full((n_heads, 1, 1), 0.5))
+
+        def forward(self, q, k, v, mask, bias, dropout_p, need_weights):
+            out, weights = sdpa_kernel(q, k, v, mask, bias, dropout_p, need_weights)
+            return out * self.gate, weights
+
+    attn = MultiHeadAttention(16, 4, kernel=Gated(4))
+    assert attn.kernel.gate is dict(attn.named_parameters())["kernel.gate"]
+    assert "kernel.gate" in attn.state_dict() and "Gated" in repr(attn)
+    attn.to(torch.float64)
+    assert attn.kernel.gate.dtype == torch.float64
+    out, _ = attn(torch.randn(2, 5, 16, dtype=torch.float64))
+    out.sum().backward()
+    assert attn.kernel.gate.grad is not None
 
 
 def test_the_kernel_inputs_hook_changes_what_the_kernel_receives():
@@ -165,3 +185,31 @@ def test_cache_reorder_selects_rows_of_a_kinds_own_state():
     cache.state["sums"] = torch.arange(3.0).view(3, 1)
     cache.reorder(torch.tensor([1, 1, 2]))
     assert cache.state["sums"].flatten().tolist() == [1.0, 1.0, 2.0] and len(cache) == 0
+
+
+def test_the_projection_layout_is_one_fused_in_proj_q_k_v_with_heads_in_order():
+    """``in_proj`` rows: W_Q, then W_K, then W_V, each split into heads in order; ``out_proj``
+    reads the heads concatenated in that order (``torch.nn.MultiheadAttention``'s layout)."""
+    torch.manual_seed(0)
+    d_model, n_heads = 12, 3
+    d_head = d_model // n_heads
+    attn = MultiHeadAttention(d_model, n_heads).eval()
+    x, memory = torch.randn(2, 5, d_model), torch.randn(2, 7, d_model)
+    w, b = attn.in_proj.weight, attn.in_proj.bias
+    w_q, w_k, w_v = w[:d_model], w[d_model : 2 * d_model], w[2 * d_model :]
+    b_q, b_k, b_v = b[:d_model], b[d_model : 2 * d_model], b[2 * d_model :]
+    for source in (x, memory):  # self-attention, then cross-attention
+        heads = []
+        for h in range(n_heads):
+            rows = slice(h * d_head, (h + 1) * d_head)
+            q = x @ w_q[rows].T + b_q[rows]  # (B, Tq, Dh)
+            k = source @ w_k[rows].T + b_k[rows]
+            v = source @ w_v[rows].T + b_v[rows]
+            weights = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d_head), dim=-1)
+            heads.append(weights @ v)
+        expected = torch.cat(heads, dim=-1) @ attn.out_proj.weight.T + attn.out_proj.bias
+        got = attn(x) if source is x else attn(x, source)
+        torch.testing.assert_close(got[0], expected, atol=1e-5, rtol=1e-5)
+    q, k, v, _ = attn.project(x)
+    torch.testing.assert_close(q[:, 1], x @ w_q[d_head : 2 * d_head].T + b_q[d_head : 2 * d_head])
+    torch.testing.assert_close(v[:, 2], x @ w_v[2 * d_head :].T + b_v[2 * d_head :])

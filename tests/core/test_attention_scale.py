@@ -14,7 +14,6 @@ import transformer_zoo as tz
 from transformer_zoo.core.attention import KVCache, MathAttention, MultiHeadAttention, math_kernel, sdpa_kernel
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions
-from transformer_zoo.core.errors import ConfigError
 
 MASKS = {
     "none": AttentionMask(),
@@ -135,34 +134,28 @@ def test_a_model_config_sets_scale_per_stack():
     assert tz.load_config(unscaled.config.model_dump(mode="json")).decoder.cross_attention.scale == 1.0
 
 
-def test_a_kind_with_its_own_module_refuses_scale_until_it_takes_it():
-    math = tz.build_model("transformer-tiny", encoder={"attention": {"kind": "math", "scale": 1.0}})  # it says so
+def test_what_a_kind_takes_is_declared_in_its_class_body_not_inferred():
+    math = tz.build_model("transformer-tiny", encoder={"attention": {"kind": "math", "scale": 1.0}})
     assert all(m.scale == 1.0 for m in math.encoder.modules() if isinstance(m, MathAttention))
 
-    class Own(AttentionOptions):
+    class Own(AttentionOptions):  # its own module applies no scale, and it says so
         kind: Literal["own-module"] = "own-module"
+        takes_scale: ClassVar[bool] = False
 
         def build(self, **context) -> torch.nn.Module:
             return MathAttention(context["d_model"], context["n_heads"])
 
-    class Taking(Own):
+    class Taking(AttentionOptions):  # overriding build changes nothing it declares: the default holds
         kind: Literal["taking"] = "taking"
-        takes_scale: ClassVar[bool] = True
 
         def build(self, **context) -> torch.nn.Module:
             return MathAttention(context["d_model"], context["n_heads"], scale=self.scale)
 
-    class Inherits(Taking):  # a subclass that keeps its parent's build keeps its promise
+    class Inherits(Taking):
         kind: Literal["inherits"] = "inherits"
 
-    class Hidden(Own):  # a kind that never takes it can hide the option, as the cosine example hides bias
-        kind: Literal["hidden"] = "hidden"
-        scale: ClassVar[None] = None
-
     assert AttentionOptions.takes_scale and not Own.takes_scale and Taking.takes_scale and Inherits.takes_scale
-    assert "scale" not in Hidden.model_fields and "scale" in Own.model_fields
-    with pytest.raises(ValueError, match="unknown key 'scale'"):
-        Hidden(scale=1.0)
+    assert "scale" in Own.model_fields, "a kind keeps the inherited field and refuses the values it cannot take"
     with pytest.raises(ValueError, match="own-module attention does not apply scale"):
         Own(scale=2.0)
     assert Own().scale is None

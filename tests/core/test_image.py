@@ -1,4 +1,5 @@
-"""Image self-attention pieces: SAGAN's block, local 2-D attention, patches, 2-D positions."""
+"""Image self-attention pieces: SAGAN's block, patches, 2-D positions. (Local 2-D attention's
+pattern and kernel are the image plugin's: tests/plugins/test_image_kernels.py.)"""
 
 from __future__ import annotations
 
@@ -6,15 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_zoo.core.image import (
-    Learned2d,
-    Local2dPattern,
-    PatchEmbedding,
-    SelfAttention2d,
-    Sinusoidal2d,
-    local_2d_attention,
-    sinusoid_2d,
-)
+from transformer_zoo.core.image import Learned2d, PatchEmbedding, SelfAttention2d, Sinusoidal2d, sinusoid_2d
 
 
 def test_sagan_block_is_the_identity_at_init_and_not_after_training():
@@ -51,47 +44,6 @@ def test_sagan_block_is_the_papers_formula():
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(weights, beta, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(block(x)[0], expected, atol=1e-5, rtol=1e-5)  # the fused path
-
-
-@pytest.mark.parametrize(("grid", "block", "memory"), [((7, 9), (2, 3), (1, 2)), ((8, 8), (4, 4), (0, 0)),
-                                                        ((6, 5), (1, 5), (2, 0)), ((5, 7), (2, 3), (1, 1)),
-                                                        ((3, 4), (1, 1), (10, 10))])
-def test_local_2d_equals_full_attention_under_the_2d_mask(grid, block, memory):
-    pattern = Local2dPattern(grid=grid, query_block=block, memory=memory)
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, grid[0] * grid[1], 8, requires_grad=True) for _ in range(3))
-    mask = pattern.dense()
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    out = local_2d_attention(q, k, v, pattern)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    grad = torch.randn_like(out)
-    for mine, theirs in zip(torch.autograd.grad((out * grad).sum(), (q, k, v)),
-                            torch.autograd.grad((expected * grad).sum(), (q, k, v))):
-        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
-    if any(b + 2 * m < g for b, m, g in zip(block, memory, grid)):  # a memory block smaller than the grid
-        assert not mask.all(), "the pattern is local"
-    else:
-        assert mask.all(), "a margin past the grid sees everything"
-
-
-def test_local_2d_mask_is_the_query_block_grown_by_the_memory_margin():
-    mask = Local2dPattern(grid=(6, 6), query_block=(2, 2), memory=(1, 1)).dense()
-    seen = mask[2 * 6 + 3].view(6, 6)  # query at row 2, column 3: block rows 2-3, columns 2-3
-    expected = torch.zeros(6, 6, dtype=torch.bool)
-    expected[1:5, 1:5] = True
-    assert torch.equal(seen, expected)
-
-
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"grid": (4, 4), "query_block": (5, 1), "memory": (0, 0)}, "query_block \\(5, 1\\) is larger than the grid"),
-    ({"grid": (4, 4), "query_block": (0, 1), "memory": (0, 0)}, "query_block must be two positive integers"),
-    ({"grid": (4, 4), "query_block": (2, 2), "memory": (-1, 0)}, "memory must be two non-negative integers"),
-    ({"grid": (4, 4), "query_block": 2, "memory": (1, 1)}, "query_block must be two positive integers"),
-    ({"grid": (4, 4), "query_block": (2, 2), "memory": (1.5, 0)}, "memory must be two non-negative integers"),
-])
-def test_bad_local_2d_patterns_are_refused(fields, message):
-    with pytest.raises(ValueError, match=message):
-        Local2dPattern(**fields)
 
 
 def test_images_of_the_wrong_shape_name_the_expected_shape():
@@ -154,28 +106,3 @@ def test_a_sagan_block_saved_with_a_scalar_gamma_still_loads(tmp_path):
     safetensors.torch.save_file(old, str(tmp_path / "old.safetensors"))
     safetensors.torch.load_model(block, str(tmp_path / "old.safetensors"))
     assert block.gamma.shape == (1,) and block.gamma.item() == 0.25
-
-
-def test_local_2d_is_a_sparse_pattern_the_kernel_chooser_computes():
-    import warnings
-
-    from transformer_zoo.core.local_attention import DENSE_UP_TO, PatternKernel, flex_attention_kernel
-    from transformer_zoo.core.masks import AttentionMask
-
-    pattern = Local2dPattern(grid=(5, 7), query_block=(2, 3), memory=(1, 1))
-    q, k, v = (torch.randn(2, 3, 35, 8) for _ in range(3))
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=pattern.dense())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.testing.assert_close(flex_attention_kernel(q, k, v, pattern, compiled=False), expected, atol=1e-5,
-                                   rtol=1e-5)
-    for choice in ("dense", "blocked", "auto"):
-        out, _ = PatternKernel(pattern, choice)(q, k, v, AttentionMask(), None, 0.0, False)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    kernel = PatternKernel(pattern)
-    cpu = torch.device("cpu")
-    assert [kernel.choose(n, cpu) for n in (DENSE_UP_TO, DENSE_UP_TO + 1)] == ["dense", "blocked"]
-    with pytest.raises(ValueError, match="kernel must be one of auto, dense, flex, blocked"):
-        PatternKernel(pattern, "chunked")
-    with pytest.raises(ValueError, match="no causal mask, padding or cache"):
-        kernel(q, k, v, AttentionMask(causal=True), None, 0.0, False)

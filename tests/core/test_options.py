@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 import transformer_zoo as tz
-from transformer_zoo.api import merge, parse_overrides
+from transformer_zoo.configs import merge, parse_overrides
 from transformer_zoo.core.options import CATEGORIES
 from transformer_zoo.registry import get_registry
 

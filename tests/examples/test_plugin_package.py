@@ -131,7 +131,7 @@ def test_tzoo_schema_holds_the_new_kind(site: Path, tmp_path: Path) -> None:
     cosine = find_kind_schemas(schema, "cosine")
     assert cosine, "no schema for the attention kind 'cosine'"
     for options in cosine:
-        assert set(options["properties"]) == {"kind", "init_scale"}
+        assert set(options["properties"]) == {"kind", "bias", "scale", "init_scale"}, "the inherited fields stay"
         assert options["properties"]["init_scale"]["description"]
         assert options["properties"]["init_scale"]["exclusiveMinimum"] == 0
 
@@ -319,7 +319,11 @@ assert type(attention).__name__ == "CosineAttention"
 assert math.isclose(attention.log_scale.exp().item(), 5.0, rel_tol=1e-6)
 assert type(model.decoder.layers[0].self_attn).__name__ == "MultiHeadAttention"
 
-for bad, field in (({"init_scale": -1.0}, "init_scale"), ({"init_scal": 2.0}, "init_scal")):
+unbiased = tz.build_model("transformer-tiny", encoder={"attention": {"kind": "cosine", "bias": False}})
+assert unbiased.encoder.layers[0].self_attn.in_proj.bias is None, "the inherited bias is passed on"
+
+for bad, field in (({"init_scale": -1.0}, "init_scale"), ({"init_scal": 2.0}, "init_scal"),
+                   ({"scale": 2.0}, "cosine attention does not apply scale")):
     try:
         tz.build_model("transformer-tiny", encoder={"attention": {"kind": "cosine", **bad}})
     except tz.ConfigError as error:

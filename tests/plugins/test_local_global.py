@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.local_attention import chunked_attention, flex_attention_kernel
+from transformer_zoo.core.local_attention import flex_attention_kernel
+from transformer_zoo.plugins.local_global.kernels import chunked_attention
 
 from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 
@@ -193,7 +194,7 @@ def test_a_dilated_window_may_reach_past_max_len():
     ({"window": 4, "random_blocks": 1}, "random_blocks are blocks of keys"),
 ])
 def test_patterns_that_the_kernels_cannot_agree_on_are_refused(fields, message):
-    from transformer_zoo.core.local_attention import Pattern
+    from transformer_zoo.plugins.local_global.kernels import Pattern
 
     with pytest.raises(ValueError, match=message):
         Pattern(**fields)
@@ -227,10 +228,20 @@ def test_one_rule_chooses_the_kernel_of_every_sparse_kind():
         PatternKernel(pattern("block-local"), "blocked")
 
 
-def test_sparse_kinds_refuse_alibi_at_validation_and_cross_attention_when_run():
+def test_sparse_kinds_refuse_alibi_and_cross_attention_at_validation():
     with pytest.raises(ConfigError, match="encoder.attention: sliding-window attention does not form every query-key "
                                           "score.*use sinusoidal, learned or rotary"):
         tz.load_config("transformer-tiny", {"positional": "alibi", "encoder": {"attention": "sliding-window"}})
-    model = tz.build_model("transformer-tiny", decoder={"cross_attention": "memory-compressed"}, vocab_size=50)
+    for kind in ("memory-compressed", "sliding-window", "block-sparse"):
+        with pytest.raises(ConfigError, match=f"decoder.cross_attention: {kind} attention is for self-attention.*"
+                                              "keep cross_attention: sdpa"):
+            tz.load_config("transformer-tiny", {"decoder": {"cross_attention": kind}})
+    tz.load_config("transformer-tiny", {"encoder": None, "decoder": {"cross_attention": "memory-compressed"}})  # unused
+
+
+def test_a_sparse_module_refuses_cross_attention_when_run():
+    from transformer_zoo.plugins.local_global.kernels import MemoryCompressedAttention
+
+    attn = MemoryCompressedAttention(16, 2)
     with pytest.raises(ValueError, match="MemoryCompressedAttention is for self-attention; keep cross_attention: sdpa"):
-        model(torch.randint(3, 50, (1, 6)), torch.randint(3, 50, (1, 4)))
+        attn(torch.randn(1, 4, 16), torch.randn(1, 6, 16))

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 from ..api import build_model, load_config
 from ..configs import read_config, validate
 from ..core.errors import ConfigError
-from ..core.options import Options, Task
+from ..core.options import Options, TaskField
 from ..training.config import TrainConfig
 from ..training.trainer import model_config_for
 from .probes import PROBE_NAMES, ProbeName
@@ -33,7 +33,7 @@ class CompareSpec(Options):
     variants: list[str | dict[str, Any]] = Field(
         min_length=1, description="variant names or model configs; a config may carry a 'label', the short name the "
         "report gives it (otherwise its name and the values it sets)")
-    tasks: list[Task] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
+    tasks: list[TaskField] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
     steps: int = Field(500, ge=1, description="training steps of every run")
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds; every variant and task runs once per seed")

@@ -15,7 +15,7 @@ from pydantic import Field
 from ..api import load_config
 from ..configs import merge, parse_overrides, read_config, validate
 from ..core.errors import ConfigError, ZooError, naming
-from ..core.options import Options, Task, VariantConfig
+from ..core.options import Options, TaskField, VariantConfig
 from .checkpoints import differences
 
 MAX_COUNT = 2**31 - 1  # steps, batch sizes and cadences: far beyond any run, and within every index type
@@ -44,7 +44,7 @@ class TrainConfig(Options):
     """
 
     model: str | dict[str, Any] = Field(description="a variant name, or a model config mapping with 'variant'")
-    task: Task = Field(description="the task to train on (a kind name or a mapping with 'kind')")
+    task: TaskField = Field(description="the task to train on (a kind name or a mapping with 'kind')")
     steps: int = Field(1000, ge=1, le=MAX_COUNT,
                        description="optimizer steps (the schedule's length); may change when resuming")
     max_seconds: float | None = Field(None, gt=0, allow_inf_nan=False,

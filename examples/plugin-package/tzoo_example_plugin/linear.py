@@ -1,5 +1,4 @@
-"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs", arXiv 2006.16236): ``softmax(q k^T) v``
-becomes ``phi(q) (phi(k)^T v) / (phi(q) sum_j phi(k_j))`` with ``phi = elu + 1``, linear in the length."""
+"""Linear attention (Katharopoulos et al. 2020): phi(q) (phi(k)^T v) / (phi(q) sum_j phi(k_j)), phi = elu + 1."""
 
 from typing import ClassVar, Literal
 
@@ -33,7 +32,8 @@ class LinearAttentionOptions(AttentionOptions):
     """Linear attention (Katharopoulos et al. 2020): elu + 1 feature maps, linear in the length."""
 
     full: ClassVar[bool] = False  # it sees every key, but its weights are not softmax attention's
-    takes_bias: ClassVar[bool] = False
+    takes_bias: ClassVar[bool] = False  # it forms no scores to add a bias to
+    takes_scale: ClassVar[bool] = False  # phi(q) is not a dot product that a factor on q scales
     kind: Literal["linear"] = "linear"
 
     def make_kernel(self) -> Kernel:

@@ -49,6 +49,7 @@ class CosineAttention(MultiHeadAttention):
         init_scale: the temperature ``g`` at initialisation; it is learned (in log space, so it
             stays positive).
         dropout: dropout on the attention weights, in training only.
+        bias: whether the projections have a bias.
         positional: an in-attention positional scheme, or None.
     """
 
@@ -59,9 +60,10 @@ class CosineAttention(MultiHeadAttention):
         *,
         init_scale: float = 10.0,
         dropout: float = 0.0,
+        bias: bool = True,
         positional: AttentionPositional | None = None,
     ) -> None:
-        super().__init__(d_model, n_heads, kernel=math_kernel, dropout=dropout, positional=positional)
+        super().__init__(d_model, n_heads, kernel=math_kernel, dropout=dropout, bias=bias, positional=positional)
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
@@ -79,9 +81,10 @@ class CosineAttention(MultiHeadAttention):
 class CosineAttentionOptions(AttentionOptions):
     """Multi-head attention on cosine similarities with a learned temperature (QKNorm)."""
 
+    # The learned temperature takes the place of ``scale``: the inherited field stays, and validation
+    # refuses any value but null (``check_scale``). The other inherited field, ``bias``, is passed on.
+    takes_scale: ClassVar[bool] = False
     kind: Literal["cosine"] = "cosine"
-    bias: ClassVar[bool] = True  # the projections always have a bias: the kind's only option is its temperature
-    scale: ClassVar[None] = None  # the learned temperature is its scale
     init_scale: float = Field(
         10.0, gt=0.0, description="temperature g multiplying the cosine scores at initialisation (then learned)"
     )
@@ -96,7 +99,7 @@ class CosineAttentionOptions(AttentionOptions):
         grid: tuple[int, int] | None = None,
     ) -> nn.Module:
         return CosineAttention(
-            d_model, n_heads, init_scale=self.init_scale, dropout=dropout, positional=positional
+            d_model, n_heads, init_scale=self.init_scale, dropout=dropout, bias=self.bias, positional=positional
         )
 
 
