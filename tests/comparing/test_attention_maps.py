@@ -75,25 +75,22 @@ def test_a_folder_that_is_not_a_run(tmp_path, capsys):
 
 # ---- image models: overlays for a query pixel ---------------------------------------------
 @pytest.fixture(scope="module")
-def image_runs(tmp_path_factory):
-    """A ViT and a SAGAN classifier on digits, and a SAGAN GAN on digits-generation, two steps each."""
-    root = tmp_path_factory.mktemp("image-runs")
-    models = {"vit": ("vit-tiny", "digits"), "sagan": ("sagan-classifier-tiny", "digits"),
-              "gan": ("sagan-gan", "digits-generation")}
-    for name, (variant, task) in models.items():
-        train(load_train_config({"model": variant, "task": task, "steps": 2, "batch_size": 8}), root / name,
-              progress=False)
-    return root
+def image_runs(digits_run):
+    """A ViT and a SAGAN classifier on digits, and a SAGAN GAN on digits-generation: the learning
+    tests' runs, trained once per session."""
+    return {name: digits_run(variant)[0] for name, variant in
+            (("vit", "vit-tiny"), ("sagan", "sagan-classifier-tiny"), ("gan", "sagan-gan"))}
 
 
+@pytest.mark.xdist_group("digits")
 @pytest.mark.parametrize("name, blocks", [("vit", 4), ("sagan", 2), ("gan", 1)])
 def test_image_models_draw_a_query_pixels_attention_over_the_image(image_runs, capsys, tmp_path, name, blocks):
-    paths = run_json(capsys, "attention", str(image_runs / name), "--example", "test:0", "--query", "1,2",
+    paths = run_json(capsys, "attention", str(image_runs[name]), "--example", "test:0", "--query", "1,2",
                      "--query", "6,5", "--out", str(tmp_path))
     assert [p.rsplit("/", 1)[1] for p in paths] == ["query-1-2.png", "query-6-5.png"]
     figure = matplotlib.image.imread(paths[0])
     assert figure.shape[0] == pytest.approx(2.2 * 110 * blocks, rel=0.05), "a row per attention block"
-    defaults = run_json(capsys, "attention", str(image_runs / name), "--example", "test:0")
+    defaults = run_json(capsys, "attention", str(image_runs[name]), "--example", "test:0")
     assert [p.rsplit("/", 1)[1] for p in defaults] == ["query-2-2.png", "query-4-4.png", "query-6-6.png"]
 
 
@@ -116,6 +113,7 @@ def test_the_overlay_is_the_query_cells_row_of_weights():
     assert torch.equal(grid, weights[:, 10, 1:].view(2, 4, 4))
 
 
+@pytest.mark.xdist_group("digits")
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -124,7 +122,7 @@ def test_the_overlay_is_the_query_cells_row_of_weights():
     ],
 )
 def test_bad_queries_are_refused(image_runs, capsys, args, message):
-    assert main(["attention", str(image_runs / "vit"), "--example", "test:0", *args]) == 2
+    assert main(["attention", str(image_runs["vit"]), "--example", "test:0", *args]) == 2
     assert message in capsys.readouterr().err
 
 

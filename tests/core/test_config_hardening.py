@@ -17,7 +17,7 @@ import transformer_zoo as tz
 from transformer_zoo import api, cli
 from transformer_zoo.core.options import CATEGORIES, MAX_LAYERS, Options, VariantConfig
 from transformer_zoo.registry import get_registry
-from transformer_zoo.train import TrainConfig, load_train_config
+from transformer_zoo.training.config import TrainConfig, load_train_config
 
 
 def refused(capsys, *argv: str) -> str:

@@ -244,7 +244,8 @@ def test_bert_tiny_learns_listops(tmp_path):
     Measured on a 2-core CPU: 0.23-0.27 over seeds 0-2 (majority 0.094), in about 14 s.
     """
     from transformer_zoo.registry import get_registry
-    from transformer_zoo.train import load_train_config, train
+    from transformer_zoo.training.config import load_train_config
+    from transformer_zoo.training.trainer import train
 
     task = {"kind": "listops", "max_length": 32, "min_length": 8, "max_depth": 3, "train_size": 5000, "test_size": 500}
     config = load_train_config({"model": {"variant": "bert-tiny", "dropout": 0.0}, "task": task, "steps": 500,

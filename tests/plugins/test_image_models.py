@@ -8,19 +8,17 @@ import torch
 
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.train import TrainConfig, model_config_for, train
+from transformer_zoo.training.config import TrainConfig, model_config_for
 
 
-def train_digits(name: str, steps: int, lr: float, tmp_path) -> float:
-    config = TrainConfig.model_validate({"model": name, "task": "digits", "steps": steps, "batch_size": 64, "lr": lr,
-                                         "warmup_steps": steps // 10, "seed": 0})
-    return train(config, tmp_path / name, progress=False)["metrics"]["test"]["accuracy"]
-
-
-@pytest.mark.parametrize(("name", "steps", "lr"), [("sagan-classifier-tiny", 300, 0.003), ("vit-tiny", 800, 0.002)])
-def test_image_models_learn_digits(name, steps, lr, tmp_path):
-    """The issue's bar: at least 95% test accuracy on digits within the test's CPU budget."""
-    assert train_digits(name, steps, lr, tmp_path) >= 0.95
+@pytest.mark.xdist_group("digits")
+@pytest.mark.parametrize("name", ["sagan-classifier-tiny", "vit-tiny"])
+def test_image_models_learn_digits(name, digits_run):
+    """The issue's bar: at least 95% test accuracy on digits within the test's CPU budget (the
+    run is conftest's ``DIGITS_RUNS[name]``: 300 steps at lr 3e-3 for the SAGAN classifier, 800
+    at 2e-3 for ViT, batch 64; the attention-map tests draw the same runs)."""
+    _, summary = digits_run(name)
+    assert summary["metrics"]["test"]["accuracy"] >= 0.95
 
 
 def test_image_models_refuse_token_tasks():

@@ -14,7 +14,8 @@ import transformer_zoo as tz
 from transformer_zoo.core.image import SelfAttention2d
 from transformer_zoo.plugins.image.gan import ConditionalBatchNorm2d
 from transformer_zoo.plugins.tasks.digits_generation import DigitsGenerationTask
-from transformer_zoo.train import TrainConfig, train
+from transformer_zoo.training.config import TrainConfig
+from transformer_zoo.training.trainer import train
 
 SMALL = {"variant": "sagan-gan", "generator_widths": [16, 16, 8], "discriminator_widths": [8, 16, 16], "reduction": 4,
          "noise_dim": 8}
@@ -162,13 +163,12 @@ def test_bad_labels_images_and_configs_are_refused():
         tz.load_config("sagan-gan", {"discriminator_widths": [8, 8, 8, 8, 8]})
 
 
-def test_sagan_gan_learns_to_draw_digits_of_the_class_asked_for(tmp_path):
+@pytest.mark.xdist_group("digits")
+def test_sagan_gan_learns_to_draw_digits_of_the_class_asked_for(digits_run):
     """800 steps of the paper's recipe. Measured with seed 0 on a 2-core CPU: 92.8% accuracy and a
     distance of 10.6 (at 3000 steps, 98.6% and 3.5). Real digits score 97.8% and 1.1,
     and the untrained generator 11% and 413. The bounds leave room for another CPU's rounding,
     which a GAN's training amplifies."""
-    config = TrainConfig(model="sagan-gan", task={"kind": "digits-generation"}, steps=800, batch_size=64, lr=4e-4,
-                         warmup_steps=0, schedule="constant", grad_clip=None, seed=0)
-    scores = train(config, tmp_path, progress=False)["metrics"]["test"]
+    scores = digits_run("sagan-gan")[1]["metrics"]["test"]  # lr 4e-4, constant, no clipping, batch 64
     assert scores["classifier_accuracy"] >= 0.7, scores
     assert scores["frechet_distance"] <= 20.0, scores

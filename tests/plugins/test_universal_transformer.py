@@ -122,7 +122,8 @@ def test_a_future_token_never_changes_an_earlier_output():
 def test_universal_transformer_tiny_learns_to_reverse(tmp_path):
     """1000 steps on reverse, train lengths 1-8: at least 90% token accuracy on held-out
     sequences of those lengths; lengths 9-12 (test_long) are reported."""
-    from transformer_zoo.train import load_train_config, train
+    from transformer_zoo.training.config import load_train_config
+    from transformer_zoo.training.trainer import train
 
     config = load_train_config({
         "model": {"variant": "universal-transformer-tiny", "dropout": 0.0},

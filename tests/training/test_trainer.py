@@ -123,20 +123,16 @@ def test_a_bad_model_in_a_training_config_is_named_as_the_model(tmp_path, model,
         train(config, tmp_path, progress=False)
 
 
-def test_transformer_tiny_learns_to_reverse(tmp_path):
+@pytest.mark.xdist_group("reverse")
+def test_transformer_tiny_learns_to_reverse(reverse_run):
     """Train lengths 1-16, 1000 steps: at least 95% token accuracy on held-out sequences of those lengths.
 
     The longer test_long split (17-24) is reported, not asserted: the original Transformer is
-    known not to generalise in length, which is what the comparison shows.
+    known not to generalise in length, which is what the comparison shows. The run
+    (conftest's ``REVERSE_RUN``) is trained once per session; the probes read it too.
     """
-    config = load_train_config(
-        {
-            "model": {"variant": "transformer-tiny", "dropout": 0.0},
-            "task": {"kind": "reverse", "train_lengths": [1, 16], "test_lengths": [17, 24], "test_size": 200},
-            "steps": 1000, "batch_size": 64, "lr": 3e-3, "warmup_steps": 100,
-        }
-    )
-    summary = train(config, tmp_path, progress=False)
+    run_dir, summary = reverse_run
+    assert load_train_config(run_dir / "train.json").model.get("variant") == "transformer-tiny"
     print("reverse:", summary["metrics"])
     assert summary["metrics"]["test"]["token_accuracy"] >= 0.95
     assert 0.0 <= summary["metrics"]["test_long"]["token_accuracy"] <= 1.0
