@@ -12,6 +12,9 @@ import json
 import shutil
 
 import pytest
+import sys
+from pathlib import Path
+
 import torch
 
 import transformer_zoo as tz
@@ -24,7 +27,8 @@ from transformer_zoo.training.trainer import train
 
 from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 from test_all_variants import example_batch, generators
-from test_distributed import curve, torchrun
+sys.path.insert(0, str(Path(__file__).parent / "training"))  # the torchrun helpers live beside their tests
+from test_distributed import curve, torchrun  # noqa: E402
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")

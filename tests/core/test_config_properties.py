@@ -27,7 +27,7 @@ from transformer_zoo.core.options import CATEGORIES, ComponentField
 from transformer_zoo.registry import get_registry
 from transformer_zoo.training.config import TrainConfig, load_train_config
 
-SECONDS = 2.0
+SECONDS = 5.0  # a hang guard: a first build pays one-off imports, and this machine is shared
 """The most one example may take, validation and build together."""
 MODEL_BYTES = 64 * 2**20
 """The memory limit models are built under here: larger ones are refused, not allocated."""
@@ -196,7 +196,8 @@ def _builds_or_refuses(build: Any) -> None:
             assert str(error).strip(), "a refusal says why"
 
 
-PROPERTY = settings(max_examples=150, deadline=int(SECONDS * 1000), derandomize=True,
+# no wall-clock deadline: _limited bounds each example by the thread's own time, which a busy machine does not inflate
+PROPERTY = settings(max_examples=150, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
