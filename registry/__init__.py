@@ -6,7 +6,14 @@ name, as it loads third-party ones, and never imports them (nor anything above t
 """
 
 from .hookspecs import hookimpl, hookspec
-from .manager import BUILTIN_PLUGINS, ENTRY_POINT_GROUP, PluginWarning, Registry, RenamedWarning, get_registry
+from .manager import (
+           BUILTIN_PLUGINS,
+           ENTRY_POINT_GROUP,
+           PluginWarning,
+           Registry,
+           RenamedWarning,
+           get_registry,
+)
 
 __all__ = ["BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "PluginWarning", "Registry", "RenamedWarning", "get_registry",
            "hookimpl", "hookspec"]

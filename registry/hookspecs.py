@@ -11,6 +11,7 @@ import pluggy
 
 from ..core.model import Importer
 from ..core.options import ComponentOptions, TaskOptions, Variant
+from ..core.tracking import TrackedRun, Tracker
 
 PROJECT = "transformer_zoo"
 
@@ -42,3 +43,13 @@ def tzoo_tasks() -> list[type[TaskOptions]]:
 def tzoo_importers() -> list[Importer]:
     """Checkpoint formats this plugin reads (``transformer_zoo.from_pretrained`` tries each on a
     folder whose ``config.json`` is not the zoo's own), such as Hugging Face BERT folders."""
+
+
+@hookspec
+def tzoo_tracker(run: TrackedRun) -> Tracker | None:
+    """A tracker for ``run`` (Weights & Biases, MLflow, ...), or None to leave it alone.
+
+    Called once per training run, in the process that trains it (a comparison's workers
+    register the plugin too); the tracker gets the run's scalars as they are recorded. See
+    :class:`~transformer_zoo.core.tracking.Tracker` and the worked example in
+    docs/writing-a-plugin.md."""

@@ -17,9 +17,22 @@ from typing import Any
 import pluggy
 from pydantic import BaseModel
 
-from ..core.errors import ConfigError, DuplicateNameError, PluginLoadError, UnknownNameError, ZooError
+from ..core.errors import (
+    ConfigError,
+    DuplicateNameError,
+    PluginLoadError,
+    UnknownNameError,
+    ZooError,
+)
 from ..core.model import Importer
-from ..core.options import CATEGORIES, ComponentOptions, Variant, VariantConfig, use_kinds
+from ..core.options import (
+    CATEGORIES,
+    ComponentOptions,
+    Variant,
+    VariantConfig,
+    use_kinds,
+)
+from ..core.tracking import TrackedRun, Tracker
 from . import hookspecs
 
 ENTRY_POINT_GROUP = "transformer_zoo"
@@ -355,6 +368,19 @@ class Registry:
     def importers(self) -> list[Importer]:
         """The registered checkpoint formats, by name."""
         return [importer for _, importer in sorted(self.load()._importers.items())]
+
+    def trackers(self, run: TrackedRun) -> list[Tracker]:
+        """The trackers the registered plugins give ``run`` (their ``tzoo_tracker`` hooks).
+
+        Raises:
+            PluginLoadError: a plugin's hook returned something that is not a tracker.
+        """
+        found = self.load().pm.hook.tzoo_tracker(run=run)
+        for tracker in found:
+            if not isinstance(tracker, Tracker):
+                raise PluginLoadError(f"a plugin's tzoo_tracker returned {tracker!r}; expected an object with "
+                                      "log(step, scalars) and finish(scores) (see transformer_zoo.core.tracking.Tracker)")
+        return found
 
     def provider(self, category: str, name: str) -> str:
         """The name of the plugin that offers a component kind (or a former name of one) or

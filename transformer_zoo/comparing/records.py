@@ -44,6 +44,12 @@ class RunRecord(BaseModel):
     invocation: str = Field("", description="the compare invocation that ran it (its start time)")
     reused: bool = Field(
         False, description="finished by an earlier invocation and kept: its costs were measured under other conditions")
+    placed_on: str = Field("", description="where it trained: the device of a local worker, or a Ray node and its GPUs")
+    attempts: int = Field(1, description="times its invocation started it: more than one, it was retried after its "
+                          "worker died, from its last checkpoint")
+    resumed_from: int | None = Field(None, description="the checkpoint step its last start resumed from; None: from "
+                                     "scratch")
+    run_folder: str = Field("", description="its run folder (in the run cache), relative to the report when under it")
     metric: str = Field(description="the task's headline metric")
     metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
     better: dict[str, Better] = Field(
@@ -65,6 +71,17 @@ class RunRecord(BaseModel):
             declared = declared_metrics()
             self.better = {**{name: declared.get(name, "higher") for name in sorted(names)}, **self.better}
         return self
+
+class Failed(BaseModel):
+    """A run that did not finish: its error, or the worker that died once more than it may be retried."""
+
+    variant: str = Field(description="the variant's label")
+    task: str = Field(description="the task kind")
+    seed: int = Field(description="the run's seed")
+    attempts: int = Field(description="times it was started")
+    error: str = Field(description="what went wrong")
+    run_folder: str = Field("", description="its run folder, which keeps its last checkpoint")
+
 
 class Skipped(BaseModel):
     """A variant and task that were not run, and why."""
@@ -133,6 +150,8 @@ class CompareResults(BaseModel):
     invocation: str = Field("", description="this invocation (its start time); a run of another was reused")
     runs: list[RunRecord] = Field(description="one record per run")
     skipped: list[Skipped] = Field(description="pairs not run, with the reason")
+    failed: list[Failed] = Field([], description="runs that did not finish, with what went wrong; the others are "
+                                 "summarized without them")
     baselines: dict[str, dict[str, float]] = Field(
         {}, description="by task: test scores of a reference predictor (the majority class), where the task has one"
     )

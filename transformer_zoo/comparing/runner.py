@@ -13,12 +13,9 @@ seeds), ``report.md`` and PNG plots.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-import multiprocessing
 import os
 import platform
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -29,132 +26,43 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..api import from_pretrained, load_config
+from ..core.errors import ConfigError, ZooError
 from ..core.model import atomic_write
 from ..registry import get_registry
 from ..training import distributed
 from ..training.checkpoints import check_folder
 from ..training.config import TrainConfig
 from ..training.placement import resolve_device
-from ..training.step import Stepper
-from ..training.trainer import TrainingInterrupted, model_config_for, train
-from .probes import run_probes
-from .records import CompareResults, RunRecord
-from .scaling import PeakMemory, ScalingPoint, measure_scaling
-from .spec import CompareSpec, plan, run_name
+from ..training.trainer import TrainingInterrupted, model_config_for
+from .cache import RunCache, run_key
+from .executors import Executor, LocalExecutor, RayExecutor, device_slots, local_devices
+from .progress import GridProgress, duration
+from .records import CompareResults, Failed, RunRecord
+from .runs import (
+    RunJob,
+    available_cores,
+    finished_record,
+    ponder_summary,
+    training_step_costs,
+)
+from .scaling import ScalingPoint, measure_scaling
+from .spec import CompareSpec, plan
 from .summary import summarize
 
+__all__ = ["ComparisonFailed", "ComparisonInterrupted", "compare", "machine", "make_executor", "ponder_summary",
+           "run_threads", "scaling_points", "training_step_costs"]
 
-def available_cores() -> int:
-    """The cores this process may run on (its affinity, which a container or ``taskset`` narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
-def run_threads(spec: CompareSpec) -> int:
-    """The CPU threads of each run: the spec's, else the available cores shared among the workers.
+def run_threads(spec: CompareSpec, at_once: int) -> int:
+    """The CPU threads of each run: the spec's, else the available cores shared among the runs
+    trained at once (one for a Ray task, which asks the cluster for what it uses).
 
     More threads than cores is a slowdown, not a speedup: OpenMP threads that wait for one another
     spin, and on a busy machine they spin on cores another process needs."""
-    return spec.threads or max(1, available_cores() // spec.workers)
+    if spec.threads:
+        return spec.threads
+    return 1 if spec.executor == "ray" else max(1, available_cores() // at_once)
 
-_TASKS: dict[str, Any] = {}  # a worker's built tasks, by options: each builds its data once for all its runs
-
-def _init_worker(plugins: list[str], threads: int) -> None:
-    """A worker process: the threads of its runs, and the plugins registered where compare was called.
-
-    Ctrl-C reaches every process of the terminal's group; a worker ignores it, and the
-    comparison's own process, which hears it too, ends the workers (see :func:`compare`)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    torch.set_num_threads(threads)
-    registry = get_registry()
-    for module in plugins:
-        registry.register_module(module)
-
-def _run(args: tuple[str, dict[str, Any], str, str, bool, list[str]]) -> dict[str, Any] | None:
-    """One run, in a worker process (or in each of a torchrun job's: None but in process 0)."""
-    label, config_data, run_dir, invocation, progress, probes = args
-    record_path = Path(run_dir) / "record.json"
-    if record_path.is_file():  # finished earlier: keep its measurements, flagged when another invocation made them
-        record = json.loads(record_path.read_text())
-        return {**record, "reused": record.get("invocation") != invocation}
-    config = TrainConfig.model_validate(config_data)
-    key = config.task.model_dump_json()
-    if key not in _TASKS:
-        _TASKS[key] = config.task.build()
-    task = _TASKS[key]
-    cuda = torch.cuda.is_available() and config.device != "cpu"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    when, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
-    started = time.perf_counter()
-    summary = train(config, run_dir, resume=True, progress=progress, task=task)
-    if "rank" in summary:  # another process of a torchrun job: process 0 measures and records
-        return None
-    load = max(load, os.getloadavg()[0])
-    model = load_config(Path(run_dir, "model", "config.json"))
-    trained = from_pretrained(Path(run_dir, "model")).to(resolve_device(config.device)).eval()
-    ponder, plot = ponder_summary(trained, task, Path(run_dir))
-    probed = run_probes(probes, trained, task)
-    samples = task.plot_samples(trained, Path(run_dir) / "samples.png")
-    flops, step_bytes = training_step_costs(trained, task, config)  # last: a training step moves the weights
-    peak = torch.cuda.max_memory_allocated() if cuda else step_bytes
-    record = RunRecord(
-        variant=label, family=type(model).family or model.variant, task=config.task.kind, seed=config.seed,
-        parameters=summary["parameters"], flops_per_token=flops,
-        train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak / 2**20,
-        steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
-        metrics=summary["metrics"], better=task.metrics, curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
-        probes=probed, samples_plot=None if samples is None else str(Path("runs") / Path(run_dir).name / samples.name),
-        started=when, threads=torch.get_num_threads(), cpus=available_cores(), load_average=load,
-        invocation=invocation,
-    ).model_dump()
-    atomic_write(record_path, lambda tmp: tmp.write_text(json.dumps(record)))
-    return record
-
-def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) -> tuple[float, float]:
-    """One training step on the run's first batch, as training takes it (each phase's loss, backward,
-    gradient clipping and AdamW step, by :class:`~transformer_zoo.training.step.Stepper`), counted, not estimated:
-
-    - FLOPs of its forward and backward passes per token the model reads, by
-      ``torch.utils.flop_counter`` (matrix products and attention; a recurrent stack counts the
-      steps it really ran);
-    - the peak bytes of tensor storage alive at once: the weights, and what the step creates
-      (activations, gradients, AdamW's state), by :class:`~transformer_zoo.comparing.scaling.PeakMemory`.
-    """
-    # in this process alone (under torchrun only process 0 measures), eagerly, from the model as it is
-    stepper = Stepper(config, task, model.train())
-    model.zero_grad(set_to_none=True)  # as each training step starts: gradients are the step's own
-    batch = stepper.batch(0)
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in itertools.chain(model.parameters(), model.buffers())}
-    with PeakMemory() as memory:
-        _, flops = stepper.counted_step(0, batch)
-    return flops / max(task.tokens_in(batch), 1), sum(storages.values()) + memory.peak
-
-@torch.no_grad()
-def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: int = 64) -> tuple[dict[str, float], str | None]:
-    """Mean ponder time per stack over the first test examples of a finished run, and a heat
-    map of the first one (``ponder.png`` in the run folder); nothing for a model without a
-    recurrent stack (one without ACT reports its fixed number of steps)."""
-    from .plots import plot_ponder
-
-    model.eval()
-    test = task.dataset("test")
-    rows = [test[i] for i in range(min(examples, len(test)))]
-    device = next(model.parameters()).device
-    inputs = {k: v.to(device) for k, v in task.model_inputs(model, task.collate(rows)).items()}
-    out = model(**inputs)
-    maps = {k.removesuffix("_ponder_time"): v for k, v in out.extras.items() if k.endswith("ponder_time")}
-    if not maps:
-        return {}, None
-    means = {stack: float(v[v > 0].mean()) for stack, v in maps.items()}
-    one = task.example_inputs(model, rows[0])
-    first = {k.removesuffix("_ponder_time"): v[0] for k, v in model(**one).extras.items() if k.endswith("ponder_time")}
-    labels = {"encoder": "src", "decoder": "tgt"}
-    if any(labels.get(stack, "src") not in one for stack in first):  # an image model: no tokens to label
-        return means, None
-    tokens = {stack: task.token_strings(one[labels.get(stack, "src")][0].tolist()) for stack in first}
-    plot_ponder(first, tokens, run_dir / "ponder.png")
-    return means, str(Path("runs") / run_dir.name / "ponder.png")
 
 def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_dir: Path) -> list[ScalingPoint]:
     """The spec's scaling measurements of every variant that ran on its task (kept in
@@ -192,20 +100,30 @@ def machine() -> dict[str, Any]:
         "processes": distributed.world().size,
     }
 
-def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | None = None) -> CompareResults | None:
+def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | None = None, *,
+            rerun: bool = False) -> CompareResults | None:
     """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``.
+
+    Only the runs the cache (:mod:`~transformer_zoo.comparing.cache`) has no finished run for
+    train; the others are reused and marked so. Runs train on the spec's executor
+    (:mod:`~transformer_zoo.comparing.executors`); a run that fails is reported, and the others
+    are summarized without it.
 
     Args:
         plugins: plugin modules to register here and in every worker (``--plugin``); plugins
             registered in this process before the call are carried to the workers too, and
             one that no worker could import (an object defined in a notebook) keeps the runs
             in this process, one at a time.
+        rerun: train every run again, ignoring the cache (``--rerun``).
 
     On a torchrun job every process calls it; process 0 writes and returns the results, the
     others return None.
 
     Raises:
-        RunFolderError: ``out_dir`` is a file.
+        RunFolderError: ``out_dir`` or the cache is a file.
+        ConfigError: executor ray without the ray package, under torchrun, or with a plugin no
+            Ray worker could import.
+        ComparisonFailed: no run finished; the message gives each run's error.
         ComparisonInterrupted: Ctrl-C; the finished runs are kept, and a run trained in this
             process saves the step it reached (workers' runs keep their last checkpoints).
     """
@@ -228,60 +146,120 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
         say(f"skipped {item.variant} on {item.task}: {item.reason}")
     out_dir.mkdir(parents=True, exist_ok=True)
     invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    threads, workers = run_threads(spec), min(spec.workers, len(runs))
-    # a bar redraws with carriage returns: only for one run at a time, on a terminal
-    bars = workers == 1 and sys.stderr.isatty()
+    tasks = {options.kind: options.build() for options in spec.tasks}
+    cache = RunCache(check_folder(spec.cache, "run cache") if spec.cache else out_dir / "runs")
+    folders = [str(cache.folder(label, config, run_key(config, model_config_for(config, tasks[config.task.kind]))))
+               for label, config in runs]
+    cached = {} if rerun else {folder: record for folder in set(folders) if (record := finished_record(folder))}
+    todo = {}  # folder -> (label, config): each run once, even when two labels name the same config
+    for (label, config), folder in zip(runs, folders):
+        if folder not in cached:
+            todo.setdefault(folder, (label, config))
+    if cached:
+        say(f"{len(runs) - sum(f not in cached for f in folders)} of {len(runs)} runs are finished in the run cache "
+            f"{cache.root}; training the other {len(todo)}" + (" (--rerun trains them all again)" if todo else ""))
+    executor = make_executor(spec, here, carried, stranded, runs, len(todo), say)
+    # a bar redraws with carriage returns: only for one run at a time in this process, on a terminal (but no table)
+    bars = False
     # the largest budgets (steps x batch) start first, so that no long run is left to finish alone
-    order = sorted(runs, key=lambda run: -run[1].steps * run[1].batch_size) if workers > 1 else runs
-    jobs = [(label, config.model_dump(mode="json"), str(out_dir / "runs" / run_name(label, config)), invocation, bars,
-             list(spec.probes)) for label, config in order]
-    if stranded and not here.launched:  # a worker could not register them: train here, one run at a time
-        workers = 1
-        say(f"plugin(s) {', '.join(stranded)} are not importable modules, so no worker process could register them: "
-            "the runs train in this process, one at a time (put a plugin's hooks in a module and pass --plugin "
-            "MODULE to train in workers)")
-    say(f"{len(jobs)} runs, {workers} at a time" + ("" if here.launched else f", {threads} CPU threads each"))
-    records, started = {}, time.perf_counter()
+    order = sorted(todo.items(), key=lambda item: -item[1][1].steps * item[1][1].batch_size)
+    jobs = [RunJob(name=f"{config.task.kind}/{label}/seed{config.seed}", config=config.model_dump(mode="json"),
+                   run_dir=folder, invocation=invocation, probes=tuple(spec.probes), rerun=rerun, progress=bars,
+                   tags={"task": config.task.kind, "variant": label, "seed": str(config.seed)})
+              for folder, (label, config) in order]
+    finished, failed = dict(cached), {}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_interruptions(records, len(jobs), out_dir))  # entered first: left after the pool ends
-        if here.launched:  # the job's processes train each run together, in turn
-            done = map(_run, jobs)
-        elif stranded or workers == 1:  # one run at a time: in this process, no worker to start
-            stack.callback(torch.set_num_threads, torch.get_num_threads())
-            torch.set_num_threads(threads)
-            done = map(_run, jobs)
-        else:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(
-                workers, initializer=_init_worker, initargs=(carried, threads)))
-            done = pool.imap_unordered(_run, jobs)
-        for i, record in enumerate(done, start=1):
-            if record is None or not here.main:
-                continue
-            run = RunRecord.model_validate(record)
-            records[(run.variant, run.task, run.seed)] = run
-            elapsed = time.perf_counter() - started
-            eta = elapsed / i * (len(jobs) - i)
-            say(f"[{i}/{len(jobs)}] {run.variant} on {run.task} (seed {run.seed}): {run.metric} "
-                f"{run.metrics['test'][run.metric]:.4g}, {run.wall_seconds:.0f} s"
-                + (" (kept from an earlier invocation)" if run.reused else "")
-                + (f"; about {_duration(eta)} to go" if i < len(jobs) else f"; all runs in {_duration(elapsed)}"))
+        stack.enter_context(_interruptions(finished, len(runs), out_dir))  # entered first: left after the executor
+        progress = stack.enter_context(GridProgress(jobs, live=None if here.main else False))
+        events = executor.run(jobs)
+        stack.callback(events.close)  # Ctrl-C: the executor stops what still trains
+        for event in events:
+            if here.main:
+                progress.event(event)
+            if event.state == "done" and event.record is not None:
+                finished[event.job.run_dir] = event.record
+            elif event.state == "failed":
+                failed[event.job.run_dir] = event
     if not here.main:
         return None
-    ordered = [records[(label, config.task.kind, config.seed)] for label, config in runs]
-    tasks = {options.kind: options.build() for options in spec.tasks}
+    records = [_as_run(finished[folder], label, folder, out_dir, invocation)
+               for (label, _), folder in zip(runs, folders) if folder in finished]
+    failures = [Failed(variant=label, task=config.task.kind, seed=config.seed, attempts=failed[folder].attempt,
+                       error=failed[folder].error, run_folder=_relative(folder, out_dir))
+                for (label, config), folder in zip(runs, folders) if folder in failed]
+    if not records:
+        raise ComparisonFailed("no run of the comparison finished:\n" + "\n".join(
+            f"  {f.variant} on {f.task} (seed {f.seed}): {f.error.splitlines()[0]}" for f in failures))
     baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
     if spec.scaling is not None:
         say("measuring time and memory against length")
-    results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), invocation=invocation, runs=ordered,
-                             skipped=skipped, baselines={kind: scores for kind, scores in baselines.items() if scores},
+    results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), invocation=invocation, runs=records,
+                             skipped=skipped, failed=failures,
+                             baselines={kind: scores for kind, scores in baselines.items() if scores},
                              baseline_names={kind: task.baseline for kind, task in tasks.items() if baselines[kind]},
                              scaling=scaling_points(spec, runs, out_dir))
     results.summaries = summarize(results.runs, spec.reference, spec.test, invocation)
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
-    say(f"compared {len(records)} runs in {_duration(time.perf_counter() - begun)} of wall time; report: "
-        f"{out_dir / 'report.md'}")
+    say(f"compared {len(records)} runs in {duration(time.perf_counter() - begun)} of wall time; report: "
+        f"{out_dir / 'report.md'}" + (f"; {len(failures)} run(s) failed, listed in the report" if failures else ""))
     return results
+
+
+def make_executor(spec: CompareSpec, here: distributed.World, carried: list[str], stranded: list[str],
+                  runs: list[tuple[str, TrainConfig]], count: int, say: Any) -> Executor:
+    """The spec's executor for ``count`` runs, and a line saying how they will train.
+
+    Raises:
+        ConfigError: executor ray under torchrun, or with a plugin no Ray worker could import.
+    """
+    if spec.executor == "ray":
+        if here.launched:
+            raise ConfigError("executor ray runs each run as a Ray task; under torchrun every process trains each run "
+                              "together: use executor local in a torchrun job")
+        if stranded:
+            raise ConfigError(f"plugin(s) {', '.join(stranded)} are not importable modules, so no Ray worker could "
+                              "register them; put a plugin's hooks in a module and pass --plugin MODULE")
+        threads = run_threads(spec, 1)
+        say(f"{count} runs as Ray tasks, {threads} CPU thread(s) each, on "
+            + (f"the cluster at {spec.address}" if spec.address else "a Ray instance of this machine"))
+        return RayExecutor(threads, carried, spec.retries, spec.address, runs_per_device=spec.runs_per_device)
+    if here.launched:  # the job's processes train each run together, in turn; torchrun placed them
+        say(f"{count} runs, one at a time over the job's {here.size} processes")
+        return LocalExecutor([""], torch.get_num_threads(), carried, spec.retries, in_process=True, fail_fast=True)
+    devices = spec.devices or local_devices(runs[0][1].device)
+    slots = device_slots(devices, spec.workers, spec.runs_per_device)[:max(count, 1)]
+    threads = run_threads(spec, len(slots))
+    if stranded and len(slots) > 1:  # a worker could not register them: train here, one run at a time
+        slots = slots[:1]
+        say(f"plugin(s) {', '.join(stranded)} are not importable modules, so no worker process could register them: "
+            "the runs train in this process, one at a time (put a plugin's hooks in a module and pass --plugin "
+            "MODULE to train in workers)")
+    on = "" if devices == ["cpu"] else f" on {', '.join(dict.fromkeys(slots))}"
+    say(f"{count} runs, {len(slots)} at a time{on}, {threads} CPU threads each")
+    return LocalExecutor(slots, threads, carried, spec.retries)
+
+
+def _relative(folder: str | os.PathLike, out_dir: Path) -> str:
+    """A run folder as the report names it: relative to the report when under it, else absolute."""
+    folder = Path(folder).resolve()
+    try:
+        return str(folder.relative_to(out_dir.resolve()))
+    except ValueError:
+        return str(folder)
+
+
+def _as_run(record: dict[str, Any], label: str, folder: str, out_dir: Path, invocation: str) -> RunRecord:
+    """A run's record as this report shows it: under this spec's label, its plots and folder
+    named from the report, and reused when another invocation trained it."""
+    where = _relative(folder, out_dir)
+    plots = {key: str(Path(where) / Path(record[key]).name) for key in ("ponder_plot", "samples_plot") if record.get(key)}
+    return RunRecord.model_validate({**record, **plots, "variant": label, "run_folder": where,
+                                     "reused": record.get("invocation") != invocation})
+
+
+class ComparisonFailed(ZooError):
+    """No run of a comparison finished."""
 
 class ComparisonInterrupted(KeyboardInterrupt):
     """A comparison stopped by Ctrl-C; the message says what is kept and how to go on."""
@@ -300,6 +278,3 @@ def _interruptions(records: dict, total: int, out_dir: Path) -> Iterator[None]:
             f"comparison interrupted with {len(records)} of {total} runs finished (in {out_dir / 'runs'}); {current}; "
             "run the same command again to go on: finished runs are reused and the others resume from their "
             "checkpoints") from None
-
-def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"

@@ -3,13 +3,11 @@ plan: every run's training config, checked before anything trains."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -42,10 +40,27 @@ class CompareSpec(Options):
         "first variant that ran the task")
     test: TestKind = Field("welch", description="the test of each difference over seeds: " + "; ".join(
         f"{name}: {text}" for name, text in TEST_NAMES.items()))
-    workers: int = Field(1, ge=1, description="runs trained at once, each in a worker process of its own")
+    executor: Literal["local", "ray"] = Field(
+        "local", description="where runs train: local, worker processes of this machine (one per device slot); ray, "
+        "Ray tasks on this machine or a cluster (the [ray] extra)")
+    workers: int | None = Field(
+        None, ge=1, description="local: runs trained at once, each in a worker process of its own; null: one per device "
+        "slot (every GPU runs_per_device times), or one on the CPU")
     threads: int | None = Field(
         None, ge=1, description="CPU threads of each run; null: the cores available to this process, shared "
-        "among the workers")
+        "among the workers (ray: 1)")
+    devices: list[str] | None = Field(
+        None, min_length=1, description="local: the devices the workers are dealt, e.g. [cuda:0, cuda:1]; null: every "
+        "GPU of the machine, else the CPU")
+    runs_per_device: int = Field(1, ge=1, description="runs that share one device at once (small runs on a big GPU)")
+    retries: int = Field(
+        2, ge=0, description="times a run whose worker dies (killed, out of memory, its node lost) starts again from "
+        "its last checkpoint before it is reported failed; a run that raises an error fails at once")
+    address: str | None = Field(
+        None, description="ray: the cluster to join (auto, or ray://HOST:PORT); null: start Ray on this machine")
+    cache: str | None = Field(
+        None, description="the run cache, a folder of finished runs several specs may share (relative to the working "
+        "folder); null: the report folder's runs/")
     model: dict[str, Any] = Field(
         {}, description="model config values for every variant whose config has the field, under the variant's own "
         "(dropout: 0.0 turns dropout off wherever there is any); a field no variant has is an error")
@@ -84,6 +99,9 @@ class CompareSpec(Options):
         if unknown:
             raise ValueError(f"variant_train names {unknown}, which are not among the spec's variants {labels}; key it "
                              "by a variant's label (a config variant's 'label')")
+        if self.executor == "ray" and (self.workers is not None or self.devices is not None):
+            raise ValueError("workers and devices place runs of executor local; Ray places each run by the resources it "
+                             "asks for (threads, and GPUs where the cluster has them): remove them, or use executor local")
         if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
             raise ValueError(f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them")
         return self
@@ -170,9 +188,3 @@ def _phases(model) -> list[str]:
     """The names of a model config's training phases (the model is built without memory)."""
     with torch.device("meta"):
         return [phase.name for phase in build_model(model).phases()]
-
-def run_name(label: str, config: TrainConfig) -> str:
-    """A folder name that is the same every time the same run is planned (so it resumes)."""
-    digest = hashlib.sha1(f"{label}|{config.model_dump_json()}".encode()).hexdigest()[:8]
-    name = re.sub(r"[^\w.+-]+", "_", label.split(" ")[0])  # a label may hold any character; a folder name not
-    return f"{config.task.kind}--{name}--seed{config.seed}--{digest}"

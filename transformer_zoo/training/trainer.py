@@ -33,6 +33,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..api import build_model
+from ..core.tracking import TrackedRun
 from ..registry import get_registry
 from . import distributed
 from .checkpointing import Checkpointer
@@ -41,6 +42,7 @@ from .config import TrainConfig, load_train_config, model_config_for
 from .interrupts import TrainingInterrupted, stop_requests
 from .placement import Placement, resolve_device
 from .step import Stepper, TrainingDiverged, flop_rates, peak_tflops
+from .tracking import Trackers, scalar_names
 
 
 class Trainer:
@@ -72,13 +74,16 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, run_dir: str | os.PathLike | None = None, *, task: Any = None,
-                 progress: bool = True, world: distributed.World | None = None) -> None:
+                 progress: bool = True, world: distributed.World | None = None, name: str | None = None,
+                 tags: dict[str, str] | None = None) -> None:
         """
         Args:
             run_dir: the run folder (None: a trainer that never saves, to measure a step).
             task: ``config.task`` already built; None: :meth:`setup` builds it.
             progress: show a progress bar with loss and throughput.
             world: the processes training together; None: those torchrun started, or this one.
+            name, tags: what the trackers call the run (default: the run folder's name) and
+                group it by (see :mod:`~transformer_zoo.training.tracking`).
         """
         here = distributed.world() if world is None else world
         if here.size > 1 and config.batch_size % here.size:
@@ -93,6 +98,9 @@ class Trainer:
         self.start, self.history, self.tokens = 0, [], 0
         self.reached = 0
         self.step_flops: float | None = None
+        self.name, self.tags = name, tags or {}
+        self.trackers: Trackers | None = None  # opened by run, in process 0 of a trainer with a run folder
+        self._started = time.perf_counter()
 
     # the parts' state, under the names a trainer has always given it
     @property
@@ -262,7 +270,8 @@ class Trainer:
             TrainingDiverged: a loss, weight or optimizer state became non-finite.
         """
         end = self.config.steps if stop_after is None else min(self.config.steps, stop_after)
-        started = time.perf_counter()
+        started = self._started = time.perf_counter()
+        self.open_trackers()
         try:
             end = self.train_steps(end, started)
             elapsed = time.perf_counter() - started
@@ -271,11 +280,35 @@ class Trainer:
                 return {"step": end, "stopped": True}
             if not self.placement.here.main:
                 return {"step": end, "rank": self.placement.here.rank}
-            return self.summary(end, elapsed)
+            summary = self.summary(end, elapsed)
+            if self.trackers is not None:
+                self.trackers.finish(summary["metrics"])
+            return summary
         except TrainingInterrupted:
             raise
         except KeyboardInterrupt:  # a second Ctrl-C, or one outside the steps: the last checkpoint stands
             raise self.interrupted() from None
+        finally:
+            if self.trackers is not None:
+                self.trackers.finish(None)  # no-op after the final scores
+
+    def open_trackers(self) -> None:
+        """Start following the run (:class:`~transformer_zoo.training.tracking.Trackers`), in
+        process 0 of a trainer with a run folder."""
+        if self.run_dir is None or not self.placement.here.main:
+            return
+        run = TrackedRun(name=self.name or self.run_dir.name, run_dir=self.run_dir,
+                         config=self.config.model_dump(mode="json"), resumed_from=self.start, tags=self.tags)
+        self.trackers = Trackers(run)
+
+    def track(self, row: dict[str, float]) -> None:
+        """Hand a learning-curve row to the trackers; a training row with the tokens per second so far."""
+        if self.trackers is None:
+            return
+        scalars = scalar_names(row)
+        if "loss" in row:
+            scalars["train/tokens_per_second"] = self.tokens / max(time.perf_counter() - self._started, 1e-9)
+        self.trackers.log(int(row["step"]), scalars)
 
     def train_steps(self, end: int, started: float) -> int:
         """Steps :attr:`start` up to ``end``, the first counted; returns the step reached (earlier
@@ -327,13 +360,18 @@ class Trainer:
         loss = losses[first]
         if done % config.log_every == 0 or done == config.steps:
             loss = self.placement.mean(loss)  # the global batch's
-            phase_losses = {f"loss_{name}": value for name, value in losses.items()} if len(self.phases) > 1 else {}
+            several = len(self.phases) > 1
+            phase_losses = {f"loss_{name}": value for name, value in losses.items()} if several else {}
+            norms = ({f"grad_norm_{name}": self.stepper.grad_norm(name) for name in losses} if several
+                     else {"grad_norm": self.stepper.grad_norm(first)})
             self.history.append({"step": done, "loss": loss, **phase_losses,
-                                 "lr": self.schedulers[first].get_last_lr()[0]})
+                                 "lr": self.schedulers[first].get_last_lr()[0], **norms})
+            self.track(self.history[-1])
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
             scores = self.evaluate("test")
             if self.placement.here.main:
                 self.history.append({"step": done, **{f"test_{k}": v for k, v in scores.items()}})
+                self.track(self.history[-1])
         if self.checkpointer.due(done):
             self.save(done)
         return loss
@@ -378,7 +416,8 @@ class Trainer:
 
 
 def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = True, progress: bool = True,
-          stop_after: int | None = None, task: Any = None) -> dict[str, Any]:
+          stop_after: int | None = None, task: Any = None, name: str | None = None,
+          tags: dict[str, str] | None = None) -> dict[str, Any]:
     """Train ``config.model`` on ``config.task``; returns the run summary (also in ``summary.json``).
 
     Args:
@@ -387,6 +426,9 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         stop_after: stop (after checkpointing) once this step is reached, as an interruption would.
         task: ``config.task`` already built (a comparison builds each task once for all its
             seeds); None: built here.
+        name, tags: what the trackers call the run and group it by (default: the run folder's
+            name); its scalars go to ``scalars.csv``, TensorBoard event files where
+            ``tensorboard`` is installed, and the plugins' trackers.
 
     Raises:
         RunFolderBusy: another run trains in ``run_dir``.
@@ -396,7 +438,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         TrainingDiverged: a loss, weight or optimizer state became non-finite.
         TrainingInterrupted: Ctrl-C, after saving the step reached.
     """
-    trainer = Trainer(config, run_dir, task=task, progress=progress)
+    trainer = Trainer(config, run_dir, task=task, progress=progress, name=name, tags=tags)
     try:
         with trainer.lock():
             return trainer.setup(resume).run(stop_after)

@@ -1,0 +1,344 @@
+"""Where a comparison's runs train: an :class:`Executor` takes the run jobs and yields what
+happens to them, as :class:`RunEvent` s (queued, running where, retried, done with its record,
+failed with its error). Progress reads the events; Ctrl-C stops the executor, and every run
+keeps its last checkpoint.
+
+- :class:`LocalExecutor` (``executor: local``, the default): worker processes on this machine,
+  each pinned to one device slot; with N GPUs, N workers by default, one GPU each
+  (``runs_per_device`` K puts K runs on each). One worker trains in this process.
+- :class:`RayExecutor` (``executor: ray``, the ``[ray]`` extra): every run a Ray task asking for
+  the CPUs (its threads) and GPUs it needs, on a Ray instance of this machine or a cluster.
+
+A run whose worker dies (killed, out of memory, its node lost) is started again from its last
+checkpoint, up to ``retries`` times, and then reported failed; a run that raises an error is
+reported failed at once (it would fail again). The other runs go on either way.
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing import connection, get_context
+from typing import Any, Literal
+
+import torch
+
+from ..core.errors import ConfigError
+from ..registry import get_registry
+from .runs import RunJob, available_cores, execute
+
+State = Literal["queued", "running", "retried", "done", "failed"]
+
+
+@dataclass
+class RunEvent:
+    """What just happened to a run.
+
+    Attributes:
+        state: queued, running (on ``where``), retried (its worker died; it starts again from its
+            last checkpoint), done (``record`` holds its record) or failed (``error`` says why).
+        attempt: the start it is on (1: the first; for retried, the start to come).
+    """
+
+    state: State
+    job: RunJob
+    where: str = ""
+    attempt: int = 1
+    record: dict[str, Any] | None = None
+    error: str = ""
+
+
+class Executor(ABC):
+    """Trains run jobs and tells what happens to them."""
+
+    name: str = ""
+
+    @abstractmethod
+    def run(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+        """Train every job, yielding its events as they happen; every job ends done or failed.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C; the runs in progress keep their last checkpoints.
+        """
+
+
+def describe(exc: BaseException) -> str:
+    """An error as a report says it: its type and message."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def device_slots(devices: list[str], workers: int | None, runs_per_device: int) -> list[str]:
+    """The device of each local worker: ``workers`` (default: every device ``runs_per_device``
+    times) dealt round the devices, so that no device has more than its share.
+
+    >>> device_slots(["cuda:0", "cuda:1"], None, 2)
+    ['cuda:0', 'cuda:1', 'cuda:0', 'cuda:1']
+    """
+    count = workers or len(devices) * runs_per_device
+    return [devices[i % len(devices)] for i in range(count)]
+
+
+def local_devices(config_device: str) -> list[str]:
+    """The devices of this machine the runs may use: every GPU (``cuda:0``, ...) unless the runs
+    ask for the CPU, else the CPU.
+
+    Raises:
+        ConfigError: the runs ask for CUDA and there is none.
+    """
+    if config_device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("the runs ask for device 'cuda' but this machine has no CUDA device; set the spec's train "
+                          "device to auto or cpu")
+    if config_device != "cpu" and torch.cuda.is_available():
+        return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return ["cpu"]
+
+
+def use_device(device: str) -> None:
+    """Make ``device`` this process's own: a CUDA device becomes the current one, so that runs on
+    ``auto`` or ``cuda`` train on it."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+
+
+def enter_worker(plugins: list[str], threads: int, device: str) -> None:
+    """Set up a worker process: its threads, its device, and the plugins registered where the
+    comparison was called. Ctrl-C reaches every process of a terminal's group; a worker ignores
+    it, and the comparison's process, which hears it too, ends the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    use_device(device)
+    registry = get_registry()
+    for module in plugins:
+        registry.register_module(module)
+
+
+def _serve(conn: connection.Connection, plugins: list[str], threads: int, device: str) -> None:
+    """A local worker: train each job it is sent, answering ``("done", record)`` or
+    ``("failed", error)``, until it is sent None."""
+    enter_worker(plugins, threads, device)
+    while (job := conn.recv()) is not None:
+        try:
+            conn.send(("done", execute(job, device)))
+        except Exception as exc:  # the run failed; the worker trains the next
+            conn.send(("failed", describe(exc) + "\n" + traceback.format_exc(limit=-3)))
+
+
+class LocalExecutor(Executor):
+    """Runs in worker processes of this machine, one device slot each (see :func:`device_slots`),
+    or in this process when there is one slot or ``in_process``."""
+
+    name = "local"
+
+    def __init__(self, slots: list[str], threads: int, plugins: list[str] = (), retries: int = 2,
+                 in_process: bool = False, fail_fast: bool = False) -> None:
+        """
+        Args:
+            slots: the device of each worker.
+            threads: CPU threads of each run.
+            plugins: plugin modules every worker registers.
+            retries: how many times a run whose worker died starts again.
+            in_process: train here, one run at a time, whatever the slots (a plugin no worker
+                could import, or a torchrun job whose processes train each run together).
+            fail_fast: raise a run's error instead of reporting it (a torchrun job, whose
+                processes must stop together).
+        """
+        self.slots, self.threads, self.plugins, self.retries = slots, threads, list(plugins), retries
+        self.in_process = in_process or len(slots) == 1
+        self.fail_fast = fail_fast
+
+    def run(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+        yield from (RunEvent("queued", job) for job in jobs)
+        yield from self._here(jobs) if self.in_process else self._pool(jobs)
+
+    def _here(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+        device = self.slots[0]
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        use_device(device)
+        try:
+            for job in jobs:
+                yield RunEvent("running", job, device)
+                try:
+                    record = execute(job, device)
+                except Exception as exc:
+                    if self.fail_fast:
+                        raise
+                    yield RunEvent("failed", job, device, error=describe(exc))
+                    continue
+                yield RunEvent("done", job, device, record=record)
+        finally:
+            torch.set_num_threads(before)
+
+    def _pool(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+        context = get_context("spawn")
+        pending, attempts = deque(jobs), {job.run_dir: 0 for job in jobs}
+        workers: dict[int, tuple[Any, connection.Connection]] = {}  # slot -> (process, its end of the pipe)
+        busy: dict[int, RunJob] = {}
+
+        def start(slot: int) -> None:
+            here, there = context.Pipe()
+            process = context.Process(target=_serve, args=(there, self.plugins, self.threads, self.slots[slot]),
+                                      name=f"tzoo-worker-{slot}", daemon=True)
+            process.start()
+            there.close()
+            workers[slot] = (process, here)
+
+        try:
+            while pending or busy:
+                for slot in range(len(self.slots)):
+                    if slot not in busy and pending:
+                        if slot not in workers:
+                            start(slot)
+                        job = busy[slot] = pending.popleft()
+                        attempts[job.run_dir] += 1
+                        workers[slot][1].send(job)
+                        yield RunEvent("running", job, self._where(slot), attempts[job.run_dir])
+                ready = connection.wait([workers[slot][1] for slot in busy] + [workers[slot][0].sentinel for slot in busy])
+                for slot in [s for s in busy if workers[s][1] in ready or workers[s][0].sentinel in ready]:
+                    process, conn = workers[slot]
+                    job = busy.pop(slot)
+                    attempt, where = attempts[job.run_dir], self._where(slot)
+                    try:
+                        outcome, value = conn.recv()
+                    except (EOFError, OSError):  # the worker died: start the run again from its checkpoint
+                        process.join()
+                        conn.close()
+                        del workers[slot]
+                        died = f"its worker process died (exit code {process.exitcode})"
+                        if attempt <= self.retries:
+                            pending.appendleft(job)
+                            yield RunEvent("retried", job, where, attempt + 1, error=died)
+                        else:
+                            yield RunEvent("failed", job, where, attempt, error=f"{died}, {attempt} times")
+                        continue
+                    if outcome == "done":
+                        yield RunEvent("done", job, where, attempt, record=value)
+                    else:
+                        yield RunEvent("failed", job, where, attempt, error=value)
+                if not pending and not busy:
+                    for process, conn in workers.values():
+                        conn.send(None)  # no more work: the workers end
+        finally:
+            stopped = bool(pending or busy)  # Ctrl-C, or the caller stopped listening
+            for process, conn in workers.values():
+                if stopped and process.is_alive():
+                    process.terminate()  # a run keeps its last checkpoint
+                process.join(timeout=30)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+                conn.close()
+
+    def _where(self, slot: int) -> str:
+        return self.slots[slot] if self.slots.count(self.slots[slot]) == 1 else f"{self.slots[slot]} #{slot}"
+
+
+RAY_INSTALL = "pip install 'transformer-zoo[ray]'"
+
+
+def import_ray() -> Any:
+    """The ``ray`` package.
+
+    Raises:
+        ConfigError: it is not installed; the message says how to install it.
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"executor 'ray' needs the ray package, which is not installed; install it with {RAY_INSTALL} "
+                          "(every node of a cluster needs it, and transformer-zoo, too), or use executor local") from None
+    return ray
+
+
+def _ray_run(job: RunJob, plugins: list[str], threads: int, gpus: float, news: Any) -> dict[str, Any] | None:
+    """One run as a Ray task: tell the driver where it starts (a second start is a retry), then train it."""
+    import ray
+
+    from .runs import attempts_so_far
+
+    enter_worker(plugins, threads, "cuda:0" if gpus else "cpu")  # Ray shows the task only the GPUs it was given
+    where = ray.util.get_node_ip_address() + (f" gpu {','.join(map(str, ray.get_gpu_ids()))}" if gpus else "")
+    attempt = attempts_so_far(job.run_dir, job.invocation) + 1
+    news.put(("retried" if attempt > 1 else "running", job.run_dir, where, attempt))
+    return execute(job, where)
+
+
+class RayExecutor(Executor):
+    """Every run a Ray task: ``num_cpus`` its threads, ``num_gpus`` its share of a GPU. With no
+    address it starts a Ray instance of this machine's cores (and ends it after); ``auto`` or
+    ``ray://HOST:PORT`` joins a cluster started with ``ray start``.
+
+    Run folders are written by the node that trains the run, so the report folder (or the
+    cache) must be a path every node shares (a network filesystem); records come back to the
+    driver as the tasks' results."""
+
+    name = "ray"
+
+    def __init__(self, threads: int, plugins: list[str] = (), retries: int = 2, address: str | None = None,
+                 gpus_per_run: float | None = None, runs_per_device: int = 1) -> None:
+        """
+        Args:
+            threads: CPU threads of each run (its ``num_cpus``).
+            plugins: plugin modules every task registers.
+            retries: how many times a run whose worker or node died starts again (Ray's
+                ``max_retries``); a run that raises is not retried.
+            address: the cluster to join; None: start one on this machine.
+            gpus_per_run: the GPUs each run asks for; None: ``1 / runs_per_device`` where the
+                cluster has GPUs, else none.
+        """
+        self.threads, self.plugins, self.retries, self.address = threads, list(plugins), retries, address
+        self.gpus_per_run, self.runs_per_device = gpus_per_run, runs_per_device
+
+    def run(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+        ray = import_ray()
+        from ray.util.queue import Empty, Queue
+
+        started_here = not ray.is_initialized()
+        if started_here:
+            options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
+            if self.address is None:
+                ray.init(num_cpus=available_cores(), **options)
+            else:
+                ray.init(address=self.address, **options)
+        refs: dict[Any, RunJob] = {}
+        try:
+            gpus = self.gpus_per_run
+            if gpus is None:
+                gpus = 1 / self.runs_per_device if ray.cluster_resources().get("GPU", 0) and not all(
+                    job.config.get("device") == "cpu" for job in jobs) else 0
+            news = Queue(actor_options={"num_cpus": 0})
+            task = ray.remote(_ray_run).options(num_cpus=self.threads, num_gpus=gpus, max_retries=self.retries,
+                                                retry_exceptions=False)
+            by_folder = {job.run_dir: job for job in jobs}
+            for job in jobs:
+                refs[task.remote(job, self.plugins, self.threads, gpus, news)] = job
+                yield RunEvent("queued", job)
+            while refs:
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
+                while True:
+                    try:
+                        state, folder, where, attempt = news.get_nowait()
+                    except Empty:
+                        break
+                    yield RunEvent(state, by_folder[folder], where, attempt)
+                for ref in ready:
+                    job = refs.pop(ref)
+                    try:
+                        record = ray.get(ref)
+                    except ray.exceptions.RayTaskError as exc:  # the run raised: it would again
+                        yield RunEvent("failed", job, error=describe(exc.cause) if exc.cause else str(exc))
+                        continue
+                    except ray.exceptions.RayError as exc:  # its worker or node died once more than it may
+                        yield RunEvent("failed", job, error=f"{describe(exc)} (after {self.retries} retries)")
+                        continue
+                    yield RunEvent("done", job, (record or {}).get("placed_on", ""), (record or {}).get("attempts", 1),
+                                   record=record)
+        finally:
+            for ref in refs:  # Ctrl-C: stop what still trains; each run keeps its last checkpoint
+                ray.cancel(ref, force=True)
+            if started_here:
+                ray.shutdown()

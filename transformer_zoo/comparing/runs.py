@@ -1,0 +1,187 @@
+"""One run of a comparison, wherever it trains: a :class:`RunJob` says what to train and where
+to write it, and :func:`execute` trains it (resuming its folder's checkpoint) and measures it
+into a :class:`~transformer_zoo.comparing.records.RunRecord`.
+
+An executor (:mod:`~transformer_zoo.comparing.executors`) calls :func:`execute` in a worker
+process, a Ray task or this process; everything here is picklable and reads only the job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..api import from_pretrained, load_config
+from ..core.model import atomic_write
+from ..training.config import TrainConfig
+from ..training.placement import resolve_device
+from ..training.step import Stepper
+from ..training.trainer import train
+from .probes import run_probes
+from .records import RunRecord
+from .scaling import PeakMemory
+
+RECORD = "record.json"
+"""A finished run's measurements, in its run folder; the run is in the cache once it is there."""
+ATTEMPTS = "attempts.json"
+"""How many times the run was started by which invocation: a second start is a retry."""
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """What one run trains and where it writes.
+
+    Attributes:
+        name: the run's name in progress and trackers (``task/variant/seed0``).
+        config: its training config, as JSON data.
+        run_dir: its run folder (where every process that may train it can write: see
+            docs/scaling.md).
+        invocation: the comparison's invocation (its start time).
+        probes: the spec's probes of the trained model.
+        rerun: train from scratch even where the folder holds a finished run or a checkpoint.
+        progress: show the training's own progress bar (one run at a time, on a terminal).
+        tags: task, variant and seed, for trackers that group runs.
+    """
+
+    name: str
+    config: dict[str, Any]
+    run_dir: str
+    invocation: str
+    probes: tuple[str, ...] = ()
+    rerun: bool = False
+    progress: bool = False
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or ``taskset`` narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def finished_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The record of a finished run folder, or None."""
+    path = Path(run_dir) / RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def attempts_so_far(run_dir: str | os.PathLike, invocation: str) -> int:
+    """How many times ``invocation`` has started the run."""
+    path = Path(run_dir) / ATTEMPTS
+    seen = json.loads(path.read_text()) if path.is_file() else {}
+    return seen.get("attempts", 0) if seen.get("invocation") == invocation else 0
+
+
+def count_attempt(run_dir: Path, invocation: str) -> int:
+    """Count this start of the run (1: the first of this invocation; more: a retry)."""
+    attempt = attempts_so_far(run_dir, invocation) + 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"invocation": invocation, "attempts": attempt})
+    atomic_write(run_dir / ATTEMPTS, lambda tmp: tmp.write_text(text))
+    return attempt
+
+
+_TASKS: dict[str, Any] = {}  # a process's built tasks, by options: each builds its data once for all its runs
+
+
+def execute(job: RunJob, where: str = "") -> dict[str, Any] | None:
+    """Train one run (resuming its folder's checkpoint, unless ``job.rerun`` and this is its
+    first attempt) and measure it; returns its record (also ``record.json`` in its folder), or
+    None in a torchrun job's processes but 0.
+
+    Args:
+        where: the device or node it trains on, as progress shows it.
+    """
+    run_dir = Path(job.run_dir)
+    attempt = count_attempt(run_dir, job.invocation)
+    fresh = job.rerun and attempt == 1
+    if fresh:
+        (run_dir / RECORD).unlink(missing_ok=True)
+    config = TrainConfig.model_validate(job.config)
+    key = config.task.model_dump_json()
+    if key not in _TASKS:
+        _TASKS[key] = config.task.build()
+    task = _TASKS[key]
+    cuda = torch.cuda.is_available() and config.device != "cpu"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    when, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
+    started = time.perf_counter()
+    summary = train(config, run_dir, resume=not fresh, progress=job.progress, task=task, name=job.name, tags=job.tags)
+    if "rank" in summary:  # another process of a torchrun job: process 0 measures and records
+        return None
+    load = max(load, os.getloadavg()[0])
+    model = load_config(run_dir / "model" / "config.json")
+    trained = from_pretrained(run_dir / "model").to(resolve_device(config.device)).eval()
+    ponder, plot = ponder_summary(trained, task, run_dir)
+    probed = run_probes(list(job.probes), trained, task)
+    samples = task.plot_samples(trained, run_dir / "samples.png")
+    flops, step_bytes = training_step_costs(trained, task, config)  # last: a training step moves the weights
+    peak = torch.cuda.max_memory_allocated() if cuda else step_bytes
+    record = RunRecord(
+        variant=job.tags.get("variant", model.variant), family=type(model).family or model.variant,
+        task=config.task.kind, seed=config.seed, parameters=summary["parameters"], flops_per_token=flops,
+        train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak / 2**20,
+        steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
+        metrics=summary["metrics"], better=task.metrics, curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
+        probes=probed, samples_plot=None if samples is None else samples.name,
+        started=when, threads=torch.get_num_threads(), cpus=available_cores(), load_average=load,
+        invocation=job.invocation, placed_on=where, attempts=attempt, resumed_from=summary["resumed_from"],
+    ).model_dump()
+    atomic_write(run_dir / RECORD, lambda tmp: tmp.write_text(json.dumps(record)))
+    return record
+
+
+def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) -> tuple[float, float]:
+    """One training step on the run's first batch, as training takes it (each phase's loss, backward,
+    gradient clipping and AdamW step, by :class:`~transformer_zoo.training.step.Stepper`), counted, not estimated:
+
+    - FLOPs of its forward and backward passes per token the model reads, by
+      ``torch.utils.flop_counter`` (matrix products and attention; a recurrent stack counts the
+      steps it really ran);
+    - the peak bytes of tensor storage alive at once: the weights, and what the step creates
+      (activations, gradients, AdamW's state), by :class:`~transformer_zoo.comparing.scaling.PeakMemory`.
+    """
+    # in this process alone (under torchrun only process 0 measures), eagerly, from the model as it is
+    stepper = Stepper(config, task, model.train())
+    model.zero_grad(set_to_none=True)  # as each training step starts: gradients are the step's own
+    batch = stepper.batch(0)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in itertools.chain(model.parameters(), model.buffers())}
+    with PeakMemory() as memory:
+        _, flops = stepper.counted_step(0, batch)
+    return flops / max(task.tokens_in(batch), 1), sum(storages.values()) + memory.peak
+
+
+@torch.no_grad()
+def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: int = 64) -> tuple[dict[str, float], str | None]:
+    """Mean ponder time per stack over the first test examples of a finished run, and a heat
+    map of the first one (``ponder.png`` in the run folder, named relative to it); nothing for
+    a model without a recurrent stack (one without ACT reports its fixed number of steps)."""
+    from .plots import plot_ponder
+
+    model.eval()
+    test = task.dataset("test")
+    rows = [test[i] for i in range(min(examples, len(test)))]
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in task.model_inputs(model, task.collate(rows)).items()}
+    out = model(**inputs)
+    maps = {k.removesuffix("_ponder_time"): v for k, v in out.extras.items() if k.endswith("ponder_time")}
+    if not maps:
+        return {}, None
+    means = {stack: float(v[v > 0].mean()) for stack, v in maps.items()}
+    one = task.example_inputs(model, rows[0])
+    first = {k.removesuffix("_ponder_time"): v[0] for k, v in model(**one).extras.items() if k.endswith("ponder_time")}
+    labels = {"encoder": "src", "decoder": "tgt"}
+    if any(labels.get(stack, "src") not in one for stack in first):  # an image model: no tokens to label
+        return means, None
+    tokens = {stack: task.token_strings(one[labels.get(stack, "src")][0].tolist()) for stack in first}
+    plot_ponder(first, tokens, run_dir / "ponder.png")
+    return means, "ponder.png"

@@ -1,0 +1,108 @@
+"""Every run tracked: its scalars as CSV always, as TensorBoard event files when ``tensorboard``
+is installed, and to whatever trackers plugins add (the ``tzoo_tracker`` hook).
+
+Both files live in the run folder, so a run's curves travel with it (a comparison's cache
+included) and ``tensorboard --logdir FOLDER`` shows every run under ``FOLDER``, each named by
+its folder. A resumed run drops what an earlier attempt logged after its checkpoint: the CSV
+keeps only rows up to it, and TensorBoard is told to purge the later steps.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+from pathlib import Path
+from typing import Any
+
+from ..core.model import atomic_write
+from ..core.tracking import TrackedRun, Tracker
+from ..registry import get_registry
+
+SCALARS = "scalars.csv"
+"""The run folder's CSV of every scalar: one row per (step, name, value)."""
+
+
+def tensorboard_installed() -> bool:
+    """Whether ``tensorboard`` can be imported (the ``[tensorboard]`` extra)."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def scalar_names(row: dict[str, float]) -> dict[str, float]:
+    """A learning-curve row as tracked scalars: ``test_<metric>`` as ``test/<metric>``, the
+    rest as ``train/<name>`` (the step itself is not a scalar)."""
+    return {(f"test/{key.removeprefix('test_')}" if key.startswith("test_") else f"train/{key}"): float(value)
+            for key, value in row.items() if key != "step"}
+
+
+class CSVTracker:
+    """``scalars.csv`` in the run folder: ``step,name,value`` rows, appended as they come."""
+
+    def __init__(self, run: TrackedRun) -> None:
+        self.path = Path(run.run_dir) / SCALARS
+        kept = []
+        if self.path.is_file() and run.resumed_from:
+            with self.path.open(newline="") as f:
+                kept = [row for row in csv.DictReader(f) if int(row["step"]) <= run.resumed_from]
+
+        def write(tmp: Path) -> None:
+            with tmp.open("w", newline="") as f:
+                out = csv.DictWriter(f, ["step", "name", "value"])
+                out.writeheader()
+                out.writerows(kept)
+
+        atomic_write(self.path, write)
+        self._file = self.path.open("a", newline="")
+        self._out = csv.writer(self._file)
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self._out.writerows([step, name, repr(value)] for name, value in scalars.items())
+        self._file.flush()
+
+    def finish(self, scores: dict[str, dict[str, float]] | None) -> None:
+        self._file.close()
+
+
+class TensorBoardTracker:
+    """TensorBoard event files in the run folder (torch's ``SummaryWriter``)."""
+
+    def __init__(self, run: TrackedRun) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir=str(run.run_dir), purge_step=run.resumed_from or None)
+        self._step = run.resumed_from
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        for name, value in scalars.items():
+            if math.isfinite(value):
+                self._writer.add_scalar(name, value, step)
+        self._step = step
+
+    def finish(self, scores: dict[str, dict[str, float]] | None) -> None:
+        for split, metrics in (scores or {}).items():
+            for name, value in metrics.items():
+                self._writer.add_scalar(f"{split}/{name}", value, self._step)
+        self._writer.close()
+
+
+class Trackers:
+    """Every tracker of one run, fed together: the CSV, TensorBoard where installed, and the
+    plugins' (:meth:`~transformer_zoo.registry.Registry.trackers`)."""
+
+    def __init__(self, run: TrackedRun) -> None:
+        self.trackers: list[Tracker] = [CSVTracker(run)]
+        if tensorboard_installed():
+            self.trackers.append(TensorBoardTracker(run))
+        self.trackers += get_registry().trackers(run)
+        self._finished = False
+
+    def log(self, step: int, scalars: dict[str, Any]) -> None:
+        for tracker in self.trackers:
+            tracker.log(step, scalars)
+
+    def finish(self, scores: dict[str, dict[str, float]] | None) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        for tracker in self.trackers:
+            tracker.finish(scores)
