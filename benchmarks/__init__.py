@@ -44,6 +44,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         "dense_threshold", "a sparse pattern's own kernel against dense SDPA under its mask, by length", "about 10 s"),
     "robustness": Benchmark(
         "robustness", "bad configs, inputs, checkpoints, folders and plugins, and how each attempt ended", "about 7 min"),
+    "executors": Benchmark(
+        "executors", "the default comparison under Ray against the local executor: wall time, overhead per run",
+        "about 20 min"),
     "startup": Benchmark(
         "startup", "tzoo --version, --help, list and schema, each in a fresh process, against import torch",
         "about 1.5 min"),

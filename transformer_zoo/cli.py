@@ -129,9 +129,15 @@ def _compare(args: argparse.Namespace) -> Any:
     from .training.distributed import job, world
 
     spec = load_spec(args.spec, seeds=args.seeds)
+    given = {key: value for key, value in (("executor", args.executor), ("address", args.address),
+                                           ("cache", args.cache and str(args.cache))) if value is not None}
+    if args.address is not None:
+        given.setdefault("executor", "ray")
+    if given:
+        spec = load_spec({**spec.model_dump(mode="json"), **given})
     out = args.out or Path("reports") / spec.name
     with job():  # one process, or one of torchrun's
-        results = compare(spec, out)
+        results = compare(spec, out, rerun=args.rerun)
         if results is None:  # another process of a torchrun job: process 0 reports
             return {"rank": world().rank}
     return {"report": str(out / "report.md"), **results.model_dump(mode="json")}
@@ -274,6 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", nargs="?", help="a YAML or JSON spec (default: the built-in comparison)")
     p.add_argument("--out", type=Path, help="report folder (default: reports/<spec name>)")
     p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the spec's, e.g. 0,1,2")
+    p.add_argument("--executor", choices=("local", "ray"),
+                   help="where runs train: local worker processes, one per device (default), or Ray tasks (the [ray] "
+                        "extra); overrides the spec's executor")
+    p.add_argument("--address", metavar="ADDRESS",
+                   help="join this Ray cluster (auto, or ray://HOST:PORT; implies --executor ray) instead of starting "
+                        "Ray on this machine")
+    p.add_argument("--cache", type=Path, metavar="DIR",
+                   help="the run cache, a folder of finished runs that specs share (default: the report's runs/)")
+    p.add_argument("--rerun", action="store_true", help="train every run again, ignoring finished runs in the cache")
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 
@@ -379,6 +394,11 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_rows(console, rows, f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}")
     elif args.command == "compare":
         console.print(f"report: {result['report']}")
+    if args.command == "compare" and result.get("failed"):
+        err.print(f"[bold red]error:[/] {len(result['failed'])} run(s) failed (the report lists them and their errors; "
+                  "the others are summarized without them); fix the cause and run the same command again to train "
+                  "only those", highlight=False, markup=True, soft_wrap=True)
+        return 1
     elif args.command == "reproduce":
         if isinstance(result, list):
             _print_rows(console, result, "studies")

@@ -5,8 +5,12 @@ What lives here, in the order data flows:
 
 - :mod:`.spec`: :class:`CompareSpec` (what to compare) and :func:`~.spec.plan` (every run's
   training config, checked before anything trains);
-- :mod:`.runner`: :func:`compare`, which trains the runs (a worker pool, or a torchrun job) and
-  measures each one;
+- :mod:`.runner`: :func:`compare`, which plans the runs, trains those the run cache lacks and
+  writes the report;
+- :mod:`.runs` (one run as a :class:`~.runs.RunJob`, trained and measured by
+  :func:`~.runs.execute`), :mod:`.executors` (where runs train: local worker processes pinned
+  to devices, or Ray tasks), :mod:`.cache` (finished runs by the content that decides them)
+  and :mod:`.progress` (a live table, or a line per event);
 - :mod:`.records`: :class:`RunRecord`, :class:`TaskSummary` and :class:`CompareResults`, data
   only, which everything after the runner reads;
 - :mod:`.stats` (intervals and tests over seeds), :mod:`.summary` (each task's table and
@@ -23,13 +27,14 @@ never the command line. :mod:`.records` imports nothing that reads it (summary, 
 """
 
 from .records import CompareResults, RunRecord, TaskSummary
-from .runner import ComparisonInterrupted, compare
+from .runner import ComparisonFailed, ComparisonInterrupted, compare
 from .spec import CompareSpec, load_spec, plan
 from .studies import reproduce, reproduce_all
 
 __all__ = [
     "CompareResults",
     "CompareSpec",
+    "ComparisonFailed",
     "ComparisonInterrupted",
     "RunRecord",
     "TaskSummary",

@@ -116,13 +116,13 @@ def enter_worker(plugins: list[str], threads: int, device: str) -> None:
         registry.register_module(module)
 
 
-def _serve(conn: connection.Connection, plugins: list[str], threads: int, device: str) -> None:
-    """A local worker: train each job it is sent, answering ``("done", record)`` or
-    ``("failed", error)``, until it is sent None."""
+def _serve(conn: connection.Connection, plugins: list[str], threads: int, device: str, where: str) -> None:
+    """A local worker on ``device`` (``where`` as progress names it): train each job it is sent,
+    answering ``("done", record)`` or ``("failed", error)``, until it is sent None."""
     enter_worker(plugins, threads, device)
     while (job := conn.recv()) is not None:
         try:
-            conn.send(("done", execute(job, device)))
+            conn.send(("done", execute(job, where)))
         except Exception as exc:  # the run failed; the worker trains the next
             conn.send(("failed", describe(exc) + "\n" + traceback.format_exc(limit=-3)))
 
@@ -181,7 +181,7 @@ class LocalExecutor(Executor):
 
         def start(slot: int) -> None:
             here, there = context.Pipe()
-            process = context.Process(target=_serve, args=(there, self.plugins, self.threads, self.slots[slot]),
+            process = context.Process(target=_serve, args=(there, self.plugins, self.threads, self.slots[slot], self._where(slot)),
                                       name=f"tzoo-worker-{slot}", daemon=True)
             process.start()
             there.close()

@@ -41,7 +41,7 @@ class GridProgress:
         self.stream = sys.stderr if stream is None else stream
         self.live = self.stream.isatty() if live is None else live
         self.total = len(jobs)
-        self.rows = {job.run_dir: ["queued", job.name, "", "", ""] for job in jobs}
+        self.rows = {job.run_dir: ["queued", job.title, "", "", ""] for job in jobs}
         self.ended, self.started = 0, time.perf_counter()
         self._live: Live | None = None
 
@@ -90,13 +90,13 @@ class GridProgress:
             return
         where = f" on {event.where}" if event.where else ""
         if event.state == "done":
-            self.say(f"[{self.ended}/{self.total}] {event.job.name}: {outcome(event)}; {self.eta()}")
+            self.say(f"[{self.ended}/{self.total}] {event.job.title}: {outcome(event)}; {self.eta()}")
         elif event.state == "failed":
-            self.say(f"[{self.ended}/{self.total}] {event.job.name} failed{where} (attempt {event.attempt}): "
+            self.say(f"[{self.ended}/{self.total}] {event.job.title} failed{where} (attempt {event.attempt}): "
                      f"{event.error.splitlines()[0]}; {self.eta()}")
         elif event.state == "retried":
             cause = f"{event.error}{where}; " if event.error else ""
-            self.say(f"{event.job.name}: {cause}starting it again from its last checkpoint (attempt {event.attempt})")
+            self.say(f"{event.job.title}: {cause}starting it again from its last checkpoint (attempt {event.attempt})")
 
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)

@@ -80,12 +80,12 @@ def condition_lines(results: CompareResults) -> list[str]:
 
 
 def runs_table(records: list[RunRecord]) -> str:
-    lines = ["| variant | task | seed | started (UTC) | threads | load / cores | wall s | kept |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| variant | task | seed | started (UTC) | where | attempts | threads | load / cores | wall s | kept |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in records:
-        lines.append(f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.threads or 'n/a'} | "
-                     f"{r.load_average:.1f} / {r.cpus or 'n/a'} | {format_number(r.wall_seconds)} | "
-                     f"{'yes' if r.reused else ''} |")
+        lines.append(f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.placed_on or 'n/a'} | "
+                     f"{r.attempts} | {r.threads or 'n/a'} | {r.load_average:.1f} / {r.cpus or 'n/a'} | "
+                     f"{format_number(r.wall_seconds)} | {'yes' if r.reused else ''} |")
     return "\n".join(lines)
 
 
@@ -143,7 +143,9 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     records, spec = results.runs, results.spec
     threads = sorted({r.threads for r in records if r.threads})
     lines = [f"# Comparison: {spec.get('name', 'compare')}", ""]
-    lines += [f"{len(records)} runs ({len(spec.get('seeds', []))} seeds), {spec.get('workers', 1)} at a time with "
+    places = sorted({r.placed_on for r in records if r.placed_on and not r.reused})
+    lines += [f"{len(records)} runs ({len(spec.get('seeds', []))} seeds) on the {spec.get('executor', 'local')} executor"
+              + (f" ({', '.join(places)})" if places else "") + " with "
               f"{', '.join(map(str, threads)) or 'n/a'} CPU thread(s) each, on {results.machine.get('device')} "
               f"({results.machine.get('cpus')} cores), invocation of {results.invocation or 'n/a'}.", ""]
     lines += ["## Summary", "", *summary_lines(results.summaries), ""]
@@ -180,6 +182,11 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
                   "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
                   "(weights excluded), counted exactly on CPU, by the allocator on CUDA.", "",
                   scaling_tables(results.scaling), "", "![time and memory against length](scaling.png)", ""]
+    if results.failed:
+        lines += ["## Failed runs", "", "These runs did not finish; the tables above summarize the others. Each keeps "
+                  "its last checkpoint in its folder: fix the cause and run the same command again.", ""]
+        lines += [f"- {f.variant} on {f.task}, seed {f.seed} (attempt {f.attempts}, `{f.run_folder}`): "
+                  f"{f.error.strip().splitlines()[0]}" for f in results.failed] + [""]
     if results.skipped:
         lines += ["## Not run", ""] + [f"- {s.variant} on {s.task}: {s.reason}" for s in results.skipped] + [""]
     plot_metric_vs_parameters(records, out_dir / "metric-vs-parameters.png")

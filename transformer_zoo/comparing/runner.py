@@ -1,13 +1,14 @@
 """``tzoo compare``: every variant on every task, with the same data, seeds and budget.
 
-A spec lists variants x tasks x seeds and one budget. Runs train in worker processes (``workers``
-at a time, each with ``threads`` CPU threads; a worker builds each task's data once and trains
-run after run; with one worker, in this process); on a torchrun job every run trains over all
-the job's processes, one run after another, and process 0 writes the report. Each run records parameters, FLOPs per token,
-training tokens per second, peak memory, the task metrics, the learning curve and wall time,
-and when, with how many threads and under what load it ran. The report folder holds
-``results.json`` (validated by :class:`CompareResults`, with the intervals and tests over
-seeds), ``report.md`` and PNG plots.
+A spec lists variants x tasks x seeds and one budget. Each run is keyed by what decides its
+result (:mod:`~transformer_zoo.comparing.cache`); only the runs the cache has no finished run
+for train, on the spec's executor (:mod:`~transformer_zoo.comparing.executors`: worker
+processes of this machine pinned to its devices, or Ray tasks); on a torchrun job every run
+trains over all the job's processes, one run after another, and process 0 writes the report.
+Each run records parameters, FLOPs per token, training tokens per second, peak memory, the
+task metrics, the learning curve and wall time, and when, where, with how many threads and
+under what load it ran. The report folder holds ``results.json`` (validated by
+:class:`CompareResults`, with the intervals and tests over seeds), ``report.md`` and PNG plots.
 """
 
 from __future__ import annotations
@@ -148,8 +149,11 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
     tasks = {options.kind: options.build() for options in spec.tasks}
     cache = RunCache(check_folder(spec.cache, "run cache") if spec.cache else out_dir / "runs")
-    folders = [str(cache.folder(label, config, run_key(config, model_config_for(config, tasks[config.task.kind]))))
-               for label, config in runs]
+    by_key: dict[str, str] = {}  # two labels of one config are one run, in one folder
+    folders = []
+    for label, config in runs:
+        key = run_key(config, model_config_for(config, tasks[config.task.kind]))
+        folders.append(by_key.setdefault(key, str(cache.folder(label, config, key))))
     cached = {} if rerun else {folder: record for folder in set(folders) if (record := finished_record(folder))}
     todo = {}  # folder -> (label, config): each run once, even when two labels name the same config
     for (label, config), folder in zip(runs, folders):
@@ -157,7 +161,8 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
             todo.setdefault(folder, (label, config))
     if cached:
         say(f"{len(runs) - sum(f not in cached for f in folders)} of {len(runs)} runs are finished in the run cache "
-            f"{cache.root}; training the other {len(todo)}" + (" (--rerun trains them all again)" if todo else ""))
+            f"{cache.root}" + (f"; training the other {len(todo)}" if todo else "; nothing to train")
+            + " (--rerun trains them all again)")
     executor = make_executor(spec, here, carried, stranded, runs, len(todo), say)
     # a bar redraws with carriage returns: only for one run at a time in this process, on a terminal (but no table)
     bars = False
@@ -213,6 +218,8 @@ def make_executor(spec: CompareSpec, here: distributed.World, carried: list[str]
     Raises:
         ConfigError: executor ray under torchrun, or with a plugin no Ray worker could import.
     """
+    if not count:
+        return LocalExecutor(["cpu"], 1)
     if spec.executor == "ray":
         if here.launched:
             raise ConfigError("executor ray runs each run as a Ray task; under torchrun every process trains each run "

@@ -61,6 +61,14 @@ class RunJob:
     tags: dict[str, str] = field(default_factory=dict)
 
 
+    @property
+    def title(self) -> str:
+        """The run as progress names it: ``VARIANT on TASK (seed S)``."""
+        tags = self.tags
+        return f"{tags['variant']} on {tags['task']} (seed {tags['seed']})" if {"variant", "task", "seed"} <= set(tags) \
+            else self.name
+
+
 def available_cores() -> int:
     """The cores this process may run on (its affinity, which a container or ``taskset`` narrows)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -45,7 +45,8 @@ class CompareSpec(Options):
         "Ray tasks on this machine or a cluster (the [ray] extra)")
     workers: int | None = Field(
         None, ge=1, description="local: runs trained at once, each in a worker process of its own; null: one per device "
-        "slot (every GPU runs_per_device times), or one on the CPU")
+        "slot (every GPU runs_per_device times), or one on the CPU; ray places runs by the resources they ask for and "
+        "ignores it")
     threads: int | None = Field(
         None, ge=1, description="CPU threads of each run; null: the cores available to this process, shared "
         "among the workers (ray: 1)")
@@ -99,9 +100,6 @@ class CompareSpec(Options):
         if unknown:
             raise ValueError(f"variant_train names {unknown}, which are not among the spec's variants {labels}; key it "
                              "by a variant's label (a config variant's 'label')")
-        if self.executor == "ray" and (self.workers is not None or self.devices is not None):
-            raise ValueError("workers and devices place runs of executor local; Ray places each run by the resources it "
-                             "asks for (threads, and GPUs where the cluster has them): remove them, or use executor local")
         if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
             raise ValueError(f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them")
         return self

@@ -12,7 +12,8 @@ What lives here:
   model's place among the processes);
 - :mod:`.checkpoints`: the run folder's files (its lock, atomic checkpoints, checks on resume);
 - :mod:`.distributed`: one run over a torchrun job's processes (DDP, FSDP);
-- :mod:`.interrupts`: Ctrl-C, which stops a run after the step under way.
+- :mod:`.interrupts`: Ctrl-C, which stops a run after the step under way;
+- :mod:`.tracking`: every run's scalars as CSV, TensorBoard events and plugins' trackers.
 
 What it may import: :mod:`transformer_zoo.core`, :mod:`transformer_zoo.registry`,
 :mod:`transformer_zoo.api` and :mod:`transformer_zoo.configs`; never

@@ -69,19 +69,15 @@ class TensorBoardTracker:
     def __init__(self, run: TrackedRun) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(run.run_dir), purge_step=run.resumed_from or None)
-        self._step = run.resumed_from
+        # what an earlier attempt logged after the checkpoint (the steps after resumed_from) is dropped
+        self._writer = SummaryWriter(log_dir=str(run.run_dir), purge_step=run.resumed_from + 1 if run.resumed_from else None)
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         for name, value in scalars.items():
             if math.isfinite(value):
                 self._writer.add_scalar(name, value, step)
-        self._step = step
 
     def finish(self, scores: dict[str, dict[str, float]] | None) -> None:
-        for split, metrics in (scores or {}).items():
-            for name, value in metrics.items():
-                self._writer.add_scalar(f"{split}/{name}", value, self._step)
         self._writer.close()
 
 
@@ -100,9 +96,12 @@ class Trackers:
         for tracker in self.trackers:
             tracker.log(step, scalars)
 
-    def finish(self, scores: dict[str, dict[str, float]] | None) -> None:
+    def finish(self, scores: dict[str, dict[str, float]] | None, step: int | None = None) -> None:
+        """End every tracker; the final ``scores`` are logged first, at ``step``, as ``SPLIT/METRIC``."""
         if self._finished:
             return
         self._finished = True
+        if scores is not None and step is not None:
+            self.log(step, {f"{split}/{name}": value for split, metrics in scores.items() for name, value in metrics.items()})
         for tracker in self.trackers:
             tracker.finish(scores)

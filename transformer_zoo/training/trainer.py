@@ -282,7 +282,7 @@ class Trainer:
                 return {"step": end, "rank": self.placement.here.rank}
             summary = self.summary(end, elapsed)
             if self.trackers is not None:
-                self.trackers.finish(summary["metrics"])
+                self.trackers.finish(summary["metrics"], end)
             return summary
         except TrainingInterrupted:
             raise

@@ -1,0 +1,178 @@
+"""Executors: local workers pinned to device slots, Ray tasks, retries of runs whose worker dies,
+and the same metrics whichever trains them."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_zoo.comparing.executors import LocalExecutor, RayExecutor, RunEvent, device_slots, local_devices
+from transformer_zoo.comparing.progress import GridProgress
+from transformer_zoo.comparing.runner import compare, make_executor
+from transformer_zoo.comparing.runs import RunJob
+from transformer_zoo.comparing.spec import load_spec, plan
+from transformer_zoo.core.errors import ConfigError
+from transformer_zoo.training import distributed
+
+REVERSE = {"kind": "reverse", "train_size": 200, "test_size": 10, "train_lengths": [1, 5], "test_lengths": [6, 7]}
+LISTOPS = {"kind": "listops", "train_size": 200, "test_size": 10, "max_length": 32}
+GRID = {"name": "grid", "variants": ["transformer-tiny", {"variant": "transformer-tiny", "label": "narrow", "d_ff": 16}],
+        "tasks": [REVERSE, LISTOPS], "steps": 4, "seeds": [0, 1], "threads": 1, "train": {"batch_size": 4}}
+
+
+def test_workers_are_dealt_round_the_devices():
+    assert device_slots(["cuda:0", "cuda:1"], None, 1) == ["cuda:0", "cuda:1"]
+    assert device_slots(["cuda:0", "cuda:1"], None, 2) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert device_slots(["cuda:0", "cuda:1"], 3, 1) == ["cuda:0", "cuda:1", "cuda:0"]
+    assert device_slots(["cpu"], None, 1) == ["cpu"]
+
+
+def test_every_gpu_of_a_machine_gets_a_worker_by_default(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert local_devices("auto") == ["cuda:0", "cuda:1"] and local_devices("cpu") == ["cpu"]
+    runs, _ = plan(load_spec(GRID))
+    spec = load_spec({**GRID, "runs_per_device": 2})
+    executor = make_executor(spec, distributed.world(), [], [], runs, len(runs), lambda _: None)
+    assert isinstance(executor, LocalExecutor) and not executor.in_process
+    assert executor.slots == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    few = make_executor(spec, distributed.world(), [], [], runs, 3, lambda _: None)  # no worker without a run
+    assert few.slots == ["cuda:0", "cuda:1", "cuda:0"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        local_devices("cuda")
+
+
+def test_a_device_list_places_each_run_on_its_workers_slot(tmp_path):
+    spec = load_spec({**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "devices": ["cpu", "cpu"]})
+    results = compare(spec, tmp_path)
+    assert sorted(r.placed_on for r in results.runs) == ["cpu #0", "cpu #1"]  # two workers, one run each
+    assert all(r.attempts == 1 and r.resumed_from is None for r in results.runs)
+
+
+def test_ray_without_the_package_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
+    jobs = [RunJob(name="x", config={}, run_dir="x", invocation="now")]
+    with pytest.raises(ConfigError, match=r"pip install 'transformer-zoo\[ray\]'"):
+        list(RayExecutor(1).run(jobs))
+
+
+@pytest.mark.xdist_group("ray")
+def test_ray_gives_the_metrics_of_local_to_the_last_digit(tmp_path):
+    local = compare(load_spec(GRID), tmp_path / "local")
+    ray = compare(load_spec({**GRID, "executor": "ray"}), tmp_path / "ray")
+    assert len(ray.runs) == len(local.runs) == 8  # 2 variants x 2 tasks x 2 seeds
+    for a, b in zip(local.runs, ray.runs, strict=True):
+        assert (a.variant, a.task, a.seed) == (b.variant, b.task, b.seed)
+        assert a.metrics == b.metrics and a.curve == b.curve, f"{a.variant} on {a.task}, seed {a.seed}"
+        assert not b.reused and b.placed_on  # the node's address
+
+
+def _kill_a_run_mid_way(tmp_path: Path, executor: str) -> tuple[dict, str]:
+    """Run a comparison of two long runs in a child process, SIGKILL the process training one
+    of them once it has a checkpoint, and return the results and what the comparison printed."""
+    spec = {**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "steps": 600, "executor": executor,
+            "train": {"batch_size": 4, "checkpoint_every": 20}}
+    if executor == "local":
+        spec["workers"] = 2
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    out = tmp_path / "out"
+    child = subprocess.Popen([sys.executable, "-m", "transformer_zoo", "compare", str(tmp_path / "spec.json"), "--out",
+                              str(out), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, killed = time.monotonic() + 240, None
+        while killed is None and time.monotonic() < deadline and child.poll() is None:
+            for state in out.glob("runs/*/checkpoint/state.json"):
+                pid_file = state.parent.parent / ".lock.pid"
+                if pid_file.is_file() and not (state.parent.parent / "record.json").exists():
+                    killed = int(pid_file.read_text())
+                    os.kill(killed, signal.SIGKILL)
+                    break
+            time.sleep(0.02)
+        printed, errors = child.communicate(timeout=300)
+    finally:
+        child.kill()
+    assert killed is not None, f"no run had a checkpoint to kill the run at:\n{errors}"
+    assert killed != child.pid
+    assert child.returncode == 0, errors
+    return json.loads(printed), errors
+
+
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.xdist_group("ray"))])
+def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_path):
+    results, errors = _kill_a_run_mid_way(tmp_path, executor)
+    runs = sorted(results["runs"], key=lambda r: r["attempts"])
+    assert [r["attempts"] for r in runs] == [1, 2], errors  # the other run went on undisturbed
+    again = runs[1]
+    assert again["resumed_from"] is not None and again["resumed_from"] % 20 == 0 and again["resumed_from"] >= 20
+    assert again["steps"] == 600 and not results["failed"]
+    if executor == "local":
+        assert "starting it again from its last checkpoint (attempt 2)" in errors
+
+
+def test_a_run_whose_worker_keeps_dying_is_reported_failed_and_the_others_go_on(tmp_path):
+    spec = load_spec({**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "workers": 2, "retries": 1})
+    runs, _ = plan(spec)
+    jobs = [RunJob(name=f"run{seed}", config=config.model_dump(mode="json"), run_dir=str(tmp_path / f"run{seed}"),
+                   invocation="now", tags={"variant": label, "task": "listops", "seed": str(seed)})
+            for seed, (label, config) in enumerate(runs)]
+    doomed = RunJob(name="doomed", config={**jobs[0].config, "steps": 10_000}, run_dir=str(tmp_path / "doomed"),
+                    invocation="now")
+    events = []
+    executor = LocalExecutor(["cpu", "cpu"], 1, retries=1)
+    for event in executor.run([doomed, *jobs]):
+        events.append(event)
+        if event.job is doomed and event.state == "running":
+            pid = _holder(Path(doomed.run_dir))
+            os.kill(pid, signal.SIGKILL)
+    states = [(e.job.name, e.state, e.attempt) for e in events if e.state != "queued"]
+    assert ("doomed", "retried", 2) in states and ("doomed", "failed", 2) in states
+    assert "died" in next(e.error for e in events if e.state == "failed")
+    assert {(name, state) for name, state, _ in states if state == "done"} == {("run0", "done"), ("run1", "done")}
+
+
+def _holder(run_dir: Path, timeout: float = 120) -> int:
+    """The pid of the process training in ``run_dir``, once it has taken the folder's lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int((run_dir / ".lock.pid").read_text())
+        except (OSError, ValueError):
+            time.sleep(0.02)
+    raise AssertionError(f"nothing trained in {run_dir}")
+
+
+def test_progress_is_a_live_table_on_a_terminal_and_lines_in_a_log():
+    jobs = [RunJob(name=f"r{i}", config={}, run_dir=f"r{i}", invocation="now",
+                   tags={"variant": "v", "task": "t", "seed": str(i)}) for i in range(3)]
+    record = {"metrics": {"test": {"accuracy": 0.5}}, "metric": "accuracy", "wall_seconds": 3.0}
+    events = [RunEvent("running", jobs[0], "cuda:1"), RunEvent("running", jobs[1], "10.0.0.2 gpu 0"),
+              RunEvent("done", jobs[0], "cuda:1", record=record),
+              RunEvent("retried", jobs[1], "10.0.0.2 gpu 0", 2, error="its worker process died (exit code -9)"),
+              RunEvent("failed", jobs[1], "10.0.0.3", 3, error="TrainingDiverged: loss became nan at step 2\nmore")]
+    log = io.StringIO()
+    with GridProgress(jobs, log, live=False) as progress:
+        for event in events:
+            progress.event(event)
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("[1/3] v on t (seed 0): accuracy 0.5, 3 s; about")
+    assert lines[1] == ("v on t (seed 1): its worker process died (exit code -9) on 10.0.0.2 gpu 0; starting it again "
+                        "from its last checkpoint (attempt 2)")
+    assert lines[2].startswith("[2/3] v on t (seed 1) failed on 10.0.0.3 (attempt 3): TrainingDiverged: loss became nan")
+    assert len(lines) == 3, "running is not a line of its own in a log"
+    screen = io.StringIO()
+    with GridProgress(jobs, screen, live=True) as progress:
+        for event in events[:2]:
+            progress.event(event)
+    shown = screen.getvalue()
+    assert "running" in shown and "cuda:1" in shown and "10.0.0.2 gpu 0" in shown and "queued" in shown
+    assert "0/3 ended" in shown
