@@ -28,8 +28,8 @@ def test_a_runs_key_holds_what_decides_its_result_and_nothing_else():
     base = _keys(ONE)
     assert base[("transformer-tiny", 0)] != base[("transformer-tiny", 1)], "the seed"
     assert _keys({**ONE, "train": {"batch_size": 4, "checkpoint_every": 1}}) == base, "checkpoints change nothing"
-    assert _keys({**ONE, "variants": [{"variant": "transformer-tiny", "label": "other name"}]}).values() \
-        == base.values(), "a label is not content"
+    assert list(_keys({**ONE, "variants": [{"variant": "transformer-tiny", "label": "other name"}]}).values()) \
+        == list(base.values()), "a label is not content"
     assert not set(_keys({**ONE, "train": {"batch_size": 4, "lr": 3e-4}}).values()) & set(base.values())
     assert not set(_keys({**ONE, "model": {"d_ff": 16}}).values()) & set(base.values())
     assert not set(_keys({**ONE, "steps": 4}).values()) & set(base.values())

@@ -85,16 +85,33 @@ class Trackers:
     """Every tracker of one run, fed together: the CSV, TensorBoard where installed, and the
     plugins' (:meth:`~transformer_zoo.registry.Registry.trackers`)."""
 
-    def __init__(self, run: TrackedRun) -> None:
-        self.trackers: list[Tracker] = [CSVTracker(run)]
-        if tensorboard_installed():
-            self.trackers.append(TensorBoardTracker(run))
-        self.trackers += get_registry().trackers(run)
+    @classmethod
+    def open(cls, name: str | None, run_dir: Path | None, config: Any, resumed_from: int,
+             tags: dict[str, str]) -> Trackers:
+        """Every tracker of the run of ``config`` (a training config) in ``run_dir`` (None: no
+        tracker, as for a trainer without a run folder, or a process of a job but process 0),
+        named ``name`` (None: the folder's name)."""
+        if run_dir is None:
+            return cls([])
+        run = TrackedRun(name=name or run_dir.name, run_dir=run_dir, config=config.model_dump(mode="json"), resumed_from=resumed_from,
+                         tags=tags)
+        return cls([CSVTracker(run), *([TensorBoardTracker(run)] if tensorboard_installed() else []),
+                    *get_registry().trackers(run)])
+
+    def __init__(self, trackers: list[Tracker]) -> None:
+        self.trackers = trackers
         self._finished = False
 
     def log(self, step: int, scalars: dict[str, Any]) -> None:
         for tracker in self.trackers:
             tracker.log(step, scalars)
+
+    def log_row(self, row: dict[str, float], tokens_per_second: float) -> None:
+        """A learning-curve row (:func:`scalar_names`); a training row with the tokens per second so far."""
+        scalars = scalar_names(row)
+        if "loss" in row:
+            scalars["train/tokens_per_second"] = tokens_per_second
+        self.log(int(row["step"]), scalars)
 
     def finish(self, scores: dict[str, dict[str, float]] | None, step: int | None = None) -> None:
         """End every tracker; the final ``scores`` are logged first, at ``step``, as ``SPLIT/METRIC``."""

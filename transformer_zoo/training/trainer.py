@@ -33,7 +33,6 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..api import build_model
-from ..core.tracking import TrackedRun
 from ..registry import get_registry
 from . import distributed
 from .checkpointing import Checkpointer
@@ -42,7 +41,7 @@ from .config import TrainConfig, load_train_config, model_config_for
 from .interrupts import TrainingInterrupted, stop_requests
 from .placement import Placement, resolve_device
 from .step import Stepper, TrainingDiverged, flop_rates, peak_tflops
-from .tracking import Trackers, scalar_names
+from .tracking import Trackers
 
 
 class Trainer:
@@ -82,8 +81,7 @@ class Trainer:
             task: ``config.task`` already built; None: :meth:`setup` builds it.
             progress: show a progress bar with loss and throughput.
             world: the processes training together; None: those torchrun started, or this one.
-            name, tags: what the trackers call the run (default: the run folder's name) and
-                group it by (see :mod:`~transformer_zoo.training.tracking`).
+            name, tags: the run's name (default: its folder's) and tags for its trackers.
         """
         here = distributed.world() if world is None else world
         if here.size > 1 and config.batch_size % here.size:
@@ -98,8 +96,7 @@ class Trainer:
         self.start, self.history, self.tokens = 0, [], 0
         self.reached = 0
         self.step_flops: float | None = None
-        self.name, self.tags = name, tags or {}
-        self.trackers: Trackers | None = None  # opened by run, in process 0 of a trainer with a run folder
+        self.name, self.tags, self.trackers = name, tags or {}, Trackers([])  # opened by run
         self._started = time.perf_counter()
 
     # the parts' state, under the names a trainer has always given it
@@ -271,7 +268,8 @@ class Trainer:
         """
         end = self.config.steps if stop_after is None else min(self.config.steps, stop_after)
         started = self._started = time.perf_counter()
-        self.open_trackers()
+        self.trackers = Trackers.open(self.name, self.run_dir if self.placement.here.main else None, self.config,
+                                      self.start, self.tags)
         try:
             end = self.train_steps(end, started)
             elapsed = time.perf_counter() - started
@@ -281,34 +279,18 @@ class Trainer:
             if not self.placement.here.main:
                 return {"step": end, "rank": self.placement.here.rank}
             summary = self.summary(end, elapsed)
-            if self.trackers is not None:
-                self.trackers.finish(summary["metrics"], end)
+            self.trackers.finish(summary["metrics"], end)
             return summary
         except TrainingInterrupted:
             raise
         except KeyboardInterrupt:  # a second Ctrl-C, or one outside the steps: the last checkpoint stands
             raise self.interrupted() from None
         finally:
-            if self.trackers is not None:
-                self.trackers.finish(None)  # no-op after the final scores
-
-    def open_trackers(self) -> None:
-        """Start following the run (:class:`~transformer_zoo.training.tracking.Trackers`), in
-        process 0 of a trainer with a run folder."""
-        if self.run_dir is None or not self.placement.here.main:
-            return
-        run = TrackedRun(name=self.name or self.run_dir.name, run_dir=self.run_dir,
-                         config=self.config.model_dump(mode="json"), resumed_from=self.start, tags=self.tags)
-        self.trackers = Trackers(run)
+            self.trackers.finish(None)  # no-op after the final scores
 
     def track(self, row: dict[str, float]) -> None:
-        """Hand a learning-curve row to the trackers; a training row with the tokens per second so far."""
-        if self.trackers is None:
-            return
-        scalars = scalar_names(row)
-        if "loss" in row:
-            scalars["train/tokens_per_second"] = self.tokens / max(time.perf_counter() - self._started, 1e-9)
-        self.trackers.log(int(row["step"]), scalars)
+        """Hand a learning-curve row to the trackers, with the tokens per second so far."""
+        self.trackers.log_row(row, self.tokens / max(time.perf_counter() - self._started, 1e-9))
 
     def train_steps(self, end: int, started: float) -> int:
         """Steps :attr:`start` up to ``end``, the first counted; returns the step reached (earlier
@@ -362,8 +344,7 @@ class Trainer:
             loss = self.placement.mean(loss)  # the global batch's
             several = len(self.phases) > 1
             phase_losses = {f"loss_{name}": value for name, value in losses.items()} if several else {}
-            norms = ({f"grad_norm_{name}": self.stepper.grad_norm(name) for name in losses} if several
-                     else {"grad_norm": self.stepper.grad_norm(first)})
+            norms = {f"grad_norm_{name}" if several else "grad_norm": self.stepper.grad_norm(name) for name in losses}
             self.history.append({"step": done, "loss": loss, **phase_losses,
                                  "lr": self.schedulers[first].get_last_lr()[0], **norms})
             self.track(self.history[-1])
@@ -426,9 +407,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Tru
         stop_after: stop (after checkpointing) once this step is reached, as an interruption would.
         task: ``config.task`` already built (a comparison builds each task once for all its
             seeds); None: built here.
-        name, tags: what the trackers call the run and group it by (default: the run folder's
-            name); its scalars go to ``scalars.csv``, TensorBoard event files where
-            ``tensorboard`` is installed, and the plugins' trackers.
+        name, tags: the run's name (default: its folder's) and tags for its trackers.
 
     Raises:
         RunFolderBusy: another run trains in ``run_dir``.
