@@ -3,6 +3,7 @@ and the same metrics whichever trains them."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -80,7 +81,7 @@ def test_ray_gives_the_metrics_of_local_to_the_last_digit(tmp_path):
 def _kill_a_run_mid_way(tmp_path: Path, executor: str) -> tuple[dict, str]:
     """Run a comparison of two long runs in a child process, SIGKILL the process training one
     of them once it has a checkpoint, and return the results and what the comparison printed."""
-    spec = {**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "steps": 600, "executor": executor,
+    spec = {**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "steps": 300, "executor": executor,
             "train": {"batch_size": 4, "checkpoint_every": 20}}
     if executor == "local":
         spec["workers"] = 2
@@ -114,7 +115,7 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_
     assert [r["attempts"] for r in runs] == [1, 2], errors  # the other run went on undisturbed
     again = runs[1]
     assert again["resumed_from"] is not None and again["resumed_from"] % 20 == 0 and again["resumed_from"] >= 20
-    assert again["steps"] == 600 and not results["failed"]
+    assert again["steps"] == 300 and not results["failed"]
     if executor == "local":
         assert "starting it again from its last checkpoint (attempt 2)" in errors
 
@@ -127,27 +128,30 @@ def test_a_run_whose_worker_keeps_dying_is_reported_failed_and_the_others_go_on(
             for seed, (label, config) in enumerate(runs)]
     doomed = RunJob(name="doomed", config={**jobs[0].config, "steps": 10_000}, run_dir=str(tmp_path / "doomed"),
                     invocation="now")
-    events = []
+    events, killed = [], set()
     executor = LocalExecutor(["cpu", "cpu"], 1, retries=1)
     for event in executor.run([doomed, *jobs]):
         events.append(event)
         if event.job is doomed and event.state == "running":
-            pid = _holder(Path(doomed.run_dir))
+            pid = _holder(Path(doomed.run_dir), killed)
             os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
     states = [(e.job.name, e.state, e.attempt) for e in events if e.state != "queued"]
     assert ("doomed", "retried", 2) in states and ("doomed", "failed", 2) in states
     assert "died" in next(e.error for e in events if e.state == "failed")
     assert {(name, state) for name, state, _ in states if state == "done"} == {("run0", "done"), ("run1", "done")}
 
 
-def _holder(run_dir: Path, timeout: float = 120) -> int:
-    """The pid of the process training in ``run_dir``, once it has taken the folder's lock."""
+def _holder(run_dir: Path, dead: set[int], timeout: float = 120) -> int:
+    """The pid of the process training in ``run_dir`` once it has taken the folder's lock (not one
+    of the ``dead``, whose pid a killed holder left behind)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            return int((run_dir / ".lock.pid").read_text())
-        except (OSError, ValueError):
-            time.sleep(0.02)
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((run_dir / ".lock.pid").read_text())
+            if pid not in dead:
+                return pid
+        time.sleep(0.02)
     raise AssertionError(f"nothing trained in {run_dir}")
 
 

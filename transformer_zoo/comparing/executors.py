@@ -16,7 +16,9 @@ reported failed at once (it would fail again). The other runs go on either way.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sys
 import traceback
 from abc import ABC, abstractmethod
 from collections import deque
@@ -295,6 +297,12 @@ class RayExecutor(Executor):
 
     def run(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
         ray = import_ray()
+        # Ray's driver prints its workers' and raylets' messages (a worker died) to standard output, which
+        # is the command's result (--json): while Ray runs, they go to standard error with the progress
+        with contextlib.redirect_stdout(sys.stderr):
+            yield from self._run(ray, jobs)
+
+    def _run(self, ray: Any, jobs: list[RunJob]) -> Iterator[RunEvent]:
         from ray.util.queue import Empty, Queue
 
         started_here = not ray.is_initialized()
