@@ -1,8 +1,8 @@
 """The default comparison under the local executor (the reference) and under Ray, on this
 machine: the wall time of each whole comparison, and Ray's overhead per run.
 
-Each comparison runs in a fresh process (``tzoo compare --json``) into a fresh report folder, so
-both train every run; they run one after the other, never at once. The overhead per run is
+Each comparison runs in a fresh process (``tzoo compare --json --rerun``) into a fresh report
+folder, so both train every run, whatever cache the spec names; they run one after the other, never at once. The overhead per run is
 (Ray's wall time - local's) / runs: Ray's start, its worker processes' imports and scheduling,
 shared by the runs. The metrics of the two must be equal, run by run; the table says so.
 
@@ -24,7 +24,7 @@ from .common import bench_parser, write_json
 def run_comparison(executor: str, spec: Path, seeds: str | None, out: Path) -> tuple[float, dict]:
     """Wall seconds of one ``tzoo compare`` of ``spec`` in a fresh process, and its results."""
     command = [sys.executable, "-m", "transformer_zoo", "compare", str(spec), "--out", str(out), "--executor", executor,
-               "--json", *(["--seeds", seeds] if seeds else [])]
+               "--json", "--rerun", *(["--seeds", seeds] if seeds else [])]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started

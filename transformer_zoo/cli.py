@@ -394,11 +394,6 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_rows(console, rows, f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}")
     elif args.command == "compare":
         console.print(f"report: {result['report']}")
-    if args.command == "compare" and result.get("failed"):
-        err.print(f"[bold red]error:[/] {len(result['failed'])} run(s) failed (the report lists them and their errors; "
-                  "the others are summarized without them); fix the cause and run the same command again to train "
-                  "only those", highlight=False, markup=True, soft_wrap=True)
-        return 1
     elif args.command == "reproduce":
         if isinstance(result, list):
             _print_rows(console, result, "studies")
@@ -411,4 +406,9 @@ def _main(argv: Sequence[str] | None) -> int:
     elif args.command == "show":
         print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
         print(f"# parameters: {result['parameters']:,}")
+    if args.command == "compare" and result.get("failed"):
+        err.print(f"[bold red]error:[/] {len(result['failed'])} run(s) failed (the report lists them and their errors; "
+                  "the others are summarized without them); fix the cause and run the same command again to train "
+                  "only those", highlight=False, markup=True, soft_wrap=True)
+        return 1
     return 0

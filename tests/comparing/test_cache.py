@@ -21,7 +21,8 @@ NARROW = {"variant": "transformer-tiny", "label": "narrow", "d_ff": 16}
 def _keys(spec: dict) -> dict[tuple[str, int], str]:
     runs, _ = plan(load_spec(spec))
     task = load_spec(spec).tasks[0].build()
-    return {(label, config.seed): run_key(config, model_config_for(config, task)) for label, config in runs}
+    return {(label, config.seed): run_key(config, model_config_for(config, task), load_spec(spec).probes)
+            for label, config in runs}
 
 
 def test_a_runs_key_holds_what_decides_its_result_and_nothing_else():
@@ -34,6 +35,26 @@ def test_a_runs_key_holds_what_decides_its_result_and_nothing_else():
     assert not set(_keys({**ONE, "model": {"d_ff": 16}}).values()) & set(base.values())
     assert not set(_keys({**ONE, "steps": 4}).values()) & set(base.values())
     assert not set(_keys({**ONE, "tasks": [{**LISTOPS, "train_size": 201}]}).values()) & set(base.values())
+    assert not set(_keys({**ONE, "probes": ["attention"]}).values()) & set(base.values()), "the record holds probes"
+    assert _keys({**ONE, "train": {"batch_size": 4, "peak_tflops": 100.0}}) == base
+
+
+def test_a_runs_key_follows_its_local_data_files(tmp_path):
+    from transformer_zoo.registry import get_registry
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.txt").write_text("a b c\n" * 50)
+    runs, _ = plan(load_spec(ONE))
+    config = runs[0][1]
+    model = model_config_for(config, load_spec(ONE).tasks[0].build())
+    text = get_registry().component("task", "language-modeling").model_validate({"kind": "language-modeling",
+                                                                                 "files": str(data)})
+    on_text = config.model_copy(update={"task": text})
+    before = run_key(on_text, model)
+    assert run_key(on_text, model) == before
+    (data / "train.txt").write_text("a b c d\n" * 50)
+    assert run_key(on_text, model) != before, "the same config over other data is another run"
 
 
 def test_adding_a_variant_trains_only_its_runs_and_a_new_lr_only_the_runs_it_changes(tmp_path, capsys):

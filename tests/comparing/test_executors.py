@@ -48,6 +48,10 @@ def test_every_gpu_of_a_machine_gets_a_worker_by_default(monkeypatch):
     assert executor.slots == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
     few = make_executor(spec, distributed.world(), [], [], runs, 3, lambda _: None)  # no worker without a run
     assert few.slots == ["cuda:0", "cuda:1", "cuda:0"]
+    with pytest.raises(ConfigError, match=r"devices \['cuda:2', 'gpu0'\] are not devices of this machine; name cpu or "
+                                          r"cuda:0 or cuda:1"):
+        make_executor(load_spec({**spec.model_dump(mode="json"), "devices": ["cuda:1", "cuda:2", "gpu0"]}),
+                      distributed.world(), [], [], runs, len(runs), lambda _: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="no CUDA device"):
         local_devices("cuda")

@@ -31,7 +31,7 @@ import torch
 
 from ..core.errors import ConfigError
 from ..registry import get_registry
-from .runs import RunJob, available_cores, execute
+from .runs import RunJob, attempts_so_far, available_cores, execute
 
 State = Literal["queued", "running", "retried", "done", "failed"]
 
@@ -99,6 +99,20 @@ def local_devices(config_device: str) -> list[str]:
     return ["cpu"]
 
 
+def check_devices(devices: list[str]) -> None:
+    """Refuse a device list naming what this machine does not have.
+
+    Raises:
+        ConfigError: a device that is neither ``cpu`` nor ``cuda:N`` of one of this machine's GPUs.
+    """
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    known = ["cpu", *(f"cuda:{i}" for i in range(count))]
+    wrong = [device for device in devices if device not in known]
+    if wrong:
+        raise ConfigError(f"devices {wrong} are not devices of this machine; name {' or '.join(known)} (this machine "
+                          f"has {count} GPU(s)), or leave devices out to use every GPU")
+
+
 def use_device(device: str) -> None:
     """Make ``device`` this process's own: a CUDA device becomes the current one, so that runs on
     ``auto`` or ``cuda`` train on it."""
@@ -121,8 +135,15 @@ def enter_worker(plugins: list[str], threads: int, device: str) -> None:
 def _serve(conn: connection.Connection, plugins: list[str], threads: int, device: str, where: str) -> None:
     """A local worker on ``device`` (``where`` as progress names it): train each job it is sent,
     answering ``("done", record)`` or ``("failed", error)``, until it is sent None."""
-    enter_worker(plugins, threads, device)
+    try:
+        enter_worker(plugins, threads, device)
+        broken = None
+    except Exception as exc:  # a plugin that does not import, a device that is not there: every run is told
+        broken = f"the worker on {where} could not start: {describe(exc)}"
     while (job := conn.recv()) is not None:
+        if broken is not None:
+            conn.send(("failed", broken))
+            continue
         try:
             conn.send(("done", execute(job, where)))
         except Exception as exc:  # the run failed; the worker trains the next
@@ -196,9 +217,16 @@ class LocalExecutor(Executor):
                         if slot not in workers:
                             start(slot)
                         job = busy[slot] = pending.popleft()
+                        try:
+                            workers[slot][1].send(job)
+                        except OSError:  # the idle worker died: another takes its place, and the job
+                            pending.appendleft(busy.pop(slot))
+                            self._end(*workers.pop(slot))
+                            continue
                         attempts[job.run_dir] += 1
-                        workers[slot][1].send(job)
                         yield RunEvent("running", job, self._where(slot), attempts[job.run_dir])
+                if not busy:  # every idle worker had died: start others
+                    continue
                 ready = connection.wait([workers[slot][1] for slot in busy] + [workers[slot][0].sentinel for slot in busy])
                 for slot in [s for s in busy if workers[s][1] in ready or workers[s][0].sentinel in ready]:
                     process, conn = workers[slot]
@@ -221,19 +249,24 @@ class LocalExecutor(Executor):
                         yield RunEvent("done", job, where, attempt, record=value)
                     else:
                         yield RunEvent("failed", job, where, attempt, error=value)
-                if not pending and not busy:
-                    for process, conn in workers.values():
-                        conn.send(None)  # no more work: the workers end
         finally:
             stopped = bool(pending or busy)  # Ctrl-C, or the caller stopped listening
             for process, conn in workers.values():
-                if stopped and process.is_alive():
-                    process.terminate()  # a run keeps its last checkpoint
-                process.join(timeout=30)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
-                conn.close()
+                self._end(process, conn, stopped)
+
+    @staticmethod
+    def _end(process: Any, conn: connection.Connection, stop: bool = True) -> None:
+        """End a worker: told there is no more work, or stopped (its run keeps its last checkpoint)."""
+        if stop and process.is_alive():
+            process.terminate()
+        else:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        conn.close()
 
     def _where(self, slot: int) -> str:
         return self.slots[slot] if self.slots.count(self.slots[slot]) == 1 else f"{self.slots[slot]} #{slot}"
@@ -259,8 +292,6 @@ def import_ray() -> Any:
 def _ray_run(job: RunJob, plugins: list[str], threads: int, gpus: float, news: Any) -> dict[str, Any] | None:
     """One run as a Ray task: tell the driver where it starts (a second start is a retry), then train it."""
     import ray
-
-    from .runs import attempts_so_far
 
     enter_worker(plugins, threads, "cuda:0" if gpus else "cpu")  # Ray shows the task only the GPUs it was given
     where = ray.util.get_node_ip_address() + (f" gpu {','.join(map(str, ray.get_gpu_ids()))}" if gpus else "")
@@ -338,10 +369,12 @@ class RayExecutor(Executor):
                     try:
                         record = ray.get(ref)
                     except ray.exceptions.RayTaskError as exc:  # the run raised: it would again
-                        yield RunEvent("failed", job, error=describe(exc.cause) if exc.cause else str(exc))
+                        yield RunEvent("failed", job, attempt=attempts_so_far(job.run_dir, job.invocation),
+                                       error=describe(exc.cause) if exc.cause else str(exc))
                         continue
                     except ray.exceptions.RayError as exc:  # its worker or node died once more than it may
-                        yield RunEvent("failed", job, error=f"{describe(exc)} (after {self.retries} retries)")
+                        yield RunEvent("failed", job, attempt=attempts_so_far(job.run_dir, job.invocation),
+                                       error=f"{describe(exc)} (after {self.retries} retries)")
                         continue
                     yield RunEvent("done", job, (record or {}).get("placed_on", ""), (record or {}).get("attempts", 1),
                                    record=record)

@@ -36,7 +36,14 @@ from ..training.config import TrainConfig
 from ..training.placement import resolve_device
 from ..training.trainer import TrainingInterrupted, model_config_for
 from .cache import RunCache, run_key
-from .executors import Executor, LocalExecutor, RayExecutor, device_slots, local_devices
+from .executors import (
+    Executor,
+    LocalExecutor,
+    RayExecutor,
+    check_devices,
+    device_slots,
+    local_devices,
+)
 from .progress import GridProgress, duration
 from .records import CompareResults, Failed, RunRecord
 from .runs import (
@@ -148,11 +155,12 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     out_dir.mkdir(parents=True, exist_ok=True)
     invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
     tasks = {options.kind: options.build() for options in spec.tasks}
-    cache = RunCache(check_folder(spec.cache, "run cache") if spec.cache else out_dir / "runs")
+    # absolute: a Ray task on another node does not run in this folder
+    cache = RunCache((check_folder(spec.cache, "run cache") if spec.cache else out_dir / "runs").resolve())
     by_key: dict[str, str] = {}  # two labels of one config are one run, in one folder
     folders = []
     for label, config in runs:
-        key = run_key(config, model_config_for(config, tasks[config.task.kind]))
+        key = run_key(config, model_config_for(config, tasks[config.task.kind]), spec.probes)
         folders.append(by_key.setdefault(key, str(cache.folder(label, config, key))))
     cached = {} if rerun else {folder: record for folder in set(folders) if (record := finished_record(folder))}
     todo = {}  # folder -> (label, config): each run once, even when two labels name the same config
@@ -164,17 +172,15 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
             f"{cache.root}" + (f"; training the other {len(todo)}" if todo else "; nothing to train")
             + " (--rerun trains them all again)")
     executor = make_executor(spec, here, carried, stranded, runs, len(todo), say)
-    # a bar redraws with carriage returns: only for one run at a time in this process, on a terminal (but no table)
-    bars = False
     # the largest budgets (steps x batch) start first, so that no long run is left to finish alone
     order = sorted(todo.items(), key=lambda item: -item[1][1].steps * item[1][1].batch_size)
     jobs = [RunJob(name=f"{config.task.kind}/{label}/seed{config.seed}", config=config.model_dump(mode="json"),
-                   run_dir=folder, invocation=invocation, probes=tuple(spec.probes), rerun=rerun, progress=bars,
+                   run_dir=folder, invocation=invocation, probes=tuple(spec.probes), rerun=rerun,
                    tags={"task": config.task.kind, "variant": label, "seed": str(config.seed)})
               for folder, (label, config) in order]
     finished, failed = dict(cached), {}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_interruptions(finished, len(runs), out_dir))  # entered first: left after the executor
+        stack.enter_context(_interruptions(finished, len(set(folders)), cache.root))  # entered first: left after the executor
         progress = stack.enter_context(GridProgress(jobs, live=None if here.main else False))
         events = executor.run(jobs)
         stack.callback(events.close)  # Ctrl-C: the executor stops what still trains
@@ -235,13 +241,14 @@ def make_executor(spec: CompareSpec, here: distributed.World, carried: list[str]
         say(f"{count} runs, one at a time over the job's {here.size} processes")
         return LocalExecutor([""], torch.get_num_threads(), carried, spec.retries, in_process=True, fail_fast=True)
     devices = spec.devices or local_devices(runs[0][1].device)
+    check_devices(devices)
     slots = device_slots(devices, spec.workers, spec.runs_per_device)[:max(count, 1)]
-    threads = run_threads(spec, len(slots))
     if stranded and len(slots) > 1:  # a worker could not register them: train here, one run at a time
         slots = slots[:1]
         say(f"plugin(s) {', '.join(stranded)} are not importable modules, so no worker process could register them: "
             "the runs train in this process, one at a time (put a plugin's hooks in a module and pass --plugin "
             "MODULE to train in workers)")
+    threads = run_threads(spec, len(slots))
     on = "" if devices == ["cpu"] else f" on {', '.join(dict.fromkeys(slots))}"
     say(f"{count} runs, {len(slots)} at a time{on}, {threads} CPU threads each")
     return LocalExecutor(slots, threads, carried, spec.retries)
@@ -272,7 +279,7 @@ class ComparisonInterrupted(KeyboardInterrupt):
     """A comparison stopped by Ctrl-C; the message says what is kept and how to go on."""
 
 @contextlib.contextmanager
-def _interruptions(records: dict, total: int, out_dir: Path) -> Iterator[None]:
+def _interruptions(records: dict, total: int, runs: Path) -> Iterator[None]:
     """Ctrl-C while the runs train, as one :class:`ComparisonInterrupted` saying what is kept."""
     try:
         yield
@@ -282,6 +289,6 @@ def _interruptions(records: dict, total: int, out_dir: Path) -> Iterator[None]:
         else:
             current = "runs in progress keep their last checkpoints"
         raise ComparisonInterrupted(
-            f"comparison interrupted with {len(records)} of {total} runs finished (in {out_dir / 'runs'}); {current}; "
+            f"comparison interrupted with {len(records)} of {total} runs finished (in {runs}); {current}; "
             "run the same command again to go on: finished runs are reused and the others resume from their "
             "checkpoints") from None

@@ -21,6 +21,7 @@ import torch
 
 from ..api import from_pretrained, load_config
 from ..core.model import atomic_write
+from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.placement import resolve_device
 from ..training.step import Stepper
@@ -108,8 +109,12 @@ def execute(job: RunJob, where: str = "") -> dict[str, Any] | None:
         where: the device or node it trains on, as progress shows it.
     """
     run_dir = Path(job.run_dir)
-    attempt = count_attempt(run_dir, job.invocation)
-    fresh = job.rerun and attempt == 1
+    here = distributed.world()
+    if here.launched:  # a torchrun job's processes train each run together, and nothing retries them
+        attempt, fresh = 1, job.rerun
+    else:
+        attempt = count_attempt(run_dir, job.invocation)
+        fresh = job.rerun and attempt == 1
     if fresh:
         (run_dir / RECORD).unlink(missing_ok=True)
     config = TrainConfig.model_validate(job.config)

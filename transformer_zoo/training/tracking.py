@@ -70,7 +70,7 @@ class TensorBoardTracker:
         from torch.utils.tensorboard import SummaryWriter
 
         # what an earlier attempt logged after the checkpoint (the steps after resumed_from) is dropped
-        self._writer = SummaryWriter(log_dir=str(run.run_dir), purge_step=run.resumed_from + 1 if run.resumed_from else None)
+        self._writer = SummaryWriter(log_dir=str(run.run_dir), purge_step=run.resumed_from + 1)
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         for name, value in scalars.items():
