@@ -57,17 +57,12 @@ def test_every_gpu_of_a_machine_gets_a_worker_by_default(monkeypatch):
         local_devices("cuda")
 
 
-def test_a_device_list_places_each_run_on_its_workers_slot(tmp_path):
-    spec = load_spec({**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "devices": ["cpu", "cpu"]})
-    results = compare(spec, tmp_path)
-    assert sorted(r.placed_on for r in results.runs) == ["cpu #0", "cpu #1"]  # two workers, one run each
-    assert all(r.attempts == 1 and r.resumed_from is None for r in results.runs)
-
-
 def test_ray_without_the_package_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
     jobs = [RunJob(name="x", config={}, run_dir="x", invocation="now")]
-    with pytest.raises(ConfigError, match=r"pip install 'transformer-zoo\[ray\]'"):
+    with pytest.raises(ConfigError, match=r"executor 'ray' \(every node of a cluster needs it, and transformer-zoo\) "
+                                          r"needs ray, which is not installed; install it with pip install "
+                                          r"'transformer-zoo\[ray\]'"):
         list(RayExecutor(1).run(jobs))
 
 
@@ -88,7 +83,7 @@ def _kill_a_run_mid_way(tmp_path: Path, executor: str) -> tuple[dict, str]:
     spec = {**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "steps": 300, "executor": executor,
             "train": {"batch_size": 4, "checkpoint_every": 20}}
     if executor == "local":
-        spec["workers"] = 2
+        spec["devices"] = ["cpu", "cpu"]  # a device list: a worker on each
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = tmp_path / "out"
     child = subprocess.Popen([sys.executable, "-m", "transformer_zoo", "compare", str(tmp_path / "spec.json"), "--out",
@@ -122,6 +117,7 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_
     assert again["steps"] == 300 and not results["failed"]
     if executor == "local":
         assert "starting it again from its last checkpoint (attempt 2)" in errors
+        assert sorted(r["placed_on"] for r in runs) == ["cpu #0", "cpu #1"]  # each run on its worker's slot
 
 
 def test_a_run_whose_worker_keeps_dying_is_reported_failed_and_the_others_go_on(tmp_path):
@@ -129,7 +125,7 @@ def test_a_run_whose_worker_keeps_dying_is_reported_failed_and_the_others_go_on(
     runs, _ = plan(spec)
     jobs = [RunJob(name=f"run{seed}", config=config.model_dump(mode="json"), run_dir=str(tmp_path / f"run{seed}"),
                    invocation="now", tags={"variant": label, "task": "listops", "seed": str(seed)})
-            for seed, (label, config) in enumerate(runs)]
+            for seed, (label, config) in enumerate(runs[:1])]
     doomed = RunJob(name="doomed", config={**jobs[0].config, "steps": 10_000}, run_dir=str(tmp_path / "doomed"),
                     invocation="now")
     events, killed = [], set()
@@ -143,7 +139,7 @@ def test_a_run_whose_worker_keeps_dying_is_reported_failed_and_the_others_go_on(
     states = [(e.job.name, e.state, e.attempt) for e in events if e.state != "queued"]
     assert ("doomed", "retried", 2) in states and ("doomed", "failed", 2) in states
     assert "died" in next(e.error for e in events if e.state == "failed")
-    assert {(name, state) for name, state, _ in states if state == "done"} == {("run0", "done"), ("run1", "done")}
+    assert [name for name, state, _ in states if state == "done"] == ["run0"]
 
 
 def _holder(run_dir: Path, dead: set[int], timeout: float = 120) -> int:

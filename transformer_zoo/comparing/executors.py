@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, optional
 from ..registry import get_registry
 from .runs import RunJob, attempts_so_far, available_cores, execute
 
@@ -272,27 +272,19 @@ class LocalExecutor(Executor):
         return self.slots[slot] if self.slots.count(self.slots[slot]) == 1 else f"{self.slots[slot]} #{slot}"
 
 
-RAY_INSTALL = "pip install 'transformer-zoo[ray]'"
-
-
-def import_ray() -> Any:
-    """The ``ray`` package.
+def import_ray(module: str = "ray") -> Any:
+    """The ``ray`` package (or one of its modules), an optional dependency.
 
     Raises:
-        ConfigError: it is not installed; the message says how to install it.
+        ConfigError: it is not installed; the message says how to install it (on every node of
+            a cluster, with transformer-zoo).
     """
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(f"executor 'ray' needs the ray package, which is not installed; install it with {RAY_INSTALL} "
-                          "(every node of a cluster needs it, and transformer-zoo, too), or use executor local") from None
-    return ray
+    return optional(module, "ray", "executor 'ray' (every node of a cluster needs it, and transformer-zoo)")
 
 
 def _ray_run(job: RunJob, plugins: list[str], threads: int, gpus: float, news: Any) -> dict[str, Any] | None:
     """One run as a Ray task: tell the driver where it starts (a second start is a retry), then train it."""
-    import ray
-
+    ray = import_ray()
     enter_worker(plugins, threads, "cuda:0" if gpus else "cpu")  # Ray shows the task only the GPUs it was given
     where = ray.util.get_node_ip_address() + (f" gpu {','.join(map(str, ray.get_gpu_ids()))}" if gpus else "")
     attempt = attempts_so_far(job.run_dir, job.invocation) + 1
@@ -334,8 +326,7 @@ class RayExecutor(Executor):
             yield from self._run(ray, jobs)
 
     def _run(self, ray: Any, jobs: list[RunJob]) -> Iterator[RunEvent]:
-        from ray.util.queue import Empty, Queue
-
+        queue = import_ray("ray.util.queue")
         started_here = not ray.is_initialized()
         if started_here:
             options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
@@ -349,7 +340,7 @@ class RayExecutor(Executor):
             if gpus is None:
                 gpus = 1 / self.runs_per_device if ray.cluster_resources().get("GPU", 0) and not all(
                     job.config.get("device") == "cpu" for job in jobs) else 0
-            news = Queue(actor_options={"num_cpus": 0})
+            news = queue.Queue(actor_options={"num_cpus": 0})
             task = ray.remote(_ray_run).options(num_cpus=self.threads, num_gpus=gpus, max_retries=self.retries,
                                                 retry_exceptions=False)
             by_folder = {job.run_dir: job for job in jobs}
@@ -361,7 +352,7 @@ class RayExecutor(Executor):
                 while True:
                     try:
                         state, folder, where, attempt = news.get_nowait()
-                    except Empty:
+                    except queue.Empty:
                         break
                     yield RunEvent(state, by_folder[folder], where, attempt)
                 for ref in ready:

@@ -84,7 +84,8 @@ class Stepper:
         phases: the model's training phases, stepped in turn on every batch.
         optimizers, schedulers: each phase's AdamW and learning-rate schedule, by phase name.
         bf16: whether the forward runs under bfloat16 autocast (asked for, and on CUDA).
-        grad_norms: each phase's gradient norm (before clipping) at the last step, a tensor.
+        grad_norms: each phase's gradient norm (before clipping) at the last step the curve
+            records (at every step with clipping), a tensor.
     """
 
     def __init__(self, config: TrainConfig, task: Any, model: torch.nn.Module,
@@ -161,14 +162,19 @@ class Stepper:
                 self.optimizers[phase.name].zero_grad(set_to_none=True)
                 loss.backward()
                 if self.config.grad_clip is not None:
-                    norm = torch.nn.utils.clip_grad_norm_(phase.parameters, self.config.grad_clip)
-                else:
-                    norm = torch.nn.utils.get_total_norm([p.grad for p in phase.parameters if p.grad is not None])
-                self.grad_norms[phase.name] = norm.detach()
+                    self.grad_norms[phase.name] = torch.nn.utils.clip_grad_norm_(phase.parameters,
+                                                                                 self.config.grad_clip).detach()
+                elif self.logged(step):  # unclipped: the norm is computed only where the curve records it
+                    self.grad_norms[phase.name] = torch.nn.utils.get_total_norm(
+                        [p.grad for p in phase.parameters if p.grad is not None]).detach()
                 self.optimizers[phase.name].step()
                 self.schedulers[phase.name].step()
             losses[phase.name] = loss.item()
         return losses
+
+    def logged(self, step: int) -> bool:
+        """Whether the learning curve records step ``step`` (counted from 0)."""
+        return (step + 1) % self.config.log_every == 0 or step + 1 == self.config.steps
 
     def grad_norm(self, phase: str) -> float:
         """``phase``'s gradient norm at the last step (over every process's shards)."""
