@@ -21,7 +21,9 @@ in :mod:`transformer_zoo.plugins.local_global.kernels`, local 2-D attention over
 from __future__ import annotations
 
 import functools
+import weakref
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -93,23 +95,88 @@ def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPat
     """The pattern's attention through FlexAttention's block mask (``torch.nn.attention``).
 
     Compiled, FlexAttention skips the blocks the mask rules out; uncompiled (for tests) it
-    computes the dense product.
+    computes the dense product. The block mask comes from :data:`BLOCK_MASKS`: built once per
+    pattern, length and padding, and reused by every layer and step that asks again.
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    # Compiled, the block mask is built block by block; eager, it evaluates all n x n pairs.
+    make_mask, attend = _compiled_flex(q.device.type) if compiled else (create_block_mask, flex_attention)
     q_len, k_len = q.size(-2), k.size(-2)
+    if torch.compiler.is_compiling():  # inside a compiled model the mask is part of its graph
+        return attend(q, k, v, block_mask=_block_mask(make_mask, pattern, q_len, k_len, padding, q.device))
+    key = (pattern, q_len, k_len, q.device, compiled)
+    block_mask = BLOCK_MASKS.get(key, padding)
+    if block_mask is None:
+        block_mask = BLOCK_MASKS.put(key, padding, _block_mask(make_mask, pattern, q_len, k_len, padding, q.device))
+    return attend(q, k, v, block_mask=block_mask)
+
+
+def _block_mask(make_mask: Callable, pattern: AttentionPattern, q_len: int, k_len: int, padding: Tensor | None,
+                device: torch.device):
     offset = k_len - q_len
-    allowed = pattern.rule(k_len, q.device)
+    allowed = pattern.rule(k_len, device)
 
     def mask_mod(b, h, q_idx, kv_idx):
         see = allowed(q_idx + offset, kv_idx)
         return see if padding is None else see & padding[b, kv_idx]
 
-    batch = None if padding is None else q.size(0)
-    # Compiled, the block mask is built block by block; eager, it evaluates all n x n pairs.
-    make_mask, attend = _compiled_flex(q.device.type) if compiled else (create_block_mask, flex_attention)
-    block_mask = make_mask(mask_mod, batch, None, q_len, k_len, device=q.device)
-    return attend(q, k, v, block_mask=block_mask)
+    batch = None if padding is None else padding.size(0)
+    return make_mask(mask_mod, batch, None, q_len, k_len, device=device)
+
+
+class BlockMaskCache:
+    """FlexAttention block masks by pattern, lengths, device and padding, the least recently used
+    dropped past ``size``.
+
+    Without padding a mask is found by its key alone, so every layer and every step of one
+    length shares it. With padding, the mask belongs to that padding tensor: it is found only
+    when the same tensor, unchanged since (its version counter), is passed again, as the layers
+    of one forward pass it. A new batch's padding, even one equal in value, builds a new mask
+    (comparing the values would read them back from the device at every call); no other
+    padding ever reuses it.
+    """
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._masks: OrderedDict[tuple, tuple[Callable[[], Tensor | None] | None, int, object]] = OrderedDict()
+        self.built = 0  # masks built, for tests and benchmarks
+
+    @staticmethod
+    def _full_key(key: tuple, padding: Tensor | None) -> tuple:
+        return key if padding is None else (*key, id(padding))
+
+    def get(self, key: tuple, padding: Tensor | None = None):
+        """The mask stored for ``key`` and ``padding``, or None."""
+        full = self._full_key(key, padding)
+        entry = self._masks.get(full)
+        if entry is None:
+            return None
+        ref, version, mask = entry
+        if padding is not None and (ref() is not padding or version != padding._version):
+            del self._masks[full]  # that padding tensor is gone (its id reused) or was changed in place
+            return None
+        self._masks.move_to_end(full)
+        return mask
+
+    def put(self, key: tuple, padding: Tensor | None, mask):
+        """Store ``mask`` for ``key`` and ``padding``; returns it."""
+        ref = None if padding is None else weakref.ref(padding)
+        self._masks[self._full_key(key, padding)] = (ref, 0 if padding is None else padding._version, mask)
+        self.built += 1
+        while len(self._masks) > self.size:
+            self._masks.popitem(last=False)
+        return mask
+
+    def clear(self) -> None:
+        self._masks.clear()
+
+    def __len__(self) -> int:
+        return len(self._masks)
+
+
+BLOCK_MASKS = BlockMaskCache()
+"""The block masks of :func:`flex_attention_kernel`, shared by every sparse kind in this process."""
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.local_attention import flex_attention_kernel
+from transformer_zoo.core.local_attention import BLOCK_MASKS, BlockMaskCache, flex_attention_kernel
 from transformer_zoo.plugins.local_global.kernels import chunked_attention
 
 from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
@@ -75,6 +75,47 @@ def test_compiled_flex_kernel_on_cpu_equals_the_chunked_kernel():
     expected = chunked_attention(q, k, v, p, padding)
     torch.testing.assert_close(out[0], expected[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[1, :, :120], expected[1, :, :120], atol=1e-5, rtol=1e-5)  # padding rows differ
+
+
+def test_the_block_mask_is_built_once_per_pattern_length_and_padding_and_reused():
+    """Every layer of a forward and every step of one length shares the block mask; a padding
+    tensor gets its own, which no other padding (equal in value or not) ever reuses."""
+    p = pattern("local-global")
+    q, k, v = (t.detach() for t in qkv(150))
+    BLOCK_MASKS.clear()
+    built = BLOCK_MASKS.built
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = flex_attention_kernel(q, k, v, p, compiled=False)
+        again = flex_attention_kernel(q, k, v, p, compiled=False)  # the next layer, or the next step
+        assert BLOCK_MASKS.built == built + 1
+        torch.testing.assert_close(again, first, rtol=0, atol=0)
+        flex_attention_kernel(q[:, :, :120], k[:, :, :120], v[:, :, :120], p, compiled=False)
+        assert BLOCK_MASKS.built == built + 2, "another length builds its own mask"
+
+        padding = torch.ones(2, 150, dtype=torch.bool)
+        padding[1, 100:] = False
+        padded = flex_attention_kernel(q, k, v, p, padding, compiled=False)
+        assert BLOCK_MASKS.built == built + 3
+        torch.testing.assert_close(flex_attention_kernel(q, k, v, p, padding, compiled=False), padded, rtol=0, atol=0)
+        assert BLOCK_MASKS.built == built + 3, "the layers of one forward share its padding's mask"
+        other = torch.ones(2, 150, dtype=torch.bool)
+        other[0, 60:] = False
+        out = flex_attention_kernel(q, k, v, p, other, compiled=False)
+        assert BLOCK_MASKS.built == built + 4, "another padding never reuses a mask"
+        torch.testing.assert_close(out[0, :, :60], chunked_attention(q, k, v, p, other)[0, :, :60], atol=1e-5, rtol=1e-5)
+        padding[1, 50:] = False  # changed in place: its mask is stale
+        out = flex_attention_kernel(q, k, v, p, padding, compiled=False)
+        assert BLOCK_MASKS.built == built + 5
+        torch.testing.assert_close(out[1, :, :50], chunked_attention(q, k, v, p, padding)[1, :, :50], atol=1e-5,
+                                   rtol=1e-5)
+
+
+def test_the_block_mask_cache_keeps_at_most_its_size():
+    cache = BlockMaskCache(size=2)
+    for n in range(4):
+        cache.put(("pattern", n), None, object())
+    assert len(cache) == 2 and cache.get(("pattern", 0)) is None and cache.get(("pattern", 3)) is not None
 
 
 @pytest.mark.parametrize("kind", ["local-global", "dilated"])
