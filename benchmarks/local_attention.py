@@ -36,22 +36,23 @@ from transformer_zoo.comparing.scaling import PeakMemory
 from .common import add_device_options, bench_parser, device_name, device_of, sdpa_kernels, write_json
 
 METHODS = ("sdpa", "math", "sliding-window", "dilated", "block-local", "local-global", "block-sparse")
-FLEX = "flex-sliding-window"  # compiled FlexAttention with the sliding window's block mask; forward only on CPU
+FLEX_METHODS = ("flex-sliding-window", "flex-block-local", "flex-local-global", "flex-block-sparse")
+"""Compiled FlexAttention with each pattern's block mask (built once, then reused as by the
+layers of a model); forward only on CPU."""
 
 
 def pattern(method: str, window: int) -> Pattern | None:
     return {
         "sliding-window": Pattern(window=window),
-        FLEX: Pattern(window=window),
         "dilated": Pattern(window=window // 2, dilation=2),
         "block-local": Pattern(block=window),
         "local-global": Pattern(window=window, global_positions=(0,)),
         "block-sparse": Pattern(block=64, window=1, global_positions=tuple(range(64)), random_blocks=2),
-    }.get(method)
+    }.get(method.removeprefix("flex-"))
 
 
-def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
-    method, n, heads, window, backward, repeats, device, bf16 = args
+def _measure(args: tuple[str, int, int, int, bool, int, str, bool, bool | None]) -> dict:
+    method, n, heads, window, backward, repeats, device, bf16, batched = args
     cuda = device == "cuda"
     torch.manual_seed(0)
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -64,10 +65,10 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
             out = F.scaled_dot_product_attention(q, k, v)
         elif method == "math":
             out, _ = attention_math(q, k, v)
-        elif method == FLEX:
+        elif method in FLEX_METHODS:
             out = flex_attention_kernel(q, k, v, p)
         else:
-            out = chunked_attention(q, k, v, p)
+            out = chunked_attention(q, k, v, p, batched=batched)
         if backward:
             out.sum().backward()
         return out
@@ -93,7 +94,7 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool]) -> dict:
     after = torch.cuda.max_memory_allocated() / 1024 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     peak = (after - before) / 1024  # kB -> MB
     tensor_mb = None
-    if method != FLEX:  # FlexAttention is a higher-order operator, which a dispatch mode cannot watch
+    if method not in FLEX_METHODS:  # FlexAttention is a higher-order operator, which a dispatch mode cannot watch
         with PeakMemory() as tensors, torch.set_grad_enabled(backward):
             run()
         tensor_mb = tensors.peak / 2**20
@@ -109,8 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", type=int, default=4, help="attention heads")
     parser.add_argument("--window", type=int, default=256, help="keys each query sees on each side (sliding window)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (the median is reported)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=(*METHODS, FLEX),
-                        help=f"{FLEX} (compiled FlexAttention) is not in the default list: it compiles in each process")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=(*METHODS, *FLEX_METHODS),
+                        help="the flex-* methods (compiled FlexAttention) are not in the default list: they compile "
+                             "in each process")
+    parser.add_argument("--chunks", choices=("auto", "loop", "batched"), default="auto",
+                        help="how the chunked kernels compute their chunks: a Python loop (a CPU's default), all in "
+                             "one call (a GPU's), or the device's default")
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--plot", help="write a PNG of memory and time against length")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
@@ -124,12 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"attention kernels on {device_name(device)}{' in bf16' if args.bf16 else ''}", flush=True)
     passes = [False, True] if args.backward else [False]
     common = (args.heads, args.window)
-    timing = (args.repeats, device.type, args.bf16)
+    timing = (args.repeats, device.type, args.bf16, {"auto": None, "loop": False, "batched": True}[args.chunks])
     no_backward = device.type == "cpu"  # FlexAttention has no CPU backward
     jobs = [(m, n, *common, b, *timing) for n in args.lengths for m in args.methods for b in passes
-            if not (b and m == FLEX and no_backward)]
+            if not (b and m in FLEX_METHODS and no_backward)]
     jobs += [(m, n, *common, b, *timing) for n in args.long for m in args.methods
-             if m not in ("sdpa", "math") for b in passes if not (b and m == FLEX and no_backward)]
+             if m not in ("sdpa", "math") for b in passes if not (b and m in FLEX_METHODS and no_backward)]
     rows = []
     with contextlib.ExitStack() as stack:
         if device.type == "cuda":  # the allocator's peak is reset for each measurement: one process serves

@@ -119,10 +119,12 @@ def _check(kernel, kind: str, causal: bool, dtype: torch.dtype) -> None:
 CASES = [(kind, False) for kind in SPARSE_KINDS] + [(kind, True) for kind in CAUSAL_KINDS]
 
 
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "loop"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("kind", "causal"), CASES)
-def test_chunked_kernel_equals_the_dense_reference(kind, causal, dtype):
-    _check(chunked_attention, kind, causal, dtype)
+def test_chunked_kernel_equals_the_dense_reference(kind, causal, dtype, batched):
+    """Every chunk in one call (the GPU's default) and the loop over chunks."""
+    _check(lambda *args: chunked_attention(*args, batched=batched), kind, causal, dtype)
 
 
 @pytest.mark.parametrize(("kind", "causal", "dtype"), [(kind, causal, torch.float32) for kind, causal in CASES] + [

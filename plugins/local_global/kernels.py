@@ -175,13 +175,18 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: 
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
-                      dropout: float = 0.0) -> Tensor:
+                      dropout: float = 0.0, *, batched: bool | None = None) -> Tensor:
     """The pattern's attention, one chunk of queries at a time against the keys it needs.
 
     Args:
         q: ``(B, H, Tq, Dh)``, end-aligned with the keys; k, v: ``(B, H, Tk, Dh)``.
         padding: ``(B, Tk)`` bool, True for real keys.
         dropout: dropout on the attention weights (pass 0 in eval mode).
+        batched: compute all the chunks of a band, or all the blocks, in one attention call
+            (:func:`_band`, :func:`_blocked`) rather than a Python loop over chunks. None: on
+            GPUs, where a loop is bound by its kernel launches; a CPU takes the loop, faster
+            there in the forward pass (``tzoo bench attention-kernels --chunks loop`` against
+            ``--chunks batched``, docs/benchmarks.md).
 
     Memory is O(Tq * m) for ``m`` keys per chunk (about ``chunk + 2 * window``), not O(Tq * Tk).
     Global queries, which see every key, are computed in one extra pass over all keys.
@@ -190,11 +195,15 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
     offset = k_len - q_len
     size = pattern.chunk_size()
     table = pattern.random_table(math.ceil(k_len / pattern.block), q.device) if pattern.random_blocks else None
-    if pattern.block and offset == 0 and (pattern.random_blocks or pattern.global_positions or pattern.global_every):
+    batched = q.device.type != "cpu" if batched is None else batched
+    if pattern.block and offset == 0 and (batched or pattern.random_blocks or pattern.global_positions
+                                          or pattern.global_every):
         out = _blocked(q, k, v, pattern, padding, dropout, table)  # gathers: one batched product beats a loop
     elif pattern.dilation > 1 and offset == 0 and not (pattern.global_positions or pattern.global_every):
-        out = _dilated(q, k, v, pattern, padding, dropout)
-    else:
+        out = _dilated(q, k, v, pattern, padding, dropout, batched)
+    elif batched and offset == 0 and pattern.key_range(0, 1, k_len) is not None:
+        out = _band(q, k, v, pattern, padding, dropout, size)
+    else:  # a cached decoding step (a few queries), or a band with global positions
         out = _chunks(q, k, v, pattern, padding, dropout, table, size)
     if pattern.global_positions or pattern.global_every:
         positions = torch.arange(offset, k_len, device=q.device)
@@ -232,7 +241,37 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor |
     return torch.cat(outputs, dim=2)  # (B, H, Tq, Dh)
 
 
-def _dilated(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float) -> Tensor:
+def _band(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
+          size: int) -> Tensor:
+    """A band, every chunk of ``size`` queries at once against its own ``m = size + 2 * reach`` keys
+    (``size + reach`` when causal): the keys are unfolded into overlapping windows, so one
+    attention call over ``(B, H * chunks)`` rows computes what a loop over the chunks would, with
+    no Python loop and O(n * m) memory."""
+    batch, heads, n, dim = q.shape
+    chunks = math.ceil(n / size)
+    before, after = pattern.reach(), 0 if pattern.causal else pattern.reach()
+    m, tail = size + before + after, chunks * size - n
+
+    def windows(t: Tensor) -> Tensor:  # (..., n, Dh) -> (..., chunks, m, Dh): chunk j's keys start at j * size - before
+        return F.pad(t, (0, 0, before, tail + after)).unfold(-2, m, size).transpose(-1, -2)
+
+    device = q.device
+    q_pos = torch.arange(chunks * size, device=device).view(chunks, size, 1)
+    k_pos = (torch.arange(chunks, device=device) * size - before)[:, None, None] + torch.arange(m, device=device)
+    mask = pattern.allowed(q_pos, k_pos, n) & (k_pos >= 0) & (k_pos < n)  # (chunks, size, m)
+    mask = mask[None, None]
+    if padding is not None:
+        real = F.pad(padding, (before, tail + after)).unfold(-1, m, size)  # (B, chunks, m)
+        mask = mask & real[:, None, :, None, :]  # (B, 1, chunks, size, m)
+    mask = mask.expand(-1, heads, -1, -1, -1).reshape(mask.size(0), heads * chunks, size, m)
+    queries = F.pad(q, (0, 0, 0, tail)).reshape(batch, heads * chunks, size, dim)
+    keys, values = (windows(t).reshape(batch, heads * chunks, m, dim) for t in (k, v))
+    out = attend_masked(queries, keys, values, mask, dropout)  # (B, H * chunks, size, Dh)
+    return out.view(batch, heads, chunks * size, dim)[:, :, :n]
+
+
+def _dilated(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
+             batched: bool) -> Tensor:
     """A dilated band is a plain band on each of the ``d`` interleaved subsequences ``r, r + d,
     r + 2d, ...``: fold them into the batch, so no key outside the band is computed."""
     batch, heads, n, dim = q.shape
@@ -246,7 +285,9 @@ def _dilated(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor 
     real = torch.ones(batch, n, dtype=torch.bool, device=q.device) if padding is None else padding
     real = F.pad(real, (0, pad)).view(batch, -1, d).transpose(1, 2).reshape(batch * d, -1)  # (B * d, n / d)
     band = replace(pattern, dilation=1)
-    out = _chunks(fold(q), fold(k), fold(v), band, real, dropout, None, band.chunk_size())
+    folded = fold(q), fold(k), fold(v)
+    out = (_band(*folded, band, real, dropout, band.chunk_size()) if batched
+           else _chunks(*folded, band, real, dropout, None, band.chunk_size()))
     return out.view(batch, d, heads, -1, dim).permute(0, 2, 3, 1, 4).reshape(batch, heads, -1, dim)[:, :, :n]
 
 

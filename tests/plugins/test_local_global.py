@@ -32,17 +32,19 @@ def full_attention(q, k, v, mask):
     return out.masked_fill(~mask.any(-1, keepdim=True), 0.0)
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["loop", "batched"])
 @pytest.mark.parametrize("length", [97, 203])
 @pytest.mark.parametrize(("kind", "causal"), [(kind, False) for kind in KINDS] + [(kind, True) for kind in CAUSAL])
-def test_chunked_kernel_equals_full_attention_under_the_mask(kind, causal, length):
-    """Block-sparse is encoder-only, so it has no causal case (a decoder refuses it, below)."""
+def test_chunked_kernel_equals_full_attention_under_the_mask(kind, causal, length, batched):
+    """Block-sparse is encoder-only, so it has no causal case (a decoder refuses it, below). The
+    loop over chunks (the CPU's default) and every chunk in one call (the GPU's) alike."""
     p = pattern(kind, causal)
     q, k, v = qkv(length)
     padding = torch.ones(2, length, dtype=torch.bool)
     padding[1, length - 30 :] = False
     mask = p.dense(length, length) & padding[:, None, None, :]
     expected = full_attention(q, k, v, mask)
-    out = chunked_attention(q, k, v, p, padding)
+    out = chunked_attention(q, k, v, p, padding, batched=batched)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     grad = torch.randn_like(expected)
     expected_grads = torch.autograd.grad((expected * grad).sum(), (q, k, v))
