@@ -123,15 +123,26 @@ class KVCache:
     stores the projected encoder memory once and reuses it. ``state`` holds whatever else a kind
     keeps between decoding steps (its ``kernel_inputs`` hook reads and writes it, by names of its
     choosing): tensors with the batch first, so that :meth:`reorder` can select their rows too.
+
+    Args:
+        in_place: :meth:`reorder` writes the selected rows into the tensors it holds rather than
+            replacing them, so that their addresses stay fixed (a decoding step captured as a
+            CUDA graph reads them there).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, in_place: bool = False) -> None:
         self.key: Tensor | None = None  # (B, H, T, Dh)
         self.value: Tensor | None = None
         self.state: dict[str, Tensor] = {}
+        self.in_place = in_place
 
     def __len__(self) -> int:
         return 0 if self.key is None else self.key.size(-2)
+
+    @property
+    def start(self) -> int | Tensor:
+        """The position of the next token's key: the number of keys held."""
+        return len(self)
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         if self.key is not None:
@@ -140,12 +151,57 @@ class KVCache:
         self.key, self.value = key, value
         return key, value
 
+    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask:
+        """The mask of a self-attention call over what :meth:`append` returned: unchanged here
+        (the keys are exactly those seen so far, end-aligned with the queries)."""
+        return mask
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search)."""
+        def select(tensor: Tensor) -> Tensor:
+            return tensor.copy_(tensor.index_select(0, index)) if self.in_place else tensor.index_select(0, index)
+
         if self.key is not None:
-            self.key = self.key.index_select(0, index)
-            self.value = self.value.index_select(0, index)
-        self.state = {name: tensor.index_select(0, index) for name, tensor in self.state.items()}
+            self.key, self.value = select(self.key), select(self.value)
+        self.state = {name: select(tensor) for name, tensor in self.state.items()}
+
+
+class StaticKVCache(KVCache):
+    """Self-attention keys and values in buffers preallocated to ``capacity`` positions.
+
+    A step writes its keys at ``position`` (a 0-d long tensor on the device, shared by the
+    layers of one decoder and advanced by the model after each step) and attends over the whole
+    buffer, masked to the keys written so far (:meth:`visible`). Every shape and address is the
+    same at every step, so a step can be captured as a CUDA graph and replayed
+    (:class:`~transformer_zoo.core.decoding.DecodeStep`). Calls take no padding mask.
+    """
+
+    def __init__(self, capacity: int, position: Tensor) -> None:
+        super().__init__(in_place=True)
+        self.capacity = capacity
+        self.position = position
+
+    @property
+    def start(self) -> Tensor:
+        return self.position
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        if self.key is None:
+            shape = (*key.shape[:2], self.capacity, key.size(-1))
+            self.key, self.value = key.new_zeros(shape), value.new_zeros(shape)
+        index = self.position + torch.arange(key.size(-2), device=key.device)
+        self.key.index_copy_(2, index, key)
+        self.value.index_copy_(2, index, value)
+        return self.key, self.value
+
+    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask:
+        """Query ``i`` (at ``position + i``) sees the keys at or before it: the causal mask over
+        the buffer, which also hides the slots not written yet."""
+        if mask.padding is not None or mask.explicit is not None:
+            raise ValueError("a static key/value cache takes no padding or explicit mask; decode with the "
+                             "dynamic cache (static_cache=False)")
+        q_pos = self.position + torch.arange(q_len, device=self.position.device)
+        return AttentionMask(explicit=torch.arange(self.capacity, device=q_pos.device)[None, :] <= q_pos[:, None])
 
 
 class AttentionPositional(nn.Module):
@@ -154,13 +210,15 @@ class AttentionPositional(nn.Module):
     The default does nothing; subclasses override one or both methods.
     """
 
-    def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor) -> tuple[Tensor, Tensor]:
         """Transform ``q`` ``(B, H, Tq, Dh)`` and ``k`` ``(B, H, Tk, Dh)``; ``q`` starts at position
-        ``q_offset`` and ``k`` at 0."""
+        ``q_offset`` (a 0-d tensor under a static cache) and ``k`` at 0."""
         return q, k
 
-    def bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor | None:
-        """A float bias broadcastable to ``(B, H, q_len, k_len)``, end-aligned like a cache."""
+    def bias(self, q_len: int, k_len: int, device: torch.device, q_offset: Tensor | None = None) -> Tensor | None:
+        """A float bias broadcastable to ``(B, H, q_len, k_len)``, end-aligned like a cache; under a
+        static cache, whose keys are a buffer longer than the keys written, the queries start at
+        ``q_offset`` (a 0-d tensor) instead."""
         return None
 
 
@@ -261,7 +319,7 @@ class MultiHeadAttention(nn.Module):
         if memory is None:
             q, k, v = self._heads(self.in_proj(x), 3)
             if cache is not None:
-                q_offset = len(cache)
+                q_offset = cache.start
                 k, v = cache.append(k, v)
         else:
             (q,) = self._heads(self._project(x, slice(0, d)), 1)
@@ -274,7 +332,10 @@ class MultiHeadAttention(nn.Module):
         bias = None
         if self.positional is not None:
             q, k = self.positional.rotate(q, k, q_offset)
-            bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
+            if isinstance(q_offset, Tensor):  # a static cache: the keys are its whole buffer
+                bias = self.positional.bias(q.size(-2), k.size(-2), q.device, q_offset=q_offset)
+            else:
+                bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
         return q, k, v, bias
 
     def kernel_inputs(
@@ -309,9 +370,12 @@ class MultiHeadAttention(nn.Module):
         if memory is not None and self.self_only:
             raise ValueError(f"{type(self).__name__} is for self-attention; keep cross_attention: sdpa")
         q, k, v, bias = self.project(x, memory, cache)
+        mask = mask or AttentionMask()
+        if cache is not None and memory is None:
+            mask = cache.visible(mask, q.size(-2))
         if self.scale is not None:  # the kernels divide by sqrt(d_head); this leaves ``scale`` on q . k
             q = q * (self.scale * math.sqrt(self.d_head))
-        q, k, v, mask, bias = self.kernel_inputs(q, k, v, mask or AttentionMask(), bias, cache)
+        q, k, v, mask, bias = self.kernel_inputs(q, k, v, mask, bias, cache)
         dropout = self.dropout if self.training else 0.0
         out, weights = self.kernel(q, k, v, mask, bias, dropout, need_weights)
         out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)  # (B, Tq, D)

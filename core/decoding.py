@@ -1,13 +1,104 @@
-"""Autoregressive decoding on the key/value cache."""
+"""Autoregressive decoding on the key/value cache.
+
+Two caches: the dynamic one (:class:`~transformer_zoo.core.stack.DecoderCache`), which grows by
+the new tokens' keys at every step, for the CPU and for export; and the static one
+(:class:`~transformer_zoo.core.stack.StaticDecoderCache`), preallocated to the longest sequence,
+whose one-token step :class:`DecodeStep` captures as a CUDA graph: a step of a small model is a
+few hundred kernels whose launches, not their arithmetic, take the time on a GPU, and a graph
+launches them all at once.
+"""
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import contextlib
 
+import torch
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention, math_kernel, sdpa_kernel
 from .inputs import check_count, check_token_ids
 from .model import EncoderDecoder
-from .stack import DecoderCache
+from .positional import LearnedPositional, RotaryPositional, SinusoidalPositional
+from .stack import DecoderCache, StaticDecoderCache
+
+
+def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
+    """Why ``model`` cannot decode ``capacity`` positions on a static cache, or None if it can.
+
+    The static cache needs attention that takes its mask over the whole buffer: the full
+    attention kinds (SDPA or the written-out formula, no ``kernel_inputs`` of their own), and
+    positional tables that cover ``capacity`` positions.
+    """
+    for name, module in model.decoder.named_modules():
+        if isinstance(module, MultiHeadAttention) and (
+                module.kernel not in (sdpa_kernel, math_kernel)
+                or type(module).kernel_inputs is not MultiHeadAttention.kernel_inputs):
+            return f"its attention {name or 'decoder'} ({type(module).__name__}) computes over the keys seen so far only"
+    for module in model.modules():
+        if isinstance(module, (SinusoidalPositional, LearnedPositional, RotaryPositional)) and capacity > module.max_len:
+            return (f"it would decode {capacity} positions, past its positional encoding's max_len={module.max_len}; "
+                    "decode fewer tokens")
+    return None
+
+
+def _uses_static_cache(model: EncoderDecoder, static_cache: bool | None, capacity: int, device: torch.device) -> bool:
+    if static_cache is False:
+        return False
+    problem = static_cache_problem(model, capacity)
+    if static_cache and problem:
+        raise ValueError(f"this model cannot decode on a static cache: {problem} (static_cache=False: the dynamic one)")
+    return problem is None and (static_cache or device.type == "cuda")
+
+
+class DecodeStep:
+    """Next-token logits ``(B, 1, V)`` from ``model.decode`` on ``cache``, then the head.
+
+    The first call (the prompt, or the start token) runs as written. With a static cache on
+    CUDA (``graph=True``), the first one-token call captures the step as a CUDA graph, on the
+    cache's fixed buffers, and every later call copies its token into the graph's input and
+    replays it. The logits returned then are the graph's output buffer, overwritten by the next
+    call: read them before calling again.
+    """
+
+    def __init__(self, model: EncoderDecoder, memory: Tensor | None, src_mask: Tensor | None,
+                 cache: DecoderCache | None, *, graph: bool = False) -> None:
+        self.model, self.memory, self.src_mask, self.cache = model, memory, src_mask, cache
+        self.graph = graph and isinstance(cache, StaticDecoderCache)
+        self._captured: torch.cuda.CUDAGraph | None = None
+        self._input: Tensor | None = None
+        self._output: Tensor | None = None
+
+    def run(self, tokens: Tensor) -> Tensor:
+        hidden = self.model.decode(tokens, self.memory, src_mask=self.src_mask, cache=self.cache).hidden[:, -1:]
+        return self.model.head(hidden)
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        if not self.graph or tokens.size(1) != 1 or len(self.cache.layers) == 0:
+            return self.run(tokens)
+        if self._captured is None:
+            self._capture(tokens)
+        self._input.copy_(tokens)
+        self._captured.replay()
+        return self._output
+
+    def _capture(self, tokens: Tensor) -> None:
+        """Warm up on a side stream, then capture one step (capturing runs nothing). The warm-up
+        wrote the keys of the step at the position the first replay writes them again."""
+        position = self.cache.position.clone()
+        self._input = tokens.clone()
+        # autocast's cache of cast weights would be freed after capture: capture without it
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        casting = torch.autocast("cuda", dtype=dtype, cache_enabled=False) if dtype else contextlib.nullcontext()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), casting:
+            self.run(self._input)
+        torch.cuda.current_stream().wait_stream(side)
+        self.cache.position.copy_(position)
+        self._captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._captured), casting:
+            self._output = self.run(self._input)
+        self.cache.position.copy_(position)
 
 
 def _check_ids(*, max_new_tokens: object, **ids: object) -> None:
@@ -30,6 +121,7 @@ def greedy_decode(
     max_new_tokens: int = 64,
     pad_id: int | None = None,
     use_cache: bool = True,
+    static_cache: bool | None = None,
 ) -> Tensor:
     """Pick the most likely next token until ``eos_id`` or ``max_new_tokens``.
 
@@ -43,6 +135,11 @@ def greedy_decode(
         max_new_tokens: how many tokens to add at most (0: none).
         pad_id: filler after ``eos_id`` (defaults to ``eos_id``).
         use_cache: read earlier keys/values from a cache (fast) instead of re-running the prefix.
+        static_cache: with ``use_cache``, preallocate the cache to ``P + max_new_tokens``
+            positions and, on CUDA, replay each step as a captured CUDA graph
+            (:class:`DecodeStep`). None: on CUDA, when the model allows it
+            (:func:`static_cache_problem`); True: always (a ValueError if the model cannot);
+            False: the dynamic cache. The tokens are the same either way.
 
     Returns:
         ``(B, P + n)`` ids: the prompt (or ``bos_id``) followed by the generated tokens.
@@ -73,14 +170,15 @@ def greedy_decode(
     pad_id = eos_id if pad_id is None else pad_id
 
     tokens = prompt
-    cache = DecoderCache() if use_cache else None
+    cache = None
+    if use_cache:
+        static = _uses_static_cache(model, static_cache, prompt.size(1) + max_new_tokens, device)
+        cache = StaticDecoderCache(prompt.size(1) + max_new_tokens, device) if static else DecoderCache()
+    step = DecodeStep(model, memory, src_mask, cache, graph=device.type == "cuda")
     step_input = prompt
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
-        hidden = model.decode(
-            step_input if use_cache else tokens, memory, src_mask=src_mask, cache=cache
-        ).hidden[:, -1:]
-        next_token = model.head(hidden).argmax(dim=-1)  # (B, 1)
+        next_token = step(step_input if use_cache else tokens).argmax(dim=-1)  # (B, 1)
         if eos_id is not None:
             next_token = next_token.masked_fill(finished[:, None], pad_id)
             finished |= next_token.squeeze(1) == eos_id
@@ -116,12 +214,14 @@ def beam_search(
     beam_size: int = 4,
     max_new_tokens: int = 64,
     pad_id: int | None = None,
+    static_cache: bool | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The most likely sequences found keeping ``beam_size`` hypotheses per input, on the cache.
 
     Hypotheses are ranked by the sum of token log-probabilities; a hypothesis ends at
     ``eos_id``. The greedy sequence is always among the candidates, so the result never scores
-    lower than greedy decoding; with ``beam_size=1`` it is greedy decoding.
+    lower than greedy decoding; with ``beam_size=1`` it is greedy decoding. ``static_cache`` is
+    :func:`greedy_decode`'s: the static cache and, on CUDA, each step replayed as a CUDA graph.
 
     Returns:
         ``(B, T)`` ids starting with ``bos_id`` (padded with ``pad_id`` after ``eos_id``) and
@@ -147,11 +247,12 @@ def beam_search(
     scores = torch.full((batch, k), float("-inf"), device=src.device)
     scores[:, 0] = 0.0  # all beams start as one hypothesis
     finished = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
-    cache = DecoderCache()
+    static = _uses_static_cache(model, static_cache, 1 + max_new_tokens, src.device)
+    cache = StaticDecoderCache(1 + max_new_tokens, src.device) if static else DecoderCache()
+    step = DecodeStep(model, memory, memory_mask, cache, graph=src.device.type == "cuda")
     step_input = tokens
     for _ in range(max_new_tokens):
-        hidden = model.decode(step_input, memory, src_mask=memory_mask, cache=cache).hidden[:, -1]
-        log_probs = model.head(hidden).float().log_softmax(-1)  # (B*K, V)
+        log_probs = step(step_input)[:, -1].float().log_softmax(-1)  # (B*K, V)
         vocab = log_probs.size(-1)
         if max(eos_id, pad_id) >= vocab:
             raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids of the model's vocabulary, "
@@ -174,7 +275,7 @@ def beam_search(
     beam_tokens, beam_scores = tokens[rows], scores.gather(1, best[:, None]).squeeze(1)
 
     greedy = greedy_decode(model, src, src_mask, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                           max_new_tokens=max_new_tokens)
+                           max_new_tokens=max_new_tokens, static_cache=static_cache)
     greedy_scores = sequence_log_prob(model, src, src_mask, greedy, eos_id=eos_id)
     length = max(beam_tokens.size(1), greedy.size(1))
     beam_tokens = torch.nn.functional.pad(beam_tokens, (0, length - beam_tokens.size(1)), value=pad_id)

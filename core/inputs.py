@@ -62,8 +62,10 @@ def check_token_ids(ids: object, vocab_size: int | None = None, name: str = "tok
     if ids.dtype not in ID_DTYPES:
         raise ValueError(f"{name} must be integers of dtype torch.long (or torch.int32), got {ids.dtype}; "
                          "convert with .long()")
-    # a compiled graph cannot read values, and a meta tensor (shapes alone) has none
-    if vocab_size is not None and not torch.compiler.is_compiling() and ids.device.type != "meta":
+    # a compiled graph cannot read values, nor can a step being captured as a CUDA graph (its ids are
+    # the model's own argmax), and a meta tensor (shapes alone) has none
+    if (vocab_size is not None and not torch.compiler.is_compiling() and ids.device.type != "meta"
+            and not (ids.is_cuda and torch.cuda.is_current_stream_capturing())):
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high

@@ -271,6 +271,9 @@ class EncoderDecoder(ZooModel):
         check_token_ids(tgt, name="tgt" if self.encoder is not None else "token ids")
         offset = 0 if cache is None else cache.offset
         padding = None
+        if tgt_mask is not None and isinstance(offset, Tensor):
+            raise ValueError("a static cache decodes without tgt_mask (no padding among the decoded tokens); "
+                             "use the dynamic cache (DecoderCache) to pass one")
         if tgt_mask is not None:
             if not isinstance(tgt_mask, Tensor):
                 raise ValueError(f"tgt_mask must be a torch.Tensor of shape (batch, seq), got {type(tgt_mask).__name__}")

@@ -25,6 +25,14 @@ def _check_length(end: int, max_len: int) -> None:
         )
 
 
+def _positions(start: int | Tensor, length: int, device: torch.device | None = None) -> Tensor:
+    """``start, start + 1, ..., start + length - 1``; ``start`` may be a 0-d tensor on the device
+    (a static cache's position), which is never read back to the host."""
+    if isinstance(start, Tensor):
+        return start + torch.arange(length, device=start.device)
+    return torch.arange(start, start + length, device=device)
+
+
 def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
     """``PE[pos, 2i] = sin(pos / base^(2i/d))``, ``PE[pos, 2i+1] = cos(...)``: ``(length, dim)``."""
     position = torch.arange(length, dtype=torch.float64)[:, None]
@@ -55,7 +63,7 @@ def add_positions(positional: nn.Module, x: Tensor, start: int | Tensor) -> Tens
     start at ``start[b]``: the module is called once per distinct start on the rows having it,
     so any module with the ``(x, offset: int)`` call takes per-sequence starts unchanged.
     """
-    if isinstance(start, int):
+    if isinstance(start, int) or start.dim() == 0:  # one start for all (a static cache's, on the device)
         return positional(x, start)
     parts, rows = [], []
     for value in start.unique().tolist():
@@ -74,7 +82,9 @@ class SinusoidalPositional(nn.Module):
         self.max_len = max_len
         self.register_buffer("table", sinusoid_table(max_len, d_model, base), persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        if isinstance(offset, Tensor):  # a static cache's position on the device: looked up, not sliced
+            return x + self.table.index_select(0, _positions(offset, x.size(1))).to(x.dtype)
         _check_length(offset + x.size(1), self.max_len)
         return x + self.table[offset : offset + x.size(1)].to(x.dtype)
 
@@ -87,10 +97,10 @@ class LearnedPositional(nn.Module):
         self.max_len = max_len
         self.embedding = nn.Embedding(max_len, d_model)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        _check_length(offset + x.size(1), self.max_len)
-        positions = torch.arange(offset, offset + x.size(1), device=x.device)
-        return x + self.embedding(positions)
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        if not isinstance(offset, Tensor):
+            _check_length(offset + x.size(1), self.max_len)
+        return x + self.embedding(_positions(offset, x.size(1), x.device))
 
 
 class RotaryPositional(AttentionPositional):
@@ -106,14 +116,18 @@ class RotaryPositional(AttentionPositional):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def _rotate(self, x: Tensor, offset: int) -> Tensor:
-        _check_length(offset + x.size(-2), self.max_len)
-        cos = self.cos[offset : offset + x.size(-2)].to(x.dtype)
-        sin = self.sin[offset : offset + x.size(-2)].to(x.dtype)
+    def _rotate(self, x: Tensor, offset: int | Tensor) -> Tensor:
+        if isinstance(offset, Tensor):  # a static cache's position on the device: looked up, not sliced
+            positions = _positions(offset, x.size(-2))
+            cos, sin = self.cos.index_select(0, positions).to(x.dtype), self.sin.index_select(0, positions).to(x.dtype)
+        else:
+            _check_length(offset + x.size(-2), self.max_len)
+            cos = self.cos[offset : offset + x.size(-2)].to(x.dtype)
+            sin = self.sin[offset : offset + x.size(-2)].to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
 
-    def rotate(self, q: Tensor, k: Tensor, q_offset: int) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor) -> tuple[Tensor, Tensor]:
         return self._rotate(q, q_offset), self._rotate(k, 0)
 
 
@@ -126,8 +140,9 @@ class ALiBiPositional(AttentionPositional):
         slopes = torch.tensor([2 ** (-8 * (h + 1) / n_heads) for h in range(n_heads)])
         self.register_buffer("slopes", slopes, persistent=False)
 
-    def bias(self, q_len: int, k_len: int, device: torch.device) -> Tensor:
-        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    def bias(self, q_len: int, k_len: int, device: torch.device, q_offset: Tensor | None = None) -> Tensor:
+        start = k_len - q_len if q_offset is None else q_offset
+        q_pos = _positions(start, q_len, device)[:, None]
         distance = torch.arange(k_len, device=device)[None, :] - q_pos  # (Tq, Tk)
         distance = distance.abs() if self.symmetric else distance.clamp(max=0).neg()
         return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)

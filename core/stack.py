@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .attention import KVCache
+from .attention import KVCache, StaticKVCache
 from .layers import apply_norm, real_positions
 from .masks import AttentionMask
 from .positional import add_positions, position_starts, sinusoid_table
@@ -22,7 +22,8 @@ class DecoderCache:
     """Per-layer key/value caches of an incremental decoder, plus how many tokens it has seen.
 
     A stack asks for the cache of its i-th layer application with :meth:`layer`; a stack that
-    applies one layer T times simply asks for T of them.
+    applies one layer T times simply asks for T of them. The caches grow with every step (see
+    :class:`StaticDecoderCache` for preallocated ones).
     """
 
     def __init__(self) -> None:
@@ -39,6 +40,34 @@ class DecoderCache:
         for self_cache, cross_cache in self.layers:
             self_cache.reorder(index)
             cross_cache.reorder(index)
+
+
+class StaticDecoderCache(DecoderCache):
+    """A decoder cache whose self-attention caches are preallocated to ``capacity`` positions
+    (:class:`~transformer_zoo.core.attention.StaticKVCache`) and whose ``offset`` is a 0-d
+    tensor on ``device``, advanced in place: a decoding step has the same shapes and addresses
+    every time, and reads no value back to the host, so it can be captured as a CUDA graph.
+    Reordering (beam search) writes the selected rows in place too.
+    """
+
+    def __init__(self, capacity: int, device: torch.device | str) -> None:
+        self.capacity = capacity
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        super().__init__()
+
+    @property
+    def offset(self) -> Tensor:
+        return self.position
+
+    @offset.setter
+    def offset(self, value: int | Tensor) -> None:
+        if value is not self.position:  # ``offset += n`` has already added in place
+            self.position.copy_(torch.as_tensor(value))
+
+    def layer(self, index: int) -> tuple[KVCache, KVCache]:
+        while len(self.layers) <= index:
+            self.layers.append((StaticKVCache(self.capacity, self.position), KVCache(in_place=True)))
+        return self.layers[index]
 
 
 @dataclass
