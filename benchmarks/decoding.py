@@ -4,7 +4,8 @@ every step), for ``--new-tokens`` tokens from an encoder-decoder ``transformer``
 Both decode the same sources with the same weights, timed alternately; the outputs are checked
 equal. Reported: median seconds of each and the speed-up (uncached / cached).
 
-    python benchmarks/decoding.py [--new-tokens 256 --d-model 256 --heads 4 --layers 3 --batch 8 --src-length 32 --repeats 3 --device cuda --bf16]
+    tzoo bench decoding [--new-tokens 256 --d-model 256 --heads 4 --layers 3 --batch 8 --src-length 32 --repeats 3
+                         --cache auto|static|dynamic --device cuda --bf16]
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=8, help="sources decoded together")
     parser.add_argument("--src-length", type=int, default=32, help="tokens per source")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (the median is reported)")
+    parser.add_argument("--cache", choices=("auto", "static", "dynamic"), default="auto",
+                        help="the cached side's cache: preallocated, each step replayed as a CUDA graph on a GPU "
+                             "(static), grown step by step (dynamic), or what greedy_decode picks (auto: static on "
+                             "CUDA, dynamic on a CPU)")
     parser.add_argument("--json", help="also write the results to this file")
     add_device_options(parser)
     return parser
@@ -44,11 +49,14 @@ def main(argv: list[str] | None = None) -> None:
                            max_len=max(args.src_length, args.new_tokens + 1) + 8).to(device).eval()
     src = torch.randint(3, 1000, (args.batch, args.src_length)).to(device)
 
+    static = {"auto": None, "static": True, "dynamic": False}[args.cache]
+
     def decode(use_cache: bool) -> torch.Tensor:
         with torch.no_grad():  # no eos: every row writes all the tokens
-            return greedy_decode(model, src, bos_id=1, max_new_tokens=args.new_tokens, use_cache=use_cache)
+            return greedy_decode(model, src, bos_id=1, max_new_tokens=args.new_tokens, use_cache=use_cache,
+                                 static_cache=static)
 
-    if not torch.equal(decode(True), decode(False)):
+    if not torch.equal(autocast(args, lambda: decode(True))(), autocast(args, lambda: decode(False))()):
         raise SystemExit("cached and uncached decoding disagree")
     cached, uncached = paired_medians(autocast(args, lambda: decode(True)), autocast(args, lambda: decode(False)),
                                       args.repeats, warmup=1, device=device)
@@ -56,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
               "cached_s": cached, "uncached_s": uncached, "speedup": uncached / cached}
     print(f"greedy decoding of {args.new_tokens} tokens, transformer d={args.d_model} heads={args.heads} "
           f"layers={args.layers}+{args.layers} batch={args.batch} source={args.src_length}, "
-          f"{device_name(device)}{' bf16' if args.bf16 else ''}, {torch.get_num_threads()} threads")
+          f"{device_name(device)}{' bf16' if args.bf16 else ''}, {torch.get_num_threads()} threads, cache: {args.cache}")
     print(f"  with cache {cached:8.2f} s   without {uncached:8.2f} s   speed-up {uncached / cached:.1f}x")
     if args.json:
         write_json(args.json, result, device)

@@ -57,11 +57,12 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
         loss_of(model).backward()
     flops = counter.get_total_flops()
     optimizer.zero_grad(set_to_none=True)
-    if args.eager_loss:  # the model compiled alone
-        compiled = torch.compile(model)
+    mode = None if args.compile_mode == "default" else args.compile_mode
+    if args.eager_loss:  # the model compiled alone; the loss is the chunked cross-entropy of bf16 logits
+        compiled = torch.compile(model, mode=mode)
         trained_loss = functools.partial(loss_of, compiled)
     else:  # as tzoo train: the loss (a float32 cross-entropy over the vocabulary) in the model's graph
-        trained_loss = torch.compile(lambda: loss_of(model))
+        trained_loss = torch.compile(lambda: loss_of(model), mode=mode)
 
     def step() -> None:
         trained_loss().backward()
@@ -74,7 +75,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     _sync(device)
     warmup_seconds = time.perf_counter() - started
     seconds = _median_seconds(step, args.repeats, device)
-    row = {"variant": name, "loss": "eager" if args.eager_loss else "compiled",
+    row = {"variant": name, "loss": "eager" if args.eager_loss else "compiled", "compile_mode": args.compile_mode,
            "parameters": sum(p.numel() for p in model.parameters()), "batch": args.batch, "length": args.length, "tokens": tokens, "flops_per_step": flops, "seconds": seconds,
            "warmup_seconds": warmup_seconds, "tflops": flops / seconds / 1e12, "tokens_per_second": tokens / seconds}
     if args.profile:
@@ -109,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", action="store_true", help="print the costliest kernels of three steps")
     parser.add_argument("--eager-loss", action="store_true",
                         help="compile the model alone and run its loss eagerly (tzoo train compiles them together)")
+    parser.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+                        default="default", help="torch.compile's mode (tzoo train compiles with the default; "
+                                                "reduce-overhead replays the step's kernels as CUDA graphs)")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     add_device_options(parser)
     return parser
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         row["mfu"] = None if peak is None else row["tflops"] / peak
         rows.append(row)
         mfu = "" if row["mfu"] is None else f"  MFU {row['mfu']:.1%} of the data sheet's peak,"
-        print(f"{name:>18}: batch {row['batch']} x {row['length']}, {1e3 * row['seconds']:.1f} ms a step, "
+        print(f"{name:>18} ({row['loss']} loss, {args.compile_mode}): batch {row['batch']} x {row['length']}, "
+              f"{1e3 * row['seconds']:.1f} ms a step, "
               f"{row['tflops']:.3g} TFLOP/s,{mfu} {row['mfu_vs_matmul']:.1%} of the matrix product's rate "
               f"(compiling took {row['warmup_seconds']:.0f} s)", flush=True)
         if args.profile:

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 import transformer_zoo as tz
-from transformer_zoo.core.decoding import greedy_decode
+from transformer_zoo.core.decoding import DecodeStep, greedy_decode
 from transformer_zoo.core.local_attention import flex_attention_kernel
 from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.step import trains_only
@@ -156,17 +157,97 @@ def test_a_sparse_model_on_cuda_takes_flex_attention_at_every_length_without_rec
     assert 0 < graphs <= 8, f"{graphs} graphs compiled for 10 lengths"
 
 
+def _captures(monkeypatch) -> list:
+    """Counts the decoding steps captured as CUDA graphs."""
+    captured = []
+    capture = DecodeStep._capture
+    monkeypatch.setattr(DecodeStep, "_capture", lambda self, tokens: (captured.append(1), capture(self, tokens)))
+    return captured
+
+
 @pytest.mark.parametrize("positional", ["sinusoidal", "rotary", "alibi"])
-def test_cached_greedy_decoding_equals_uncached(positional):
+def test_cached_greedy_decoding_equals_uncached(positional, monkeypatch):
+    """On CUDA the default is the static cache with each step replayed as a CUDA graph; the
+    dynamic cache and no cache give the same tokens."""
     model = tz.build_model("transformer-tiny", positional=positional, vocab_size=60, d_model=32, n_heads=4, d_ff=64,
                            dropout=0.0, head={"tie_weights": False}).to(CUDA).eval()
     src = torch.randint(3, 60, (4, 9), device=CUDA)
     src_mask = torch.ones_like(src)
     src_mask[1, 5:] = 0
+    captured = _captures(monkeypatch)
     cached = greedy_decode(model, src, src_mask, bos_id=1, max_new_tokens=20)
+    assert captured == [1], "the static cache's step was captured once and replayed"
+    dynamic = greedy_decode(model, src, src_mask, bos_id=1, max_new_tokens=20, static_cache=False)
     uncached = greedy_decode(model, src, src_mask, bos_id=1, max_new_tokens=20, use_cache=False)
     assert len(set(cached[:, 1:].flatten().tolist())) > 3, "the decoded tokens vary, so a broken cache would show"
     assert torch.equal(cached, uncached)
+    assert torch.equal(dynamic, uncached)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "rotary", "alibi"])
+def test_graphed_beam_search_equals_the_dynamic_cache(positional, monkeypatch):
+    from transformer_zoo.core.decoding import beam_search
+
+    model = tz.build_model("transformer-tiny", positional=positional, vocab_size=60, d_model=32, n_heads=4, d_ff=64,
+                           dropout=0.0, head={"tie_weights": False}).to(CUDA).eval()
+    src = torch.randint(3, 60, (4, 9), device=CUDA)
+    src_mask = torch.ones_like(src)
+    src_mask[1, 5:] = 0
+    captured = _captures(monkeypatch)
+    static, static_scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=4, max_new_tokens=20)
+    assert len(captured) == 2, "beam search and its greedy candidate each replay a captured step"
+    dynamic, dynamic_scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=4, max_new_tokens=20,
+                                          static_cache=False)
+    assert torch.equal(static, dynamic)
+    torch.testing.assert_close(static_scores, dynamic_scores, atol=1e-4, rtol=1e-4)
+
+
+def test_a_graphed_step_under_bf16_autocast_replays_what_it_computes_as_written():
+    """The captured step (autocast's weight cache off while capturing) against the same static
+    cache stepped as written: the same kernels, so the same logits, bit for bit."""
+    from transformer_zoo.core.stack import StaticDecoderCache
+
+    model = tz.build_model("transformer-tiny", vocab_size=60, d_model=64, n_heads=4, d_ff=128, dropout=0.0,
+                           head={"tie_weights": False}).to(CUDA).eval()
+    src = torch.randint(3, 60, (8, 9), device=CUDA)
+    runs = []
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        memory = model.encode(src).hidden
+        for graph in (True, False):
+            step = DecodeStep(model, memory, None, StaticDecoderCache(31, CUDA), graph=graph)
+            token, logits = torch.ones(8, 1, dtype=torch.long, device=CUDA), []
+            for _ in range(30):
+                out = step(token)
+                logits.append(out.float().clone())
+                token = out.argmax(-1)
+            runs.append(torch.cat(logits, dim=1))
+    assert runs[0].dtype == torch.float32 and torch.isfinite(runs[0]).all()
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0)
+
+
+def test_flex_block_masks_are_reused_and_never_for_another_padding():
+    from transformer_zoo.core.local_attention import BLOCK_MASKS
+
+    p = sparse_pattern("local-global")
+    q, k, v = (t.detach() for t in _qkv(203, torch.float32))
+    pad = _padding(203)
+    BLOCK_MASKS.clear()
+    built = BLOCK_MASKS.built
+    with torch.no_grad():
+        first = flex_attention_kernel(q, k, v, p, pad)
+        again = flex_attention_kernel(q, k, v, p, pad)
+        assert BLOCK_MASKS.built == built + 1, "the second call reused the first's mask"
+        BLOCK_MASKS.clear()
+        fresh = flex_attention_kernel(q, k, v, p, pad)
+        torch.testing.assert_close(again, first, rtol=0, atol=0)
+        torch.testing.assert_close(fresh, first, rtol=0, atol=0)
+        other = torch.ones_like(pad)
+        other[0, 50:] = False
+        out = flex_attention_kernel(q, k, v, p, other)
+        assert BLOCK_MASKS.built == built + 3
+        expected, _ = dense_attention(q, k, v, p, other)
+        torch.testing.assert_close(out[0, :, :50], expected[0, :, :50], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out[1], expected[1], atol=1e-4, rtol=1e-4)
 
 
 RUN = {
@@ -264,3 +345,25 @@ def test_a_one_gpu_torchrun_job_trains_over_nccl_resumes_and_continues_the_curve
     # and the checkpoint resumes in a plain process, on one GPU
     alone = train(load_train_config({**config, "steps": 12}), tmp_path / "alone", progress=False)
     torch.testing.assert_close(curve(alone), whole_curve, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_chunked_cross_entropy_equals_torch_on_a_vocabulary_of_bert(dtype):
+    """4096 rows of 30,522 logits: two chunks of :data:`CHUNK_ELEMENTS`; float32 to 1e-5, the bf16
+    gradient within two bf16 roundings (``BF16_GRADIENT`` of tests/core/test_cross_entropy.py)."""
+    from transformer_zoo.core.heads import chunked_cross_entropy
+
+    generator = torch.Generator(device=CUDA).manual_seed(0)
+    logits = (3 * torch.randn(4096, 30522, device=CUDA, generator=generator)).to(dtype).requires_grad_()
+    targets = torch.randint(0, 30522, (4096,), device=CUDA, generator=generator)
+    targets[::5] = -100
+    loss = chunked_cross_entropy(logits, targets, -100, 0.1)
+    (grad,) = torch.autograd.grad(loss, logits)
+    reference = logits.detach().float().requires_grad_()
+    expected = F.cross_entropy(reference, targets, ignore_index=-100, label_smoothing=0.1, reduction="sum")
+    (expected_grad,) = torch.autograd.grad(expected, reference)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    if dtype == torch.float32:
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-5)
+    else:
+        assert (grad.float() - expected_grad).abs().max().item() <= 8e-3
