@@ -59,6 +59,8 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool, bool | None])
     q, k, v = (torch.randn(1, heads, n, 64, device=device, dtype=dtype, requires_grad=backward) for _ in range(3))
     before = None if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB
     p = pattern(method, window)
+    if method in FLEX_METHODS:  # each compiled as if alone: on CUDA the measurements share a process, and past
+        torch._dynamo.reset()  # dynamo's recompile limit the block mask would be built eagerly, n x n
 
     def run():
         if method == "sdpa":

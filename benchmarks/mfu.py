@@ -58,7 +58,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     flops = counter.get_total_flops()
     optimizer.zero_grad(set_to_none=True)
     mode = None if args.compile_mode == "default" else args.compile_mode
-    if args.eager_loss:  # the model compiled alone; the loss is the chunked cross-entropy of bf16 logits
+    if args.eager_loss:  # the model compiled alone
         compiled = torch.compile(model, mode=mode)
         trained_loss = functools.partial(loss_of, compiled)
     else:  # as tzoo train: the loss (a float32 cross-entropy over the vocabulary) in the model's graph

@@ -6,7 +6,6 @@ A head is called as ``head(hidden, mask)`` with ``hidden`` ``(B, T, D)`` and ``m
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -15,76 +14,11 @@ def token_loss(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothi
     """Mean cross-entropy of ``logits`` ``(..., V)`` over the targets that are not ``ignore_index``;
     0 (with a zero gradient) when every target is ignored, where a plain mean would be 0/0 (a
     masked-LM batch, or one process's slice of it, may hold no masked token). Targets may be of
-    any integer dtype, as ids may.
-
-    Half-precision logits (bf16 autocast) go through :func:`chunked_cross_entropy`, which never
-    makes a float32 copy of them; inside a compiled graph the compiler fuses that cast itself.
-    """
+    any integer dtype, as ids may."""
     targets = targets.flatten().long()
-    logits = logits.flatten(0, -2)
-    if logits.dtype in (torch.bfloat16, torch.float16) and not torch.compiler.is_compiling():
-        total = chunked_cross_entropy(logits, targets, ignore_index, label_smoothing)
-    else:
-        total = F.cross_entropy(logits, targets, ignore_index=ignore_index, label_smoothing=label_smoothing,
-                                reduction="sum")
+    total = F.cross_entropy(logits.flatten(0, -2), targets, ignore_index=ignore_index,
+                            label_smoothing=label_smoothing, reduction="sum")
     return total / (targets != ignore_index).sum().clamp(min=1)
-
-
-CHUNK_ELEMENTS = 2**26
-"""Logits one chunk of :func:`chunked_cross_entropy` turns into float32 at a time (256 MB)."""
-
-
-class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy, computed in float32 a chunk of rows at a time; the gradient is
-    written in the logits' dtype, chunk by chunk. Saved for backward: the logits themselves and
-    one float32 log-sum-exp per row."""
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, ignore_index: int, smoothing: float) -> Tensor:
-        rows, vocab = logits.shape
-        step = max(1, CHUNK_ELEMENTS // vocab)
-        real = targets != ignore_index
-        picked = torch.where(real, targets, 0)
-        lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
-        losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
-        for start in range(0, rows, step):
-            chunk = logits[start : start + step].float()
-            lse[start : start + step] = chunk.logsumexp(-1)
-            nll = lse[start : start + step] - chunk.gather(1, picked[start : start + step, None]).squeeze(1)
-            if smoothing:  # against the uniform distribution: lse - mean of the logits
-                nll = (1 - smoothing) * nll + smoothing * (lse[start : start + step] - chunk.mean(-1))
-            losses[start : start + step] = nll
-        ctx.save_for_backward(logits, picked, real, lse)
-        ctx.smoothing, ctx.step = smoothing, step
-        return (losses * real).sum()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        logits, picked, real, lse = ctx.saved_tensors
-        vocab = logits.size(1)
-        out = torch.empty_like(logits)
-        scale = grad * real  # (rows,): 0 for an ignored target
-        for start in range(0, logits.size(0), ctx.step):
-            end = start + ctx.step
-            g = (logits[start:end].float() - lse[start:end, None]).exp_()  # softmax
-            if ctx.smoothing:
-                g.sub_(ctx.smoothing / vocab)
-            g.scatter_add_(1, picked[start:end, None], g.new_full((g.size(0), 1), ctx.smoothing - 1.0))
-            out[start:end] = g.mul_(scale[start:end, None])
-        return out, None, None, None
-
-
-def chunked_cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100,
-                          label_smoothing: float = 0.0) -> Tensor:
-    """``F.cross_entropy(logits, targets, reduction="sum")`` for ``(N, V)`` logits of any float
-    dtype, computed in float32 without a float32 copy of the logits or of their gradient.
-
-    A bf16 training step's logits are the largest tensor it makes (``batch x length x
-    vocabulary``); cross-entropy upcasts them whole, and its backward makes a float32 gradient
-    of the same size before casting it back. Here each chunk of :data:`CHUNK_ELEMENTS` is cast,
-    reduced and, in the backward, differentiated on its own.
-    """
-    return _ChunkedCrossEntropy.apply(logits, targets, ignore_index, label_smoothing)
 
 
 class LMHead(nn.Module):
