@@ -11,6 +11,8 @@ launches them all at once.
 from __future__ import annotations
 
 import contextlib
+import math
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -148,9 +150,23 @@ def greedy_decode(
         ValueError: ``max_new_tokens`` or a token id is negative or not an integer, or the ids
             are not ``(batch, seq)`` tensors of ``torch.long``.
     """
+    return _autoregress(model, src, src_mask, lambda logits: logits.argmax(-1), bos_id=bos_id, eos_id=eos_id,
+                        prompt=prompt, max_new_tokens=max_new_tokens, pad_id=pad_id, use_cache=use_cache,
+                        static_cache=static_cache)
+
+
+def _autoregress(model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | None,
+                 choose: Callable[[Tensor], Tensor], *, bos_id: int | None, eos_id: int | Sequence[int] | None,
+                 prompt: Tensor | None, max_new_tokens: int, pad_id: int | None, use_cache: bool,
+                 static_cache: bool | None, stop: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """The decoding loop of :func:`greedy_decode` and :func:`generate`: ``choose`` turns the
+    next-token logits ``(B, V)`` into ids ``(B,)``; a row ends at one of ``eos_id`` or where
+    ``stop`` says so, and is filled with ``pad_id`` after."""
     if model.decoder is None:
-        raise ValueError("greedy decoding needs a model with a decoder; this one is encoder-only")
-    _check_ids(max_new_tokens=max_new_tokens, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+        raise ValueError("decoding needs a model with a decoder; this one is encoder-only")
+    ends = () if eos_id is None else (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+    _check_ids(max_new_tokens=max_new_tokens, bos_id=bos_id, pad_id=pad_id,
+               **{f"eos_id[{i}]" if len(ends) > 1 else "eos_id": end for i, end in enumerate(ends)})
     if prompt is not None:
         check_token_ids(prompt, name="prompt")
     memory = None
@@ -167,7 +183,11 @@ def greedy_decode(
         if bos_id is None:
             raise ValueError("give bos_id (the start token) or a prompt")
         prompt = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
-    pad_id = eos_id if pad_id is None else pad_id
+    if pad_id is None and (ends or stop is not None):
+        if not ends:
+            raise ValueError("a stop condition needs pad_id (the filler after a row stops), or an eos_id to use as one")
+        pad_id = ends[0]
+    end_ids = torch.tensor(ends, dtype=torch.long, device=device)
 
     tokens = prompt
     cache = None
@@ -178,15 +198,130 @@ def greedy_decode(
     step_input = prompt
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
-        next_token = step(step_input if use_cache else tokens).argmax(dim=-1)  # (B, 1)
-        if eos_id is not None:
+        next_token = choose(step(step_input if use_cache else tokens)[:, -1])[:, None]  # (B, 1)
+        ending = ends or stop is not None
+        if ending:
             next_token = next_token.masked_fill(finished[:, None], pad_id)
-            finished |= next_token.squeeze(1) == eos_id
         tokens = torch.cat([tokens, next_token], dim=1)
+        if ends:
+            finished |= torch.isin(next_token.squeeze(1), end_ids)
+        if stop is not None:
+            finished |= stop(tokens).to(device=device, dtype=torch.bool)
         step_input = next_token
-        if eos_id is not None and bool(finished.all()):
+        if ending and bool(finished.all()):
             break
     return tokens
+
+
+def sample_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                  min_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """Draw one id per row from next-token logits ``(B, V)``: ``(B,)``.
+
+    The logits are divided by ``temperature`` (0: the most likely id, greedy), then the
+    candidates are cut, in this order, to the ``top_k`` most likely; to the nucleus, the fewest
+    most likely ids whose probabilities sum to at least ``top_p`` (Holtzman et al. 2020); and to
+    the ids with at least ``min_p`` times the probability of the most likely one (min-p
+    sampling). The most likely id always survives. The draw is from the renormalised rest, with
+    ``generator`` (seeded: the same draws every time).
+    """
+    _check_sampling(temperature, top_k, top_p, min_p)
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(-1)
+    if top_p is not None and top_p < 1:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # the mass of the more likely ids
+        cut = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before >= top_p)
+        probs = probs.masked_fill(cut, 0.0)
+    if min_p is not None and min_p > 0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0.0)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
+def _check_sampling(temperature: float, top_k: int | None, top_p: float | None, min_p: float | None) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a number >= 0 (0: greedy, 1: the model's distribution), got {temperature!r}")
+    if top_k is not None:
+        check_count(top_k, "top_k", 1)
+    for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not (0 < value <= 1 if low_open else 0 <= value <= 1)):
+            interval = "(0, 1]" if low_open else "[0, 1]"
+            raise ValueError(f"{name} must be a probability in {interval}, got {value!r}")
+
+
+@torch.no_grad()
+def generate(
+    model: EncoderDecoder,
+    src: Tensor | None = None,
+    src_mask: Tensor | None = None,
+    *,
+    prompt: Tensor | None = None,
+    bos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
+    pad_id: int | None = None,
+    max_new_tokens: int = 64,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    num_beams: int = 1,
+    stop: Callable[[Tensor], Tensor] | None = None,
+    use_cache: bool = True,
+    static_cache: bool | None = None,
+) -> Tensor:
+    """Continue ``prompt`` (or decode from ``src``): greedy, beam search or sampling, on the cache.
+
+    ``num_beams > 1`` is :func:`beam_search` (encoder-decoder models); ``do_sample`` draws each
+    token with :func:`sample_logits` (``temperature``, ``top_k``, ``top_p``, ``min_p``) from
+    ``generator``, or from a generator seeded with ``seed`` on the model's device (the same
+    seed gives the same tokens); otherwise the most likely token (:func:`greedy_decode`).
+
+    Args:
+        eos_id: a token id, or several, that ends a row; the row is then filled with ``pad_id``
+            (default: the first ``eos_id``).
+        stop: a stop condition: called with the ids so far ``(B, T)`` after each step, returns
+            ``(B,)`` bools, True for rows to end there (a stop sequence, a length per row).
+        max_new_tokens, use_cache, static_cache: as for :func:`greedy_decode`.
+
+    Returns:
+        ``(B, P + n)`` ids: the prompt (or ``bos_id``) followed by at most ``max_new_tokens``.
+
+    Raises:
+        ValueError: an option out of its range, sampling asked of beam search, or what
+            :func:`greedy_decode` raises.
+    """
+    check_count(num_beams, "num_beams", 1)
+    if num_beams > 1:
+        if do_sample or stop is not None or prompt is not None:
+            raise ValueError("num_beams > 1 is beam search over an encoder-decoder's src: it takes no do_sample, "
+                             "stop or prompt; use num_beams=1 for those")
+        if eos_id is None or bos_id is None or not isinstance(eos_id, int):
+            raise ValueError("beam search needs bos_id and one eos_id")
+        return beam_search(model, src, src_mask, bos_id=bos_id, eos_id=eos_id, beam_size=num_beams,
+                           max_new_tokens=max_new_tokens, pad_id=pad_id, static_cache=static_cache)[0]
+    if do_sample:
+        _check_sampling(temperature, top_k, top_p, min_p)
+        if generator is None and seed is not None:
+            device = next(model.parameters()).device
+            generator = torch.Generator(device=device).manual_seed(seed)
+
+        def choose(logits: Tensor) -> Tensor:
+            return sample_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                 generator=generator)
+    else:
+        def choose(logits: Tensor) -> Tensor:
+            return logits.argmax(-1)
+    return _autoregress(model, src, src_mask, choose, bos_id=bos_id, eos_id=eos_id, prompt=prompt,
+                        max_new_tokens=max_new_tokens, pad_id=pad_id, use_cache=use_cache,
+                        static_cache=static_cache, stop=stop)
 
 
 def sequence_log_prob(model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | None, tokens: Tensor,
