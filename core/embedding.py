@@ -44,11 +44,13 @@ class Embeddings(nn.Module):
         """Embeddings scaled by ``sqrt(d_model)``, as in the original Transformer."""
         return cls(token, scale=math.sqrt(token.embedding_dim), **kwargs)
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, ids: Tensor, offset: int | Tensor = 0, starts: Tensor | None = None) -> Tensor:
+        """``starts``: the model's random starts of this batch (:func:`~.positional.draw_starts`), shared
+        with the other side of an encoder-decoder; None: this module draws its own in training."""
         check_token_ids(ids, self.token.num_embeddings)
         x = self.token(ids)
         if self.scale != 1.0:
             x = x * self.scale
         if self.positional is not None:
-            x = add_positions(self.positional, x, position_starts(x, offset, self.random_offset, self.training))
+            x = add_positions(self.positional, x, position_starts(x, offset, self.random_offset, self.training, starts))
         return self.dropout(x)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from .inputs import check_tensor, check_token_ids
 from .masks import AttentionMask, as_padding_mask
+from .positional import draw_starts
 from .stack import DecoderCache, StackOutput
 
 CONFIG_NAME = "config.json"
@@ -241,14 +242,21 @@ class EncoderDecoder(ZooModel):
             return "decoder-only"
         return "encoder-only" if self.decoder is None else "encoder-decoder"
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
-        """Encode ``src`` ids ``(B, S)``; ``src_mask`` ``(B, S)`` is 1 for real tokens, 0 for padding."""
+    def encode(self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False,
+               starts: Tensor | None = None) -> StackOutput:
+        """Encode ``src`` ids ``(B, S)``; ``src_mask`` ``(B, S)`` is 1 for real tokens, 0 for padding.
+
+        ``starts``: in training with random position offsets, the batch's starts
+        (:func:`~.positional.draw_starts`), which :meth:`forward` gives the encoder and the decoder
+        alike; None: the encoder draws its own.
+        """
         if self.encoder is None:
             raise ValueError("this model is decoder-only: it has no encoder to encode with")
         check_token_ids(src, name="src")
         padding = as_padding_mask(src_mask, src, "src_mask")
-        x = self.src_embed(src)
-        return self.encoder(x, self_mask=AttentionMask(padding=padding), need_weights=need_weights)
+        x = self.src_embed(src, starts=starts)
+        return self.encoder(x, self_mask=AttentionMask(padding=padding), need_weights=need_weights,
+                            **({} if starts is None else {"starts": starts}))
 
     def decode(
         self,
@@ -259,10 +267,12 @@ class EncoderDecoder(ZooModel):
         tgt_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         need_weights: bool = False,
+        starts: Tensor | None = None,
     ) -> StackOutput:
         """Run the causal decoder on ``tgt`` ids ``(B, T)``, attending to ``memory`` ``(B, S, D)``.
 
         With a ``cache``, ``tgt`` holds only the new tokens; earlier ones are read from the cache.
+        ``starts``: as for :meth:`encode`.
         """
         if self.decoder is None:
             raise ValueError("this model is encoder-only: it has no decoder to decode with")
@@ -293,12 +303,13 @@ class EncoderDecoder(ZooModel):
                 )
             memory_padding = src_mask.bool()
         out = self.decoder(
-            self.tgt_embed(tgt, offset),
+            self.tgt_embed(tgt, offset, starts=starts),
             memory,
             self_mask=AttentionMask(padding=padding, causal=True),
             memory_mask=AttentionMask(padding=memory_padding),
             cache=cache,
             need_weights=need_weights,
+            **({} if starts is None else {"starts": starts}),
         )
         if cache is not None:
             cache.offset += tgt.size(1)
@@ -347,11 +358,14 @@ class EncoderDecoder(ZooModel):
             if src.size(0) != tgt.size(0):
                 raise ValueError(f"src has batch size {src.size(0)} but tgt has {tgt.size(0)}; they must be equal")
 
-        enc = self.encode(src, src_mask, need_weights=need_weights) if self.encoder is not None else None
+        # one random position start per example (in training, with random offsets), shared by both sides
+        starts = draw_starts(self, (src if src is not None else tgt).size(0))
+        enc = self.encode(src, src_mask, need_weights=need_weights, starts=starts) if self.encoder is not None else None
         dec = None
         if self.decoder is not None:
             memory = None if enc is None else enc.hidden
-            dec = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=need_weights)
+            dec = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=need_weights,
+                              starts=starts)
         last, mask = (dec, tgt_mask) if dec is not None else (enc, src_mask)
         logits = self.head(last.hidden, None if mask is None else mask.bool())
         return self.labelled(ModelOutput.of(logits, {"encoder": enc, "decoder": dec}, need_weights=need_weights), labels)

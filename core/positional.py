@@ -43,17 +43,34 @@ def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
     return table.float()
 
 
-def position_starts(x: Tensor, offset: int, random_offset: int, training: bool) -> int | Tensor:
+def position_starts(x: Tensor, offset: int, random_offset: int, training: bool,
+                    drawn: Tensor | None = None) -> int | Tensor:
     """Where the positions of each sequence of ``x`` ``(B, T, D)`` start.
 
     ``offset`` for every sequence, unless ``training`` with ``random_offset`` K > 0: then
     ``offset`` plus a start per sequence drawn uniformly from ``[0, K)`` (Dehghani et al. 2018,
     section 3.3), a CPU ``LongTensor`` ``(B,)`` drawn from the global RNG (a seed repeats it).
+    ``drawn``: the model's one draw for the batch (:func:`draw_starts`), which the source and
+    the target of an example then share; taken modulo K.
     """
     if not training or random_offset == 0:
         return offset
+    if drawn is not None:
+        return offset + drawn % random_offset
     # drawn on the CPU generator: seeded alike on every device, and read back without a device sync
     return offset + torch.randint(random_offset, (x.size(0),))
+
+
+def draw_starts(model: nn.Module, batch: int) -> Tensor | None:
+    """One random start per example for every module of ``model`` that offsets its positions in
+    training (``random_offset``), or None when none does or the model is not training.
+
+    The encoder's and the decoder's positions of one example start at the same offset, so that
+    a target position stays aligned with its source position (copying, reversing), as when
+    positions are not shifted at all. Each module takes the draw modulo its own ``random_offset``.
+    """
+    bound = max((getattr(m, "random_offset", 0) for m in model.modules()), default=0) if model.training else 0
+    return torch.randint(bound, (batch,)) if bound else None
 
 
 def add_positions(positional: nn.Module, x: Tensor, start: int | Tensor) -> Tensor:

@@ -105,7 +105,10 @@ class StandardStack(nn.Module):
         memory_mask: AttentionMask | None = None,
         cache: DecoderCache | None = None,
         need_weights: bool = False,
+        starts: Tensor | None = None,
     ) -> StackOutput:
+        """``starts`` (random position starts, in training) is for stacks that add positions
+        themselves; here the embeddings have added them."""
         attentions = []
         for i, layer in enumerate(self.layers):
             x, weights = layer(
@@ -142,12 +145,13 @@ class StepSignal(nn.Module):
         self.positional = positional
         self.random_offset = random_offset
 
-    def starts(self, x: Tensor, offset: int) -> int | Tensor:
+    def starts(self, x: Tensor, offset: int, drawn: Tensor | None = None) -> int | Tensor:
         """Where the positions of each sequence of ``x`` start, drawn once per forward of the stack
-        so that a sequence keeps one start at every step (:func:`~.positional.position_starts`)."""
+        so that a sequence keeps one start at every step (:func:`~.positional.position_starts`);
+        ``drawn``: the model's draw for the batch, shared by its encoder and decoder."""
         if self.positional is None:
             return offset
-        return position_starts(x, offset, self.random_offset, self.training)
+        return position_starts(x, offset, self.random_offset, self.training, drawn)
 
     def forward(self, x: Tensor, step: int, offset: int | Tensor = 0) -> Tensor:
         """``x`` ``(B, T, D)`` plus the signal of ``step``; ``offset``: the first position, or one
@@ -200,9 +204,12 @@ class RecurrentStack(nn.Module):
         memory_mask: AttentionMask | None = None,
         cache: DecoderCache | None = None,
         need_weights: bool = False,
+        starts: Tensor | None = None,
     ) -> StackOutput:
+        """``starts``: the model's random position starts for the batch, shared by its encoder and
+        decoder (:func:`~.positional.draw_starts`); None: drawn here, in training."""
         # with a cache the positions continue from the tokens already decoded, never at random
-        offset = self.signal.starts(x, 0) if cache is None else cache.offset
+        offset = self.signal.starts(x, 0, starts) if cache is None else cache.offset
         attentions: list[dict[str, Tensor]] = []
 
         def apply(h: Tensor, step: int) -> Tensor:

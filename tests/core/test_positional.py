@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import transformer_zoo as tz
+from transformer_zoo.core import embedding as embedding_module
 from transformer_zoo.core import stack as stack_module
 from transformer_zoo.core.decoding import greedy_decode
 from transformer_zoo.core.errors import ConfigError
@@ -168,6 +169,27 @@ def test_universal_transformer_keeps_one_start_at_every_step(monkeypatch):
     calls.clear()
     model.eval()(src, tgt)
     assert all(start == 0 for starts in calls.values() for start in starts)
+
+
+@pytest.mark.parametrize("variant", ["transformer-tiny", "universal-transformer-tiny"])
+def test_the_source_and_the_target_of_an_example_share_their_random_start(monkeypatch, variant):
+    """One draw per example for the whole model: a target position stays aligned with its source
+    position, which copying and reversing rely on. The embeddings add the positions once
+    (transformer), or the step signal at every step (universal transformer)."""
+    calls: list[torch.Tensor] = []
+
+    def spy(positional, x, start):
+        calls.append(start)
+        return add_positions(positional, x, start)
+
+    monkeypatch.setattr(stack_module, "add_positions", spy)
+    monkeypatch.setattr(embedding_module, "add_positions", spy)
+    torch.manual_seed(0)
+    model = model_with({"kind": "sinusoidal", "random_offset": 16}, variant=variant).train()
+    model(torch.randint(1, 60, (32, 9)), torch.randint(1, 60, (32, 6)))
+    assert len(calls) >= 2 and all(isinstance(start, torch.Tensor) for start in calls)
+    assert len(set(calls[0].tolist())) > 4, "the start differs between examples"
+    assert all(torch.equal(start, calls[0]) for start in calls), "and is the same on both sides and at every step"
 
 
 @pytest.mark.parametrize("kind", ["rotary", "alibi"])
