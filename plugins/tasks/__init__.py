@@ -13,11 +13,12 @@ from .digits_generation import DigitsGeneration
 from .language_modeling import LanguageModeling
 from .listops import ListOps
 from .pairs import FarPair, NearPair, OrderedPair
+from .pathfinder import Pathfinder
 from .seq2seq import Seq2Seq
 from .text import TextMLM
 
 
 @hookimpl
 def tzoo_tasks():
-    return [Copy, Reverse, Sort, Addition, ListOps, NearPair, FarPair, OrderedPair, Digits, DigitsGeneration,
+    return [Copy, Reverse, Sort, Addition, ListOps, Pathfinder, NearPair, FarPair, OrderedPair, Digits, DigitsGeneration,
             LanguageModeling, TextMLM, Seq2Seq, TextClassification]
