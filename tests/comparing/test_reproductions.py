@@ -9,7 +9,7 @@ import pytest
 from transformer_zoo.comparing.studies import load_study, reproduce
 
 RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
-    "ut-length-generalisation": ["holds", "does not hold"],
+    "ut-length-generalisation": ["holds", "inconclusive"],
     "layernorm-vs-batchnorm": ["inconclusive", "inconclusive"],
     "scaled-dot-product": ["holds", "holds"],
     "local-vs-global": ["holds", "holds", "holds"],
