@@ -207,7 +207,7 @@ class StaticKVCache(KVCache):
 class AttentionPositional(nn.Module):
     """Base of positional schemes that act inside attention (rotary, ALiBi, relative bias).
 
-    The default does nothing; subclasses override one or both methods.
+    The default does nothing; subclasses override any of the methods.
     """
 
     def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor) -> tuple[Tensor, Tensor]:
@@ -219,6 +219,13 @@ class AttentionPositional(nn.Module):
         """A float bias broadcastable to ``(B, H, q_len, k_len)``, end-aligned like a cache; under a
         static cache, whose keys are a buffer longer than the keys written, the queries start at
         ``q_offset`` (a 0-d tensor) instead."""
+        return None
+
+    def query_bias(self, q: Tensor, k_len: int, q_offset: Tensor | None = None) -> Tensor | None:
+        """A float bias ``(B, H, Tq, k_len)`` that depends on the queries ``q`` ``(B, H, Tq, Dh)``
+        (relative keys, Shaw et al. 2018: ``q_i . a_ij / sqrt(Dh)``), added to :meth:`bias`;
+        positions as for :meth:`bias`. Computed from the queries before the module's ``scale``,
+        which multiplies it as it multiplies ``q . k``."""
         return None
 
 
@@ -334,8 +341,14 @@ class MultiHeadAttention(nn.Module):
             q, k = self.positional.rotate(q, k, q_offset)
             if isinstance(q_offset, Tensor):  # a static cache: the keys are its whole buffer
                 bias = self.positional.bias(q.size(-2), k.size(-2), q.device, q_offset=q_offset)
+                relation = self.positional.query_bias(q, k.size(-2), q_offset=q_offset)
             else:
                 bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
+                relation = self.positional.query_bias(q, k.size(-2))
+            if relation is not None:
+                if self.scale is not None:  # as forward multiplies q for the kernel's q . k
+                    relation = relation * (self.scale * math.sqrt(self.d_head))
+                bias = relation if bias is None else bias + relation
         return q, k, v, bias
 
     def kernel_inputs(

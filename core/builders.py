@@ -144,11 +144,14 @@ def transformer_layer(
     cross_attention: AttentionOptions | None = None,
     positional: AttentionPositional | None = None,
     grid: tuple[int, int] | None = None,
+    rezero: bool = False,
 ) -> TransformerLayer:
     """A layer with self-attention of kind ``attention`` and, when ``cross_attention`` is given,
     attention to an encoder memory.
 
     Args:
+        rezero: ReZero residuals (Bachlechner et al. 2020): each branch scaled by a learned
+            ``alpha`` starting at 0, and no norms (``norm`` and ``pre_norm`` are then unused).
         positional: an in-attention positional scheme (rotary, ALiBi) for the self-attention.
         grid: ``(rows, columns)`` of the token grid in image models (local 2-D attention reads it);
             None for sequences.
@@ -162,10 +165,11 @@ def transformer_layer(
     return TransformerLayer(
         attend(attention, positional),
         ffn.build(d_model=d_model, d_ff=d_ff, dropout=dropout),
-        [norm.build(d_model=d_model) for _ in range(2 if cross_attention is None else 3)],
+        [nn.Identity() if rezero else norm.build(d_model=d_model) for _ in range(2 if cross_attention is None else 3)],
         cross_attn=None if cross_attention is None else attend(cross_attention, None),
         dropout=dropout,
         pre_norm=pre_norm,
+        rezero=rezero,
     )
 
 
@@ -199,7 +203,7 @@ def stack(
     layers = [
         transformer_layer(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, attention=options.attention_at(i),
                           ffn=ffn, norm=norm, pre_norm=pre_norm, cross_attention=options.cross_attention if cross else None,
-                          positional=positional, grid=grid)
+                          positional=positional, grid=grid, rezero=options.rezero)
         for i in range(options.layer_count)
     ]
     return options.build(layers=layers, final_norm=norm.build(d_model=d_model) if final_norm else None, d_model=d_model,

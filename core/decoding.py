@@ -164,7 +164,7 @@ def _autoregress(model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | N
     ``stop`` says so, and is filled with ``pad_id`` after."""
     if model.decoder is None:
         raise ValueError("decoding needs a model with a decoder; this one is encoder-only")
-    ends = () if eos_id is None else (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+    ends = () if eos_id is None else tuple(eos_id) if isinstance(eos_id, (list, tuple)) else (eos_id,)
     _check_ids(max_new_tokens=max_new_tokens, bos_id=bos_id, pad_id=pad_id,
                **{f"eos_id[{i}]" if len(ends) > 1 else "eos_id": end for i, end in enumerate(ends)})
     if prompt is not None:

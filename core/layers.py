@@ -1,10 +1,15 @@
-"""Building blocks of a layer: norms, feed-forward networks and the residual wrapper."""
+"""Building blocks of a layer: norms, feed-forward networks (dense and mixture of experts) and
+the residual wrapper."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from .attention import KVCache
@@ -68,6 +73,116 @@ class GatedFeedForward(nn.Module):
         return self.down(self.dropout(self.activation(gate) * up))
 
 
+@dataclass
+class Routing:
+    """What a mixture of experts did in its last forward, as tensors on its device (nothing is
+    read back to the host). A stack gathers these after each layer (:func:`routings`).
+
+    Attributes:
+        aux_loss: the weighted load-balancing loss, 0-d.
+        tokens: ``(E,)`` the token assignments each expert took (within its capacity).
+        dropped: 0-d, the assignments over capacity (a token all of whose choices are dropped
+            passes through the residual unchanged).
+        capacity: 0-d, the most assignments one expert takes.
+    """
+
+    aux_loss: Tensor
+    tokens: Tensor
+    dropped: Tensor
+    capacity: Tensor
+
+    def __deepcopy__(self, memo: dict) -> Routing:
+        # a copy of the model (an average of its weights, a frozen twin) keeps the values, not the autograd graph
+        return Routing(*(value.detach().clone() for value in vars(self).values()))
+
+
+class MixtureOfExperts(nn.Module):
+    """A router sends each real token to its ``top_k`` best experts, within each expert's capacity.
+
+    Top-1 is the Switch Transformer (Fedus et al. 2021): the output is ``p_i(x) E_i(x)``, ``p`` the
+    router's softmax. Top-2 follows Shazeer et al. 2017 and GShard (Lepikhin et al. 2020): the two
+    chosen experts' outputs weighted by their probabilities renormalised to sum to 1, the second
+    choice always dispatched (no random second expert).
+
+    An expert takes at most ``capacity = ceil(capacity_factor * tokens * top_k / experts)``
+    assignments (capped at ``tokens``), ``tokens`` the real tokens of the batch. Slots are filled
+    in order of priority: every token's first choice, then the second choices, tokens in batch
+    order. An assignment past capacity is dropped: it adds nothing, so a token with no choice kept
+    passes through the layer's residual unchanged. Padding is neither routed nor counted.
+
+    The load-balancing loss is Switch's ``alpha * E * sum_i f_i P_i``: ``f_i`` the fraction of real
+    tokens whose first choice is expert ``i``, ``P_i`` the mean router probability of expert ``i``
+    over them. Each forward sets :attr:`routing` (a :class:`Routing`); routing has no randomness.
+
+    Args:
+        experts: the expert networks, each on ``(N, D)``.
+        d_model: the width, the router's input.
+        top_k: experts per token, 1 or 2.
+        capacity_factor: the capacity's multiple of an even share.
+        aux_loss_weight: ``alpha``, the load-balancing loss's weight.
+    """
+
+    takes_padding: ClassVar[bool] = True
+
+    def __init__(self, experts: list[nn.Module], *, d_model: int, top_k: int = 1, capacity_factor: float = 1.25,
+                 aux_loss_weight: float = 0.01) -> None:
+        super().__init__()
+        if not 1 <= top_k <= min(2, len(experts)):
+            raise ValueError(f"top_k must be 1 or 2 and at most the number of experts ({len(experts)}), got {top_k}")
+        self.router = nn.Linear(d_model, len(experts), bias=False)
+        self.experts = nn.ModuleList(experts)
+        self.top_k = top_k
+        self.share = min(capacity_factor * top_k / len(experts), 1.0)  # capacity per token routed
+        self.aux_loss_weight = aux_loss_weight
+        self.routing: Routing | None = None
+
+    def forward(self, x: Tensor, real: Tensor | None = None) -> Tensor:
+        """``x``: ``(B, T, D)``; ``real``: ``(B, T)`` bool, True for a real token, or None (all real)."""
+        n_experts, k = len(self.experts), self.top_k
+        tokens = x.reshape(-1, x.size(-1))  # (N, D)
+        n = tokens.size(0)
+        real = torch.ones(n, dtype=torch.bool, device=x.device) if real is None else real.reshape(-1)
+        probs = self.router(tokens).float().softmax(-1)  # (N, E), in float32 whatever x's dtype
+        gates, chosen = probs.topk(k, dim=-1)  # (N, k)
+        if k > 1:
+            gates = gates / gates.sum(-1, keepdim=True)
+        # assignments in order of priority: the first choices of every token, then the second choices
+        routed = real.repeat(k)  # (k*N,)
+        expert = chosen.t().reshape(-1)  # (k*N,)
+        hits = (expert.unsqueeze(-1) == torch.arange(n_experts, device=x.device)) & routed.unsqueeze(-1)  # (k*N, E)
+        slot = ((hits.long().cumsum(0) - 1) * hits).sum(-1)  # (k*N,) place in its expert's queue
+        # each expert runs on a buffer of `slots` rows, sized by the shape (so nothing is read back to the host);
+        # the capacity, counted over real tokens, fits in it
+        slots = math.ceil(n * self.share)
+        count = real.sum()
+        capacity = torch.ceil(count * self.share).long().clamp(max=slots)
+        kept = routed & (slot < capacity)
+
+        where = torch.where(kept, expert * slots + slot, n_experts * slots)  # (k*N,) row E * slots takes the dropped
+        buffer = tokens.new_zeros(n_experts * slots + 1, tokens.size(-1)).index_add(0, where, tokens.repeat(k, 1))
+        buffer = buffer[:-1].view(n_experts, slots, -1)  # (E, C, D)
+        outputs = torch.cat([ffn(rows) for ffn, rows in zip(self.experts, buffer)])  # (E*C, D)
+        outputs = torch.cat([outputs, outputs.new_zeros(1, outputs.size(-1))])  # a zero row for the dropped
+        weights = (gates.t().reshape(-1) * kept).to(outputs.dtype)  # (k*N,)
+        out = (outputs[where] * weights.unsqueeze(-1)).view(k, n, -1).sum(0)  # (N, D)
+
+        real_f = real.float().unsqueeze(-1)
+        total = count.clamp(min=1)
+        fraction = ((chosen[:, :1] == torch.arange(n_experts, device=x.device)) * real_f).sum(0) / total  # f_i
+        mean_prob = (probs * real_f).sum(0) / total  # P_i
+        self.routing = Routing(aux_loss=self.aux_loss_weight * n_experts * (fraction * mean_prob).sum(),
+                               tokens=(hits & kept.unsqueeze(-1)).sum(0), dropped=(routed & ~kept).sum(),
+                               capacity=capacity)
+        return out.view(x.shape)
+
+
+def routings(module: nn.Module) -> list[Routing]:
+    """The :class:`Routing` of each mixture of experts in ``module`` (any submodule whose
+    ``routing`` attribute holds one), as its last forward set it, in module order."""
+    found = [getattr(m, "routing", None) for m in module.modules()]
+    return [routing for routing in found if isinstance(routing, Routing)]
+
+
 def real_positions(x: Tensor, mask: AttentionMask | None) -> Tensor | None:
     """``(B, T)`` bool, True for the real tokens of ``x`` ``(B, T, D)``; None when ``mask`` has no
     padding. With a key/value cache the mask covers earlier keys too, and ``x`` holds the last."""
@@ -91,17 +206,22 @@ class TransformerLayer(nn.Module):
     """One layer: self-attention, optional cross-attention, feed-forward, each in a residual.
 
     With ``pre_norm`` the residual is ``x + drop(f(norm(x)))`` (Xiong et al. 2020); otherwise
-    ``norm(x + drop(f(x)))``, the paper's post-norm. An encoder layer has no cross-attention;
-    a decoder layer of an encoder-decoder has one.
+    ``norm(x + drop(f(x)))``, the paper's post-norm. With ``rezero`` it is
+    ``x + alpha_i * drop(f(norm(x)))``, ``alpha`` a learned scalar per sub-layer starting at 0, so
+    the layer starts as the identity (Bachlechner et al. 2020, who use no norm: pass
+    ``nn.Identity()`` norms). An encoder layer has no cross-attention; a decoder layer of an
+    encoder-decoder has one.
 
     Args:
         self_attn: attention over the layer's own input.
-        ffn: the position-wise network.
+        ffn: the position-wise network; one declaring ``takes_padding`` (a mixture of experts) is
+            called as ``ffn(x, real=real)``, ``real`` ``(B, T)`` True for real positions or None.
         norms: one norm per sub-layer, in order (2 without cross-attention, 3 with); a norm
             declaring ``takes_padding`` is told which of ``x``'s positions are real (:func:`apply_norm`).
         cross_attn: attention to the encoder memory, or None.
         dropout: residual dropout.
-        pre_norm: norm placement.
+        pre_norm: norm placement (without ``rezero``).
+        rezero: scale each sub-layer's branch by ``alpha`` (parameter ``alpha``, one entry per sub-layer).
     """
 
     def __init__(
@@ -113,6 +233,7 @@ class TransformerLayer(nn.Module):
         cross_attn: nn.Module | None = None,
         dropout: float = 0.0,
         pre_norm: bool = False,
+        rezero: bool = False,
     ) -> None:
         super().__init__()
         expected = 2 if cross_attn is None else 3
@@ -124,8 +245,12 @@ class TransformerLayer(nn.Module):
         self.norms = nn.ModuleList(norms)
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
+        self.alpha = nn.Parameter(torch.zeros(expected)) if rezero else None
 
-    def _residual(self, x: Tensor, norm: nn.Module, fn: Callable[[Tensor], Tensor], real: Tensor | None) -> Tensor:
+    def _residual(self, x: Tensor, index: int, fn: Callable[[Tensor], Tensor], real: Tensor | None) -> Tensor:
+        norm = self.norms[index]
+        if self.alpha is not None:
+            return x + self.alpha[index].to(x.dtype) * self.dropout(fn(apply_norm(norm, x, real)))
         if self.pre_norm:
             return x + self.dropout(fn(apply_norm(norm, x, real)))
         return apply_norm(norm, x + self.dropout(fn(x)), real)
@@ -154,7 +279,7 @@ class TransformerLayer(nn.Module):
                 weights["self"] = w
             return out
 
-        x = self._residual(x, self.norms[0], attend, real)
+        x = self._residual(x, 0, attend, real)
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this decoder layer attends to an encoder memory, but none was given")
@@ -165,6 +290,7 @@ class TransformerLayer(nn.Module):
                     weights["cross"] = w
                 return out
 
-            x = self._residual(x, self.norms[1], cross, real)
-        x = self._residual(x, self.norms[-1], self.ffn, real)
+            x = self._residual(x, 1, cross, real)
+        ffn = partial(self.ffn, real=real) if getattr(self.ffn, "takes_padding", False) else self.ffn
+        x = self._residual(x, len(self.norms) - 1, ffn, real)
         return x, weights

@@ -74,7 +74,8 @@ class ZooModel(nn.Module):
         return [Phase("model", tuple(self.parameters()))]
 
     def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
-        """The head's loss on ``output.logits`` plus any auxiliary term of the stacks (ponder cost)."""
+        """The head's loss on ``output.logits`` plus any auxiliary term of the stacks (ponder cost,
+        the load-balancing loss of mixtures of experts)."""
         loss = self.head.loss(output.logits, targets)
         return loss if output.aux_loss is None else loss + output.aux_loss
 
@@ -140,8 +141,9 @@ class ModelOutput:
         logits: the head's output: ``(B, T, V)`` for token heads, ``(B, C)`` for sequence heads.
         hidden: the last stack's hidden states ``(B, T, D)``.
         attentions: weights by stack (``encoder``, ``decoder``), per layer application, by block.
-        aux_loss: terms to add to the task loss (ponder cost), or None.
-        extras: other per-forward outputs of the stacks, prefixed by stack name.
+        aux_loss: terms to add to the task loss (ponder cost, experts' load balancing), or None.
+        extras: other per-forward outputs of the stacks, prefixed by stack name (``encoder_ponder_time``,
+            ``decoder_moe_dropped``, ...).
         loss: the model's loss on the forward's ``labels=`` (:meth:`ZooModel.loss`), or None.
     """
 
@@ -359,7 +361,8 @@ class EncoderDecoder(ZooModel):
                 raise ValueError(f"src has batch size {src.size(0)} but tgt has {tgt.size(0)}; they must be equal")
 
         # one random position start per example (in training, with random offsets), shared by both sides
-        starts = draw_starts(self, (src if src is not None else tgt).size(0))
+        ids = src if src is not None else tgt
+        starts = draw_starts(self, ids.size(0)) if isinstance(ids, Tensor) else None  # encode/decode refuse the rest
         enc = self.encode(src, src_mask, need_weights=need_weights, starts=starts) if self.encoder is not None else None
         dec = None
         if self.decoder is not None:

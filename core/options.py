@@ -54,6 +54,8 @@ MAX_EXAMPLES = 2**24
 """Most examples a task generates or scores."""
 MAX_BEAM = 1024
 """Widest beam of a beam search."""
+MAX_EXPERTS = 4096
+"""Most experts of a mixture-of-experts layer (the Switch Transformer's largest had 2048)."""
 INT64 = (-(2**63), 2**63 - 1)
 """The range of every integer in a config: what a tensor, a seed or a size can hold."""
 
@@ -278,7 +280,13 @@ class NormOptions(ComponentOptions):
 
 
 class FFNOptions(ComponentOptions):
-    """Feed-forward kinds. ``build(d_model=, d_ff=, dropout=)`` returns a module on ``(B, T, D)``."""
+    """Feed-forward kinds. ``build(d_model=, d_ff=, dropout=)`` returns a module on ``(B, T, D)``.
+
+    A module whose class sets ``takes_padding = True`` is called as ``ffn(x, real=real)``
+    (:class:`~transformer_zoo.core.layers.TransformerLayer`); one that sets its ``routing`` to a
+    :class:`~transformer_zoo.core.layers.Routing` in its forward (a mixture of experts) has its
+    load-balancing loss added to the model's loss and its routing reported by the stacks.
+    """
 
     category: ClassVar[str] = "ffn"
     default_kind: ClassVar[str] = "mlp"
@@ -437,6 +445,10 @@ class StackOptions(ComponentOptions):
     )
     cross_attention: AttentionField = Field(
         "sdpa", validate_default=True, description="attention to the encoder memory (decoders of encoder-decoders)"
+    )
+    rezero: bool = Field(
+        False, description="ReZero (Bachlechner et al. 2020): each sub-layer adds alpha * F(x), alpha a learned scalar "
+        "starting at 0, and the layers have no norms (a final norm is kept where the config asks for one)"
     )
 
     @property

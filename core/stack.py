@@ -2,7 +2,9 @@
 
 A stack takes ``(B, T, D)`` and returns a :class:`StackOutput`. The ``standard`` stack runs
 N distinct layers; other kinds (a shared layer applied T times, with adaptive computation
-time) implement the same call.
+time) implement the same call. After each layer application a stack gathers the routing of
+the mixtures of experts it ran (:func:`~.layers.routings`) into its auxiliary loss and extras
+(:func:`routing_outputs`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KVCache, StaticKVCache
-from .layers import apply_norm, real_positions
+from .layers import Routing, apply_norm, real_positions, routings
 from .masks import AttentionMask
 from .positional import add_positions, position_starts, sinusoid_table
 
@@ -78,14 +80,27 @@ class StackOutput:
         hidden: ``(B, T, D)``.
         attentions: per layer application, the weights by block name (``self``, ``cross``),
             each ``(B, H, Tq, Tk)``; empty unless asked for.
-        aux_loss: a term to add to the training loss (ponder cost), or None.
-        extras: other per-forward outputs a stack exposes (ponder times), by name.
+        aux_loss: a term to add to the training loss (ponder cost, experts' load balancing), or None.
+        extras: other per-forward outputs a stack exposes (ponder times, experts' routing), by name.
     """
 
     hidden: Tensor
     attentions: list[dict[str, Tensor]] = field(default_factory=list)
     aux_loss: Tensor | None = None
     extras: dict[str, Tensor] = field(default_factory=dict)
+
+
+def routing_outputs(routed: list[Routing]) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """What a stack reports of the mixtures of experts its layer applications ran, in order: the
+    sum of their load-balancing losses, and extras ``moe_tokens`` ``(L, E)`` (assignments each
+    expert took), ``moe_dropped`` ``(L,)`` (assignments over capacity) and ``moe_capacity`` ``(L,)``,
+    one row per application; ``(None, {})`` when there were none."""
+    if not routed:
+        return None, {}
+    aux = sum((r.aux_loss for r in routed[1:]), routed[0].aux_loss)
+    return aux, {"moe_tokens": torch.stack([r.tokens for r in routed]),
+                 "moe_dropped": torch.stack([r.dropped for r in routed]),
+                 "moe_capacity": torch.stack([r.capacity for r in routed])}
 
 
 class StandardStack(nn.Module):
@@ -109,7 +124,7 @@ class StandardStack(nn.Module):
     ) -> StackOutput:
         """``starts`` (random position starts, in training) is for stacks that add positions
         themselves; here the embeddings have added them."""
-        attentions = []
+        attentions, routed = [], []
         for i, layer in enumerate(self.layers):
             x, weights = layer(
                 x,
@@ -121,7 +136,9 @@ class StandardStack(nn.Module):
             )
             if need_weights:
                 attentions.append(weights)
-        return StackOutput(apply_norm(self.final_norm, x, real_positions(x, self_mask)), attentions)
+            routed += routings(layer)
+        aux, extras = routing_outputs(routed)
+        return StackOutput(apply_norm(self.final_norm, x, real_positions(x, self_mask)), attentions, aux, extras)
 
 
 class StepSignal(nn.Module):
@@ -211,6 +228,7 @@ class RecurrentStack(nn.Module):
         # with a cache the positions continue from the tokens already decoded, never at random
         offset = self.signal.starts(x, 0, starts) if cache is None else cache.offset
         attentions: list[dict[str, Tensor]] = []
+        routed: list[Routing] = []
 
         def apply(h: Tensor, step: int) -> Tensor:
             out, weights = self.layer(self.signal(h, step, offset), memory, self_mask=self_mask,
@@ -218,6 +236,7 @@ class RecurrentStack(nn.Module):
                                       need_weights=need_weights)
             if need_weights:
                 attentions.append(weights)
+            routed.extend(routings(self.layer))
             return out
 
         padding = real_positions(x, self_mask)  # (B, T) bool, or None: no padding
@@ -226,7 +245,9 @@ class RecurrentStack(nn.Module):
             for step in range(self.steps):
                 x = apply(x, step)
             ponder = real.to(x.dtype) * self.steps
-            return StackOutput(apply_norm(self.final_norm, x, padding), attentions, extras={"ponder_time": ponder})
+            aux, extras = routing_outputs(routed)
+            return StackOutput(apply_norm(self.final_norm, x, padding), attentions, aux,
+                               extras={"ponder_time": ponder, **extras})
 
         running = real.clone()
         halted_sum = torch.zeros(real.shape, device=x.device)  # float32 book-keeping, whatever x's dtype
@@ -254,7 +275,9 @@ class RecurrentStack(nn.Module):
             state = torch.where(running.unsqueeze(-1), new_state, state)  # halted positions are copied
             running = continues
         ponder = (updates + remainder) * real  # rho = N + R (Graves 2016, eq. 11)
+        moe_aux, extras = routing_outputs(routed)
         aux = self.ponder_weight * ponder.sum() / real.sum().clamp(min=1)
+        aux = aux if moe_aux is None else aux + moe_aux
         return StackOutput(apply_norm(self.final_norm, output, padding), attentions, aux_loss=aux,
-                           extras={"ponder_time": ponder})
+                           extras={"ponder_time": ponder, **extras})
 

@@ -49,7 +49,10 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.bert": "transformer_zoo.plugins.bert",
     "tzoo.universal-transformer": "transformer_zoo.plugins.universal_transformer",
     "tzoo.local-global": "transformer_zoo.plugins.local_global",
+    "tzoo.efficient": "transformer_zoo.plugins.efficient",
     "tzoo.image": "transformer_zoo.plugins.image",
+    "tzoo.relative": "transformer_zoo.plugins.relative",
+    "tzoo.talking-heads": "transformer_zoo.plugins.talking_heads",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 LOAD_HINT = ("if a plugin provides it, load the plugin: --plugin MODULE (or TZOO_PLUGINS=MODULE), or install "

@@ -164,15 +164,21 @@ def _captures(monkeypatch) -> list:
     return captured
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "rotary", "alibi"])
-def test_cached_greedy_decoding_equals_uncached(positional, monkeypatch):
-    """On CUDA the default is the static cache with each step replayed as a CUDA graph; the
-    dynamic cache and no cache give the same tokens."""
+def _decoder_case(positional: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """A tiny untied encoder-decoder on CUDA, and a padded batch of sources with their mask."""
     model = tz.build_model("transformer-tiny", positional=positional, vocab_size=60, d_model=32, n_heads=4, d_ff=64,
                            dropout=0.0, head={"tie_weights": False}).to(CUDA).eval()
     src = torch.randint(3, 60, (4, 9), device=CUDA)
     src_mask = torch.ones_like(src)
     src_mask[1, 5:] = 0
+    return model, src, src_mask
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "rotary", "alibi"])
+def test_cached_greedy_decoding_equals_uncached(positional, monkeypatch):
+    """On CUDA the default is the static cache with each step replayed as a CUDA graph; the
+    dynamic cache and no cache give the same tokens."""
+    model, src, src_mask = _decoder_case(positional)
     captured = _captures(monkeypatch)
     cached = greedy_decode(model, src, src_mask, bos_id=1, max_new_tokens=20)
     assert captured == [1], "the static cache's step was captured once and replayed"
@@ -187,11 +193,7 @@ def test_cached_greedy_decoding_equals_uncached(positional, monkeypatch):
 def test_graphed_beam_search_equals_the_dynamic_cache(positional, monkeypatch):
     from transformer_zoo.core.decoding import beam_search
 
-    model = tz.build_model("transformer-tiny", positional=positional, vocab_size=60, d_model=32, n_heads=4, d_ff=64,
-                           dropout=0.0, head={"tie_weights": False}).to(CUDA).eval()
-    src = torch.randint(3, 60, (4, 9), device=CUDA)
-    src_mask = torch.ones_like(src)
-    src_mask[1, 5:] = 0
+    model, src, src_mask = _decoder_case(positional)
     captured = _captures(monkeypatch)
     static, static_scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=4, max_new_tokens=20)
     assert len(captured) == 2, "beam search and its greedy candidate each replay a captured step"

@@ -2,20 +2,22 @@
 
 Papers: Vaswani et al. 2017 (scaled dot-product attention, sinusoids, post-norm), Ba et al.
 2016 (layer norm), Zhang & Sennrich 2019 (RMS norm), Ioffe & Szegedy 2015 (batch norm),
-Shazeer 2020 (gated FFNs), Su et al. 2021 (rotary), Press et al. 2022 (ALiBi).
+Shazeer 2020 (gated FFNs), Su et al. 2021 (rotary), Press et al. 2022 (ALiBi); mixtures of
+experts: Shazeer et al. 2017, Lepikhin et al. 2020 (GShard), Fedus et al. 2021 (Switch Transformer).
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from transformer_zoo.core.attention import AttentionPositional, Kernel, MathAttention, math_kernel
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
-from transformer_zoo.core.layers import FeedForward, GatedFeedForward, TokenBatchNorm
+from transformer_zoo.core.layers import FeedForward, GatedFeedForward, MixtureOfExperts, TokenBatchNorm
 from transformer_zoo.core.options import (
+    MAX_EXPERTS,
     MAX_VOCAB,
     AttentionOptions,
     FFNOptions,
@@ -155,6 +157,33 @@ class Gated(FFNOptions):
         return GatedFeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
 
 
+class MoE(FFNOptions):
+    """Mixture of experts: a router sends each token to its top-k of ``experts`` MLPs, each within a
+    capacity (Switch Transformer, Fedus et al. 2021, with top-1; Shazeer et al. 2017 and GShard,
+    Lepikhin et al. 2020, with top-2). Its load-balancing loss joins the model's loss; the stacks
+    report each layer's routing in the output's extras (``moe_tokens``, ``moe_dropped``, ``moe_capacity``)."""
+
+    kind: Literal["moe"] = "moe"
+    experts: int = Field(8, ge=1, le=MAX_EXPERTS, description="number of experts, each an MLP of width d_ff")
+    top_k: int = Field(1, ge=1, le=2, description="experts per token: 1 (Switch) or 2 (GShard)")
+    capacity_factor: float = Field(1.25, gt=0.0, description="expert capacity ceil(capacity_factor * tokens * top_k / "
+                                   "experts); assignments past it are dropped (the token passes through the residual)")
+    aux_loss_weight: float = Field(0.01, ge=0.0, description="alpha of the load-balancing loss "
+                                   "alpha * experts * sum_i f_i P_i added to the model's loss")
+    activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity of the experts")
+
+    @model_validator(mode="after")
+    def _enough_experts(self) -> MoE:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k={self.top_k} needs at least {self.top_k} experts, got experts={self.experts}")
+        return self
+
+    def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
+        experts = [FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout) for _ in range(self.experts)]
+        return MixtureOfExperts(experts, d_model=d_model, top_k=self.top_k, capacity_factor=self.capacity_factor,
+                                aux_loss_weight=self.aux_loss_weight)
+
+
 # ---- stacks -------------------------------------------------------------------------------
 class Standard(StackOptions):
     """N distinct layers applied in turn."""
@@ -248,6 +277,7 @@ def tzoo_components():
         BatchNorm,
         MLP,
         Gated,
+        MoE,
         Standard,
         Recurrent,
         LM,

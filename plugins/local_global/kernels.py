@@ -183,7 +183,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
         padding: ``(B, Tk)`` bool, True for real keys.
         dropout: dropout on the attention weights (pass 0 in eval mode).
         batched: compute all the chunks of a band, or all the blocks, in one attention call
-            (:func:`_band`, :func:`_blocked`) rather than a Python loop over chunks. None: on
+            (``_band``, ``_blocked``) rather than a Python loop over chunks. None: on
             GPUs, where a loop is bound by its kernel launches; a CPU takes the loop, faster
             there in the forward pass (``tzoo bench attention-kernels --chunks loop`` against
             ``--chunks batched``, docs/benchmarks.md).

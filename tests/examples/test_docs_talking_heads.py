@@ -52,7 +52,7 @@ def reference(attn, x, mask, logits_mix, weights_mix):
 
 def test_the_documented_kind_equals_the_formula_written_out(plugin):
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": "talking-heads"},
+    model = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": "my-talking-heads"},
                            **SIZES).eval()
     attn = model.decoder.layers[0].self_attn
     assert isinstance(attn.kernel, plugin.TalkingHeadsKernel)
@@ -72,7 +72,7 @@ def test_the_documented_kind_equals_the_formula_written_out(plugin):
 
 def test_at_initialisation_it_is_multi_head_attention(plugin):
     torch.manual_seed(0)
-    talking = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": "talking-heads"},
+    talking = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": "my-talking-heads"},
                              decoder={"layers": 1}, **SIZES).eval()
     plain = tz.build_model("transformer-tiny", encoder={"layers": 1}, decoder={"layers": 1}, **SIZES).eval()
     plain.load_state_dict({k: v for k, v in talking.state_dict().items() if ".kernel." not in k})
@@ -82,7 +82,7 @@ def test_at_initialisation_it_is_multi_head_attention(plugin):
 
 
 def test_the_mixing_matrices_are_parameters_that_train_and_move(plugin):
-    model = tz.build_model("transformer-tiny", encoder={"layers": 2, "attention": "talking-heads"},
+    model = tz.build_model("transformer-tiny", encoder={"layers": 2, "attention": "my-talking-heads"},
                            decoder={"layers": 1}, **SIZES)
     names = dict(model.named_parameters())
     mixing = [f"encoder.layers.{i}.self_attn.kernel.{m}" for i in range(2) for m in ("logits_mix", "weights_mix")]
@@ -98,7 +98,7 @@ def test_the_mixing_matrices_are_parameters_that_train_and_move(plugin):
 
 def test_a_saved_model_loads_with_its_mixing_matrices(plugin, tmp_path):
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": {"kind": "talking-heads",
+    model = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": {"kind": "my-talking-heads",
                                                                                  "scale": 0.5}},
                            decoder={"layers": 1}, **SIZES).eval()
     with torch.no_grad():

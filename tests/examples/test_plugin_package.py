@@ -347,8 +347,8 @@ from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.stack import DecoderCache
 
 registry = tz.get_registry()
-assert registry.provider("attention", "linear") == "example"
-assert registry.component("attention", "linear").full is False, "not softmax attention: measured against full twins"
+assert registry.provider("attention", "simple-linear") == "example"
+assert registry.component("attention", "simple-linear").full is False, "not softmax attention: measured against full twins"
 
 
 def reference(attn, x, padding, causal):
@@ -367,7 +367,7 @@ padding = torch.ones(2, 9, dtype=torch.bool)
 padding[1, 6:] = False
 sizes = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 for causal in (False, True):
-    stack = {"layers": 1, "attention": "linear"}
+    stack = {"layers": 1, "attention": "simple-linear"}
     model = tz.build_model("transformer-tiny", encoder=None if causal else stack, decoder=stack if causal else None,
                            **sizes).eval()
     attn = (model.decoder if causal else model.encoder).layers[0].self_attn
@@ -383,7 +383,7 @@ for causal in (False, True):
         assert torch.isfinite(logits).all()
 
 # Cached decoding, a prompt then one token at a time, equals the uncached pass.
-lm = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 2, "attention": "linear"}, **sizes).eval()
+lm = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 2, "attention": "simple-linear"}, **sizes).eval()
 ids = torch.randint(3, 50, (2, 11))
 with torch.no_grad():
     full = lm(ids).logits
@@ -395,12 +395,12 @@ assert torch.equal(greedy_decode(lm, prompt=ids, max_new_tokens=6),
                    greedy_decode(lm, prompt=ids, max_new_tokens=6, use_cache=False))
 
 # It trains, with attention dropout; and ALiBi, a bias on scores it never forms, is refused at validation.
-lm = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": "linear"},
+lm = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": "simple-linear"},
                     **{**sizes, "dropout": 0.1})
 lm.loss(lm(ids), ids).backward()
 assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in lm.parameters())
 try:
-    tz.load_config("transformer-tiny", {"positional": "alibi", "encoder": {"attention": "linear"}})
+    tz.load_config("transformer-tiny", {"positional": "alibi", "encoder": {"attention": "simple-linear"}})
 except tz.ConfigError as error:
     assert "encoder.attention" in str(error) and "rotary" in str(error), error
 else:

@@ -96,6 +96,19 @@ def test_out_naming_a_file_is_a_clear_error(tmp_path, capsys):
 
 
 # ---- Ctrl-C --------------------------------------------------------------------------------------
+@pytest.fixture
+def python_sigint():
+    """Ctrl-C as a fresh Python process has it: Python's handler, the signal not blocked. A test
+    run earlier in the same pytest worker may have left SIGINT ignored or blocked (a child
+    process inherits both), and Ctrl-C handling is what these tests check."""
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_saves_the_step_reached_says_so_in_one_line_and_the_run_resumes_there(tmp_path):
     path, out = config_file(tmp_path, steps=100000, checkpoint_every=2), tmp_path / "run"
     run = tzoo("train", path, "--out", str(out), "--json")
@@ -131,6 +144,7 @@ def interrupt_at(monkeypatch, *steps: int) -> None:
     monkeypatch.setattr(Trainer, "step", step)
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_stops_after_the_step_under_way_and_restores_the_handler(tmp_path, monkeypatch):
     interrupt_at(monkeypatch, 3)
     config = small_config()
@@ -146,6 +160,7 @@ def test_ctrl_c_stops_after_the_step_under_way_and_restores_the_handler(tmp_path
     assert all(torch.equal(a[k], b[k]) for k in a), "the interrupted run ends as an uninterrupted one"
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_a_second_ctrl_c_stops_at_once_keeping_the_last_checkpoint(tmp_path, monkeypatch):
     interrupt_at(monkeypatch, 3)
     real_save = Trainer.save
@@ -162,6 +177,7 @@ def test_a_second_ctrl_c_stops_at_once_keeping_the_last_checkpoint(tmp_path, mon
     assert [c.name for c in candidates(tmp_path)] == ["checkpoint"] and step_of(tmp_path / "checkpoint") == 2
 
 
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_during_compare_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     interrupt_at(monkeypatch, 2)
     spec = tmp_path / "spec.yaml"

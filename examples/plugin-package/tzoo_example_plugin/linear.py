@@ -34,7 +34,7 @@ class LinearAttentionOptions(AttentionOptions):
     full: ClassVar[bool] = False  # it sees every key, but its weights are not softmax attention's
     takes_bias: ClassVar[bool] = False  # it forms no scores to add a bias to
     takes_scale: ClassVar[bool] = False  # phi(q) is not a dot product that a factor on q scales
-    kind: Literal["linear"] = "linear"
+    kind: Literal["simple-linear"] = "simple-linear"
 
     def make_kernel(self) -> Kernel:
         return linear_attention
