@@ -27,6 +27,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         "bert_hf", "bert against transformers' BertModel (sdpa), same weights (needs transformers)", "about 3 min"),
     "decoding": Benchmark(
         "decoding", "greedy decoding with the key/value cache against without", "about 1.5 min"),
+    "kv-heads": Benchmark(
+        "kv_heads", "grouped-query and multi-query attention against multi-head: cache bytes and decoding time",
+        "about 1 min"),
     "attention-kernels": Benchmark(
         "local_attention", "math, SDPA, FlexAttention and the sparse kernels, time and memory by length",
         "about 3.5 min"),

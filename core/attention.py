@@ -229,6 +229,13 @@ class AttentionPositional(nn.Module):
         return None
 
 
+def kv_heads_problem(n_heads: int, n_kv_heads: int) -> str:
+    """The message for ``n_kv_heads`` that does not divide ``n_heads``, with the values that would."""
+    divisors = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
+    return (f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}; choose n_kv_heads among {divisors} "
+            f"(1: multi-query attention; {n_heads} or null: multi-head)")
+
+
 def _kernel_name(kernel: Kernel) -> str:
     return getattr(kernel, "__name__", None) or repr(kernel)
 
@@ -248,6 +255,14 @@ class MultiHeadAttention(nn.Module):
     reads the heads' outputs concatenated in the same order. This is ``torch.nn.MultiheadAttention``'s
     ``in_proj_weight`` layout.
 
+    Grouped-query attention (Ainslie et al. 2023; multi-query attention, Shazeer 2019, is
+    ``n_kv_heads=1``): with ``n_kv_heads`` below ``n_heads``, the keys and values have
+    ``n_kv_heads`` heads, each shared by ``n_heads // n_kv_heads`` consecutive query heads (query
+    head ``h`` reads key head ``h // group``). ``in_proj`` is then
+    ``nn.Linear(d_model, d_model + 2 * n_kv_heads * d_head)``, the queries' rows first, then the
+    keys', then the values'. The cache holds the ``n_kv_heads`` heads only; :meth:`expand_kv`
+    repeats them for :meth:`kernel_inputs` and the kernel, which always see ``n_heads`` heads.
+
     Args:
         d_model: model width; split into ``n_heads`` heads of ``d_model // n_heads``.
         n_heads: number of heads.
@@ -259,6 +274,8 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on the attention weights, in training only.
         bias: whether the projections have a bias.
         positional: an in-attention positional scheme, or None.
+        n_kv_heads: heads of the keys and values, a divisor of ``n_heads``; None: ``n_heads``
+            (multi-head attention). 1 is multi-query attention.
         scale: the factor on the query-key dot products; None: ``1 / sqrt(d_head)``, the
             paper's. The queries are multiplied by ``scale * sqrt(d_head)`` before
             :meth:`kernel_inputs` (the kernels divide by ``sqrt(d_head)``); no parameter or
@@ -281,19 +298,24 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         positional: AttentionPositional | None = None,
         scale: float | None = None,
+        n_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(kv_heads_problem(n_heads, n_kv_heads))
         if scale is not None and not scale > 0:
             raise ValueError(f"scale must be positive (or None for 1/sqrt(d_head)), got {scale}")
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
+        self.n_kv_heads = n_kv_heads
         self.kernel = kernel  # an nn.Module kernel registers as a submodule here, with its parameters
         self.dropout = dropout
         # Query, key and value projections stacked in one matrix: self-attention runs one matmul.
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.in_proj = nn.Linear(d_model, d_model + 2 * n_kv_heads * self.d_head, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.positional = positional
         self.scale = scale
@@ -302,12 +324,25 @@ class MultiHeadAttention(nn.Module):
         scale = "" if self.scale is None else f", scale={self.scale:g}"
         # a kernel that is a module is shown as a child, below this line
         kernel = "" if isinstance(self.kernel, nn.Module) else f", kernel={_kernel_name(self.kernel)}"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}{kernel}{scale}"
+        kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{kernel}{scale}"
 
-    def _heads(self, x: Tensor, parts: int) -> tuple[Tensor, ...]:
-        """``(B, T, parts * D)`` to ``parts`` tensors of ``(B, H, T, Dh)``."""
+    def _heads(self, x: Tensor, parts: int, heads: int | None = None) -> tuple[Tensor, ...]:
+        """``(B, T, parts * heads * Dh)`` to ``parts`` tensors of ``(B, heads, T, Dh)``; heads: ``n_heads``."""
         b, t, _ = x.shape
-        return x.view(b, t, parts, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+        return x.view(b, t, parts, heads or self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def self_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries ``(B, H, T, Dh)``, keys and values ``(B, n_kv_heads, T, Dh)`` of ``x``, by one matmul."""
+        if self.n_kv_heads == self.n_heads:
+            return self._heads(self.in_proj(x), 3)
+        q, kv = self.in_proj(x).split([self.d_model, self.in_proj.out_features - self.d_model], dim=-1)
+        return (*self._heads(q, 1), *self._heads(kv, 2, self.n_kv_heads))
+
+    def expand_kv(self, x: Tensor) -> Tensor:
+        """Keys or values of ``n_kv_heads`` heads repeated for the ``n_heads`` query heads: ``(B, H, T, Dh)``."""
+        group = self.n_heads // self.n_kv_heads
+        return x if group == 1 else x.repeat_interleave(group, dim=1)
 
     def _project(self, x: Tensor, rows: slice) -> Tensor:
         bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
@@ -316,15 +351,16 @@ class MultiHeadAttention(nn.Module):
     def project(
         self, x: Tensor, memory: Tensor | None = None, cache: KVCache | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """Queries, keys and values ``(B, H, T, Dh)`` of every key so far, and the positional bias.
+        """Queries ``(B, H, T, Dh)``, keys and values ``(B, n_kv_heads, T, Dh)`` of every key so far,
+        and the positional bias.
 
-        Reads and extends ``cache`` (the cache holds keys before rotation), and applies the
-        in-attention positional scheme.
+        Reads and extends ``cache`` (the cache holds keys before rotation, of ``n_kv_heads`` heads),
+        and applies the in-attention positional scheme.
         """
         d = self.d_model
         q_offset = 0
         if memory is None:
-            q, k, v = self._heads(self.in_proj(x), 3)
+            q, k, v = self.self_heads(x)
             if cache is not None:
                 q_offset = cache.start
                 k, v = cache.append(k, v)
@@ -333,7 +369,7 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value  # the encoder memory does not change while decoding
             else:
-                k, v = self._heads(self._project(memory, slice(d, 3 * d)), 2)
+                k, v = self._heads(self._project(memory, slice(d, None)), 2, self.n_kv_heads)
                 if cache is not None:
                     cache.append(k, v)
         bias = None
@@ -383,6 +419,7 @@ class MultiHeadAttention(nn.Module):
         if memory is not None and self.self_only:
             raise ValueError(f"{type(self).__name__} is for self-attention; keep cross_attention: sdpa")
         q, k, v, bias = self.project(x, memory, cache)
+        k, v = self.expand_kv(k), self.expand_kv(v)
         mask = mask or AttentionMask()
         if cache is not None and memory is None:
             mask = cache.visible(mask, q.size(-2))

@@ -87,12 +87,14 @@ class EncoderDecoderConfig(VariantConfig):
             for index, kind in enumerate(stack.attention if listed else [stack.attention]):
                 try:
                     kind.check(max_len=self.max_len)
+                    kind.check_heads(self.n_heads)
                     kind.check_positional(self.positional)
                 except ValueError as error:
                     raise ValueError(f"{name}.attention{f'.{index}' if listed else ''}: {error}") from None
         if self.encoder is not None and self.decoder is not None:
             try:
                 self.decoder.cross_attention.check_cross_attention()
+                self.decoder.cross_attention.check_heads(self.n_heads)
             except ValueError as error:
                 raise ValueError(f"decoder.cross_attention: {error}") from None
         return self

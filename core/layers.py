@@ -12,7 +12,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from .attention import KVCache
+from .attention import KVCache, MultiHeadAttention
 from .masks import AttentionMask
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -294,3 +294,41 @@ class TransformerLayer(nn.Module):
         ffn = partial(self.ffn, real=real) if getattr(self.ffn, "takes_padding", False) else self.ffn
         x = self._residual(x, len(self.norms) - 1, ffn, real)
         return x, weights
+
+    def gathers(self) -> bool:
+        """Whether :meth:`forward_at` computes what :meth:`forward` does at the positions it is
+        given: the self-attention is a plain :class:`MultiHeadAttention` (no in-attention
+        positions, no hook that changes keys, not self-only), and no norm or feed-forward mixes
+        positions (``takes_padding``: batch norm, a mixture of experts)."""
+        attn = self.self_attn
+        plain = (isinstance(attn, MultiHeadAttention) and attn.positional is None and not attn.self_only
+                 and type(attn).kernel_inputs is MultiHeadAttention.kernel_inputs
+                 and type(attn).forward is MultiHeadAttention.forward)
+        mixing = [m for m in (*self.norms, self.ffn) if getattr(m, "takes_padding", False)]
+        return plain and not mixing
+
+    def forward_at(self, x: Tensor, index: Tensor, memory: Tensor | None = None, *,
+                   self_mask: AttentionMask | None = None, memory_mask: AttentionMask | None = None,
+                   cross_cache: KVCache | None = None) -> Tensor:
+        """The layer's output ``(B, Q, D)`` at positions ``index`` ``(B, Q)`` of ``x`` ``(B, T, D)``
+        only: those positions' queries attend to every key of ``x``, as in :meth:`forward`, and
+        only they go through the feed-forward network (for a layer that :meth:`gathers`).
+
+        ``cross_cache`` keeps the encoder memory's keys and values between calls on one memory.
+        """
+        keys = x
+        x = x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.size(-1)))
+        mask = self_mask or AttentionMask()
+        explicit = None
+        if mask.causal:  # a query sees the keys at or before its own position
+            explicit = (index.unsqueeze(-1) >= torch.arange(keys.size(1), device=x.device)).unsqueeze(1)
+        mask = AttentionMask(padding=mask.padding, explicit=explicit)
+        context = keys if self.alpha is None and not self.pre_norm else self.norms[0](keys)
+
+        def attend(h: Tensor) -> Tensor:
+            return self.self_attn(h, context, mask=mask)[0]
+
+        x = self._residual(x, 0, attend, None)
+        if self.cross_attn is not None:
+            x = self._residual(x, 1, lambda h: self.cross_attn(h, memory, mask=memory_mask, cache=cross_cache)[0], None)
+        return self._residual(x, len(self.norms) - 1, self.ffn, None)

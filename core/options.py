@@ -31,7 +31,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError, core_schema
 from torch import nn
 
-from .attention import AttentionPositional, Kernel, MultiHeadAttention, sdpa_kernel
+from .attention import AttentionPositional, Kernel, MultiHeadAttention, kv_heads_problem, sdpa_kernel
 from .errors import UnknownNameError
 
 
@@ -195,6 +195,9 @@ class AttentionOptions(ComponentOptions):
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
     scale: float | None = Field(None, gt=0, description="factor on the query-key dot products; None: 1/sqrt(d_head) "
                                 "(Vaswani et al. 2017); 1.0: unscaled dot products")
+    n_kv_heads: int | None = Field(None, ge=1, le=MAX_WIDTH,
+                                   description="key/value heads, a divisor of n_heads, each shared by n_heads / "
+                                   "n_kv_heads query heads (grouped-query attention); 1: multi-query; null: n_heads")
 
     @model_validator(mode="after")
     def _scale_is_taken(self) -> AttentionOptions:
@@ -206,6 +209,11 @@ class AttentionOptions(ComponentOptions):
         if self.scale is not None and not self.takes_scale:
             raise ValueError(f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
                              "remove scale, or use kind: sdpa")
+
+    def check_heads(self, n_heads: int) -> None:
+        """Raise a ValueError if ``n_kv_heads`` does not divide the model's ``n_heads``."""
+        if self.n_kv_heads is not None and n_heads % self.n_kv_heads:
+            raise ValueError(kv_heads_problem(n_heads, self.n_kv_heads))
 
     def check_cross_attention(self) -> None:
         """Raise a ValueError if this kind cannot attend to an encoder's memory (``self_only``)."""
@@ -230,7 +238,7 @@ class AttentionOptions(ComponentOptions):
                 Kinds over a grid read it; the others ignore it.
         """
         return MultiHeadAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
-                                  positional=positional, scale=self.scale)
+                                  positional=positional, scale=self.scale, n_kv_heads=self.n_kv_heads)
 
     def check(self, *, max_len: int) -> None:
         """Raise a ValueError if these options cannot work with sequences of up to ``max_len``."""

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import KVCache, StaticKVCache
-from .layers import Routing, apply_norm, real_positions, routings
+from .layers import Routing, TransformerLayer, apply_norm, real_positions, routings
 from .masks import AttentionMask
 from .positional import add_positions, position_starts, sinusoid_table
 
@@ -36,6 +36,12 @@ class DecoderCache:
         while len(self.layers) <= index:
             self.layers.append((KVCache(), KVCache()))
         return self.layers[index]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by every layer's keys, values and state (self- and cross-attention)."""
+        return sum(t.nbytes for caches in self.layers for cache in caches
+                   for t in (cache.key, cache.value, *cache.state.values()) if t is not None)
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` of every cache (beam search)."""
@@ -191,6 +197,14 @@ class RecurrentStack(nn.Module):
     ``rho = N + R`` of each position is returned in ``extras["ponder_time"]``, and
     ``ponder_weight * mean(rho)`` over real positions as the auxiliary loss.
 
+    In eager mode a step sends only the positions still running through the layer: their
+    queries attend to every position's keys (a halted position's state still serves as context),
+    and only they go through the feed-forward network; the encoder memory's keys are projected
+    once for all steps. Exported and compiled graphs, decoding with a cache, attention weights
+    asked for, and a layer that does not :meth:`~TransformerLayer.gathers` run the dense form
+    (every position, halted ones copied), which computes the same outputs.
+    ``gather_running = False`` forces the dense form.
+
     Args:
         layer: the shared layer (one set of parameters whatever ``steps`` is).
         steps: the most applications ``T``.
@@ -211,6 +225,27 @@ class RecurrentStack(nn.Module):
         self.threshold = threshold
         self.ponder_weight = ponder_weight
         self.final_norm = final_norm if final_norm is not None else nn.Identity()
+        self.gather_running = True
+
+    @property
+    def layer_gathers(self) -> bool:
+        """Whether ACT can send only the running positions through the layer (:meth:`TransformerLayer.gathers`)."""
+        return isinstance(self.layer, TransformerLayer) and self.layer.gathers()
+
+    def _apply_running(self, state: Tensor, signalled: Tensor, running: Tensor, memory: Tensor | None,
+                       self_mask: AttentionMask | None, memory_mask: AttentionMask | None,
+                       cross_cache: KVCache | None) -> Tensor:
+        """One step for the running positions only, gathered row by row (each row's running positions
+        first, to the longest row's count; a shorter row's extra slots rewrite states unchanged)."""
+        counts = running.sum(1)
+        width = int(counts.max())
+        index = torch.sort((~running).to(torch.uint8), dim=1, stable=True).indices[:, :width]  # (B, Q)
+        valid = (torch.arange(width, device=state.device) < counts.unsqueeze(1)).unsqueeze(-1)  # (B, Q, 1)
+        out = self.layer.forward_at(signalled, index, memory, self_mask=self_mask, memory_mask=memory_mask,
+                                    cross_cache=cross_cache)
+        expanded = index.unsqueeze(-1).expand(-1, -1, state.size(-1))
+        out = torch.where(valid, out, state.gather(1, expanded))
+        return state.scatter(1, expanded, out)
 
     def forward(
         self,
@@ -255,14 +290,19 @@ class RecurrentStack(nn.Module):
         updates = torch.zeros_like(halted_sum)
         output = torch.zeros_like(x)
         state = x
+        # An exported graph cannot branch on a tensor's values, nor can a meta tensor (shapes alone), nor a
+        # compiled one without breaking: they run every step over every position, in the dense form.
+        eager = (cache is None and not torch.compiler.is_exporting() and not torch.compiler.is_compiling()
+                 and x.device.type != "meta")
+        gather = eager and self.gather_running and not need_weights and self.layer_gathers
+        cross_cache = KVCache() if gather and memory is not None else None  # the memory's keys, once
         for step in range(self.steps):
-            # Every position has halted: stop early (with a cache later tokens need every step's keys). An
-            # exported graph cannot branch on a tensor's values, nor can a meta tensor (shapes alone), so they run
-            # every step: a halted position's weight is 0 and its state is copied, so the outputs are the same.
-            # (torch.compile breaks the graph here.)
-            if cache is None and not torch.compiler.is_exporting() and x.device.type != "meta" and not bool(running.any()):
+            # Every position has halted: stop early (with a cache later tokens need every step's keys). Where the
+            # loop runs on, a halted position's weight is 0 and its state is copied, so the outputs are the same.
+            if eager and not bool(running.any()):
                 break
-            p = torch.sigmoid(self.halting(self.signal(state, step, offset)).float()).squeeze(-1)  # (B, T)
+            signalled = self.signal(state, step, offset)
+            p = torch.sigmoid(self.halting(signalled).float()).squeeze(-1)  # (B, T)
             last = step == self.steps - 1
             halts = running & ((halted_sum + p > self.threshold) | last)
             continues = running & ~halts
@@ -270,7 +310,11 @@ class RecurrentStack(nn.Module):
             weight = torch.where(continues, p, torch.where(halts, remainder, torch.zeros_like(p)))  # (B, T)
             halted_sum = halted_sum + p * continues
             updates = updates + running.float()
-            new_state = apply(state, step)
+            if gather:  # only the running positions go through the layer; the others are their state
+                new_state = self._apply_running(state, signalled, running, memory, self_mask, memory_mask, cross_cache)
+                routed.extend(routings(self.layer))
+            else:
+                new_state = apply(state, step)
             output = output + weight.unsqueeze(-1).to(new_state.dtype) * new_state
             state = torch.where(running.unsqueeze(-1), new_state, state)  # halted positions are copied
             running = continues

@@ -54,7 +54,8 @@ class MathAttentionOptions(AttentionOptions):
 
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
-        return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional, scale=self.scale)
+        return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional, scale=self.scale,
+                                  n_kv_heads=self.n_kv_heads)
 
 
 # ---- positional ---------------------------------------------------------------------------

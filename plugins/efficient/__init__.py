@@ -52,7 +52,8 @@ class _Recurrent(AttentionOptions):
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
         return RecurrentAttention(d_model, n_heads, features=self.feature_map(d_model // n_heads), kind=self.kind,
-                                  dropout=dropout, bias=self.bias, positional=positional, scale=self.scale)
+                                  dropout=dropout, bias=self.bias, positional=positional, scale=self.scale,
+                                  n_kv_heads=self.n_kv_heads)
 
 
 class LinearAttention(_Recurrent):
@@ -100,7 +101,8 @@ class Linformer(AttentionOptions):
               grid: tuple[int, int] | None = None) -> nn.Module:
         return LinformerAttention(d_model, n_heads, projected_length=self.projected_length, seq_len=self.seq_len,
                                   kernel=self.make_kernel(), dropout=dropout, bias=self.bias, positional=positional,
-                                  scale=self.scale)
+                                  scale=self.scale,
+                                  n_kv_heads=self.n_kv_heads)
 
 
 @hookimpl

@@ -178,7 +178,8 @@ class RecurrentAttention(MultiHeadAttention):
                 cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         if cache is None or memory is not None:
             return super().forward(x, memory, mask=mask, cache=cache, need_weights=need_weights)
-        q, k, v = self._heads(self.in_proj(x), 3)  # (B, H, Tq, Dh): the new tokens only
+        q, k, v = self.self_heads(x)  # the new tokens only
+        k, v = self.expand_kv(k), self.expand_kv(v)  # (B, H, Tq, Dh)
         if self.scale is not None:
             q = q * (self.scale * math.sqrt(self.d_head))
         q, k = self.kernel.features(q), self.kernel.features(k)

@@ -104,7 +104,8 @@ class Local2dOptions(AttentionOptions):
             raise ValueError("local-2d attention needs the token grid (rows, columns): use it in an image model, "
                              "which gives it")
         return Local2dAttention(d_model, n_heads, kernel=PatternKernel(self.pattern(grid), self.kernel), dropout=dropout,
-                                bias=self.bias, positional=positional, scale=self.scale)
+                                bias=self.bias, positional=positional, scale=self.scale,
+                                  n_kv_heads=self.n_kv_heads)
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------
@@ -169,6 +170,10 @@ class ImageEncoderConfig(ImageConfig):
         kinds = self.encoder.attention if isinstance(self.encoder.attention, list) else [self.encoder.attention]
         tokens = self.grid[0] * self.grid[1] + (self.pooling == "cls")
         for attention in kinds:
+            try:
+                attention.check_heads(self.n_heads)
+            except ValueError as error:
+                raise ValueError(f"encoder.attention: {error}") from None
             if not isinstance(attention, Local2dOptions):
                 try:
                     attention.check(max_len=tokens)

@@ -58,7 +58,8 @@ class _Sparse(AttentionOptions):
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
         return SparseAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
-                               positional=positional, scale=self.scale)
+                               positional=positional, scale=self.scale,
+                                  n_kv_heads=self.n_kv_heads)
 
 
 class SlidingWindow(_Sparse):
@@ -167,7 +168,8 @@ class MemoryCompressed(AttentionOptions):
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
         return MemoryCompressedAttention(d_model, n_heads, compression=self.compression, dropout=dropout,
-                                         bias=self.bias, positional=positional, scale=self.scale)
+                                         bias=self.bias, positional=positional, scale=self.scale,
+                                  n_kv_heads=self.n_kv_heads)
 
 
 # ---- the family -----------------------------------------------------------------------------

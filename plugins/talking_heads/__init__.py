@@ -66,7 +66,8 @@ class TalkingHeads(AttentionOptions):
     def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
               grid: tuple[int, int] | None = None) -> nn.Module:
         return MultiHeadAttention(d_model, n_heads, kernel=TalkingHeadsKernel(n_heads), dropout=dropout,
-                                  bias=self.bias, positional=positional, scale=self.scale)
+                                  bias=self.bias, positional=positional, scale=self.scale,
+                                  n_kv_heads=self.n_kv_heads)
 
 
 @hookimpl

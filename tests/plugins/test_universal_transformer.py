@@ -3,6 +3,7 @@ decoding, and learning an algorithmic task."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import transformer_zoo as tz
@@ -77,10 +78,9 @@ def test_halted_positions_stop_changing():
     model = build(steps=8).eval()
     spread_halting(model)
     stack = model.encoder
-    entering = []  # the state entering each step (the signal is applied once for halting, once for the layer)
+    entering = []  # the state entering each step (the signal is applied once, for halting and the layer)
     stack.signal.register_forward_hook(lambda module, args, out: entering.append(args[0].detach().clone()))
     out = stack(model.src_embed(torch.randint(3, 60, (3, 10))), self_mask=AttentionMask())
-    entering = entering[::2]
     steps_taken = out.extras["ponder_time"].ceil().long() - 1
     assert len(entering) == int(steps_taken.max()), "the loop ends when the last position halts"
     frozen = 0
@@ -181,3 +181,79 @@ def test_a_position_that_never_halts_stops_at_the_most_steps():
         model.encoder.halting.bias.fill_(-20.0)
     ponder = model(torch.randint(3, 60, (2, 8)), torch.randint(3, 60, (2, 3))).extras["encoder_ponder_time"]
     assert ((ponder > 5) & (ponder <= 6)).all(), "N = 5 steps and R close to 1"
+
+
+def both_forms(model, *args, **kwargs):
+    """The model's output with ACT gathering the running positions (the default), and in the dense form."""
+    gathered = model(*args, **kwargs)
+    for stack in (model.encoder, model.decoder):
+        if stack is not None:
+            stack.gather_running = False
+    dense = model(*args, **kwargs)
+    for stack in (model.encoder, model.decoder):
+        if stack is not None:
+            stack.gather_running = True
+    return gathered, dense
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_skipping_halted_positions_computes_the_dense_outputs_and_gradients(placement):
+    torch.manual_seed(0)
+    model = build(steps=6, norm_placement=placement, head={"kind": "lm", "tie_weights": False})
+    spread_halting(model, bias=1.0)
+    src, tgt = torch.randint(3, 60, (3, 11)), torch.randint(3, 60, (3, 9))
+    src_mask = torch.ones(3, 11, dtype=torch.bool)
+    src_mask[1, 7:] = False
+    tgt_mask = torch.ones(3, 9, dtype=torch.bool)
+    tgt_mask[2, 5:] = False
+    gathered, dense = both_forms(model, src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
+    for stack, real in (("encoder", src_mask), ("decoder", tgt_mask)):  # some positions are skipped in each
+        assert gathered.extras[f"{stack}_ponder_time"][real].ceil().unique().numel() > 1, "positions halt apart"
+    real = tgt_mask.unsqueeze(-1)
+    torch.testing.assert_close(gathered.logits * real, dense.logits * real, atol=1e-5, rtol=1e-5)
+    for name in gathered.extras:
+        torch.testing.assert_close(gathered.extras[name], dense.extras[name], atol=1e-5, rtol=1e-5)
+    grads = []
+    for out in (gathered, dense):
+        model.zero_grad()
+        model.loss(out, tgt).backward()  # the ponder cost included
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_skipping_keeps_a_decoder_causal():
+    torch.manual_seed(0)
+    model = tz.build_model("universal-transformer-tiny", **SMALL, encoder=None,
+                           decoder={"kind": "recurrent", "layers": 5, "act": True}).eval()
+    with torch.no_grad():
+        model.decoder.halting.weight.normal_(std=2.0)
+        model.decoder.halting.bias.fill_(-1.0)
+    tgt = torch.randint(3, 60, (2, 10))
+    gathered, dense = both_forms(model, tgt=tgt)
+    torch.testing.assert_close(gathered.logits, dense.logits, atol=1e-5, rtol=1e-5)
+    changed = tgt.clone()
+    changed[:, 6:] = torch.randint(3, 60, (2, 4))
+    torch.testing.assert_close(model(tgt=changed).logits[:, :6], gathered.logits[:, :6], atol=1e-6, rtol=0)
+
+
+def test_only_the_running_positions_go_through_the_feed_forward_network():
+    torch.manual_seed(1)
+    model = build(steps=8).eval()
+    spread_halting(model)
+    rows = []
+    model.encoder.layer.ffn.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[:2].numel()))
+    src = torch.randint(3, 60, (3, 10))
+    out = model.encoder(model.src_embed(src), self_mask=AttentionMask())
+    updates = (out.extras["ponder_time"].ceil() - 1).sum()  # N per position: the steps it ran
+    assert sum(rows) < len(rows) * 30, "halted positions were skipped"
+    assert sum(rows) >= updates  # every running position of every step went through, a row's extra slots too
+
+
+def test_layers_that_mix_positions_run_the_dense_form():
+    for overrides in ({"norm": "batchnorm"}, {"positional": "rotary"}, {"ffn": {"kind": "moe", "experts": 2}}):
+        torch.manual_seed(0)
+        model = build(steps=4, **overrides).eval()
+        assert not model.encoder.layer_gathers, overrides
+    assert build(steps=4).encoder.layer_gathers

@@ -51,6 +51,7 @@ class CosineAttention(MultiHeadAttention):
         dropout: dropout on the attention weights, in training only.
         bias: whether the projections have a bias.
         positional: an in-attention positional scheme, or None.
+        n_kv_heads: heads of the keys and values (grouped-query attention); None: ``n_heads``.
     """
 
     def __init__(
@@ -62,8 +63,10 @@ class CosineAttention(MultiHeadAttention):
         dropout: float = 0.0,
         bias: bool = True,
         positional: AttentionPositional | None = None,
+        n_kv_heads: int | None = None,
     ) -> None:
-        super().__init__(d_model, n_heads, kernel=math_kernel, dropout=dropout, bias=bias, positional=positional)
+        super().__init__(d_model, n_heads, kernel=math_kernel, dropout=dropout, bias=bias, positional=positional,
+                         n_kv_heads=n_kv_heads)
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
@@ -82,7 +85,8 @@ class CosineAttentionOptions(AttentionOptions):
     """Multi-head attention on cosine similarities with a learned temperature (QKNorm)."""
 
     # The learned temperature takes the place of ``scale``: the inherited field stays, and validation
-    # refuses any value but null (``check_scale``). The other inherited field, ``bias``, is passed on.
+    # refuses any value but null (``check_scale``). The other inherited fields, ``bias`` and ``n_kv_heads``, are
+    # passed on.
     takes_scale: ClassVar[bool] = False
     kind: Literal["cosine"] = "cosine"
     init_scale: float = Field(
@@ -99,7 +103,8 @@ class CosineAttentionOptions(AttentionOptions):
         grid: tuple[int, int] | None = None,
     ) -> nn.Module:
         return CosineAttention(
-            d_model, n_heads, init_scale=self.init_scale, dropout=dropout, bias=self.bias, positional=positional
+            d_model, n_heads, init_scale=self.init_scale, dropout=dropout, bias=self.bias, positional=positional,
+            n_kv_heads=self.n_kv_heads,
         )
 
 
