@@ -197,10 +197,10 @@ class RecurrentStack(nn.Module):
     ``rho = N + R`` of each position is returned in ``extras["ponder_time"]``, and
     ``ponder_weight * mean(rho)`` over real positions as the auxiliary loss.
 
-    In eager mode a step sends only the positions still running through the layer: their
-    queries attend to every position's keys (a halted position's state still serves as context),
-    and only they go through the feed-forward network; the encoder memory's keys are projected
-    once for all steps. Exported and compiled graphs, decoding with a cache, attention weights
+    In eager mode a step sends only the positions still running through the layer (once every
+    row has one that halted or is padding): their queries attend to every position's keys (a
+    halted position's state still serves as context), and only they go through the feed-forward
+    network; the encoder memory's keys are then projected once for all steps. Exported and compiled graphs, decoding with a cache, attention weights
     asked for, and a layer that does not :meth:`~TransformerLayer.gathers` run the dense form
     (every position, halted ones copied), which computes the same outputs.
     ``gather_running = False`` forces the dense form.
@@ -265,8 +265,9 @@ class RecurrentStack(nn.Module):
         attentions: list[dict[str, Tensor]] = []
         routed: list[Routing] = []
 
-        def apply(h: Tensor, step: int) -> Tensor:
-            out, weights = self.layer(self.signal(h, step, offset), memory, self_mask=self_mask,
+        def apply(h: Tensor, step: int, signalled: bool = False) -> Tensor:
+            """The layer on ``h`` at ``step``; ``signalled``: ``h`` has the step's signal already."""
+            out, weights = self.layer(h if signalled else self.signal(h, step, offset), memory, self_mask=self_mask,
                                       memory_mask=memory_mask, cache=None if cache is None else cache.layer(step),
                                       need_weights=need_weights)
             if need_weights:
@@ -310,11 +311,12 @@ class RecurrentStack(nn.Module):
             weight = torch.where(continues, p, torch.where(halts, remainder, torch.zeros_like(p)))  # (B, T)
             halted_sum = halted_sum + p * continues
             updates = updates + running.float()
-            if gather:  # only the running positions go through the layer; the others are their state
+            # only the running positions go through the layer, when a row has halted ones to leave out
+            if gather and int(running.sum(1).max()) < x.size(1):
                 new_state = self._apply_running(state, signalled, running, memory, self_mask, memory_mask, cross_cache)
                 routed.extend(routings(self.layer))
             else:
-                new_state = apply(state, step)
+                new_state = apply(signalled, step, signalled=True)
             output = output + weight.unsqueeze(-1).to(new_state.dtype) * new_state
             state = torch.where(running.unsqueeze(-1), new_state, state)  # halted positions are copied
             running = continues

@@ -79,11 +79,15 @@ class Task:
         objective: what the model must produce: ``seq2seq``, ``sequence-classification``, ...
         metrics: every score :meth:`evaluate` returns, with the way it is better (``"higher"``
             or ``"lower"``); the first is the headline (:attr:`metric`).
+        bounds: the range ``(low, high)`` of each metric whose values cannot leave one (an
+            accuracy ``(0.0, 1.0)``, BLEU ``(0.0, 100.0)``): comparisons keep its intervals inside
+            it. A metric not named here is unbounded.
     """
 
     inputs: ClassVar[frozenset[str]] = frozenset({"tokens"})
     objective: ClassVar[str] = ""
     metrics: ClassVar[dict[str, Better]] = {}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {}
     baseline: ClassVar[str] = "Majority-class baseline"  # what :meth:`baselines` scores, for reports
     options: Any = None
 
@@ -196,6 +200,7 @@ class Seq2SeqTask(Task):
 
     objective: ClassVar[str] = "seq2seq"
     metrics: ClassVar[dict[str, Better]] = {"token_accuracy": "higher", "sequence_accuracy": "higher"}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"token_accuracy": (0.0, 1.0), "sequence_accuracy": (0.0, 1.0)}
     vocab_size: int = 0
     pad_id, bos_id, eos_id = PAD, BOS, EOS
     beam_size: int = 1  # 1: greedy decoding when scoring
@@ -279,6 +284,7 @@ class ClassificationTask(Task):
 
     objective: ClassVar[str] = "sequence-classification"
     metrics: ClassVar[dict[str, Better]] = {"accuracy": "higher"}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"accuracy": (0.0, 1.0)}
     vocab_size: int = 0
     num_classes: int = 0
     pad_id, cls_id = PAD, CLS
@@ -385,6 +391,7 @@ class LanguageModelTask(Task):
 
     objective: ClassVar[str] = "language-modeling"
     metrics: ClassVar[dict[str, Better]] = {"perplexity": "lower", "token_accuracy": "higher"}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"token_accuracy": (0.0, 1.0)}
     vocab_size: int = 0
     pad_id: int = PAD
 
@@ -421,6 +428,7 @@ class MaskedLMTask(Task):
 
     objective: ClassVar[str] = "masked-lm"
     metrics: ClassVar[dict[str, Better]] = {"masked_accuracy": "higher", "perplexity": "lower"}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"masked_accuracy": (0.0, 1.0)}
     vocab_size: int = 0
     pad_id, bos_id, eos_id, mask_id = PAD, BOS, EOS, 3
     special_ids: tuple[int, ...] = (PAD, BOS, EOS)

@@ -114,6 +114,7 @@ def test_the_wheel_declares_every_package_it_imports_and_not_scikit_learn(wheel)
     assert "scikit-learn" not in runtime  # only the tests read sklearn's digits, to check the package's copy
     assert {"tokenizers", "sacrebleu"} <= extras - runtime  # the text extra
     assert {"ray", "tensorboard"} <= extras - runtime  # the executor ray; TensorBoard files where installed
+    assert "optuna" in extras - runtime  # tune: in a compare spec
     runtime |= {"tokenizers", "sacrebleu"}  # imported where a text task is built, through core.errors.optional
     stdlib = set(sys.stdlib_module_names)
     distributions = importlib.metadata.packages_distributions()

@@ -124,6 +124,18 @@ def _attention(args: argparse.Namespace) -> Any:
                                            queries=queries)]
 
 
+def _trials(text: str) -> int | str:
+    if text == "off":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of trials (1 or more) nor off")
+    return value
+
+
 def _compare(args: argparse.Namespace) -> Any:
     from .comparing import compare, load_spec
     from .training.distributed import job, world
@@ -133,6 +145,10 @@ def _compare(args: argparse.Namespace) -> Any:
                                            ("cache", args.cache and str(args.cache))) if value is not None}
     if args.address is not None:
         given.setdefault("executor", "ray")
+    if args.tune == "off":
+        given["tune"] = None
+    elif args.tune is not None:
+        given["tune"] = {**(spec.tune.model_dump(mode="json") if spec.tune else {}), "trials": args.tune}
     if given:
         spec = load_spec({**spec.model_dump(mode="json"), **given})
     out = args.out or Path("reports") / spec.name
@@ -289,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", type=Path, metavar="DIR",
                    help="the run cache, a folder of finished runs that specs share (default: the report's runs/)")
     p.add_argument("--rerun", action="store_true", help="train every run again, ignoring finished runs in the cache")
+    p.add_argument("--tune", type=_trials, metavar="TRIALS|off",
+                   help="tune every variant with this many trials before comparing (the spec's tune: section, or the "
+                        "learning rate on a log scale; the [tune] extra), or off: compare at the spec's own settings")
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 

@@ -144,6 +144,7 @@ class DigitsGenerationTask(Task):
     inputs: ClassVar[frozenset[str]] = frozenset({"image"})
     objective: ClassVar[str] = "image-generation"
     metrics: ClassVar[dict[str, Better]] = {"frechet_distance": "lower", "classifier_accuracy": "higher"}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"classifier_accuracy": (0.0, 1.0)}
     baseline: ClassVar[str] = "Real digits (the classifier on the test images; training images against them)"
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
     num_classes = 10

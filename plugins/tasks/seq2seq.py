@@ -133,6 +133,7 @@ class Seq2SeqDataTask(BleuScored, DatasetTask, Seq2SeqTask):
     """Source and target as token ids (one tokenizer for both), with the reference text kept for BLEU."""
 
     metrics: ClassVar[dict[str, Better]] = {"bleu": "higher", **Seq2SeqTask.metrics}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"bleu": (0.0, 100.0), **Seq2SeqTask.bounds}
 
     def __init__(self, options: Seq2Seq) -> None:
         super().__init__(options)

@@ -16,6 +16,7 @@ RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "multi-head": ["holds"],
     "pre-vs-post-norm": ["holds", "holds", "inconclusive"],
     "sagan-attention": ["inconclusive", "inconclusive"],
+    "tuned-pre-vs-post-norm": ["holds", "inconclusive", "holds"],
 }
 
 

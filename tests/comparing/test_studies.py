@@ -92,7 +92,7 @@ def test_bad_claims_are_refused_with_what_would_be_right():
 
 
 STUDIES = ["ut-length-generalisation", "layernorm-vs-batchnorm", "scaled-dot-product", "local-vs-global",
-           "sagan-attention", "multi-head", "pre-vs-post-norm"]
+           "sagan-attention", "multi-head", "pre-vs-post-norm", "tuned-pre-vs-post-norm"]
 
 
 def test_the_built_in_studies_are_listed_and_validate_at_both_scales():

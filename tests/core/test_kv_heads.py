@@ -16,7 +16,7 @@ from transformer_zoo.core.stack import DecoderCache
 from transformer_zoo.registry.manager import get_registry
 
 D, H, DH = 32, 4, 8
-SMALL = dict(vocab_size=60, d_model=D, n_heads=H, d_ff=64, dropout=0.0, head={"tie_weights": False})
+SMALL = {"vocab_size": 60, "d_model": D, "n_heads": H, "d_ff": 64, "dropout": 0.0, "head": {"tie_weights": False}}
 KINDS = sorted(get_registry().components("attention"))
 GRID = (4, 4)
 

@@ -72,7 +72,8 @@ def run_key(config: TrainConfig, model: Any, probes: list[str] = ()) -> str:
         probes: the measurements of the trained model its record holds.
     """
     task = config.task.model_dump(mode="json")
-    train = config.model_dump(mode="json", exclude={"model", "task", *NOT_IN_KEY})
+    held = set() if config.holdout is not None else {"holdout", "holdout_seed"}  # the keys of runs before them
+    train = config.model_dump(mode="json", exclude={"model", "task", *NOT_IN_KEY, *held})
     content = {"model": model.model_dump(mode="json"), "task": task, "data": data_files(task),
                "train": {**train, "device": resolve_device(config.device).type}, "probes": sorted(probes),
                "versions": KEY_VERSIONS}

@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from .records import RunRecord
+from .records import RunRecord, Tuned
 from .scaling import MODE_NAMES, MODES, ScalingPoint
 from .stats import interval
 
@@ -343,3 +343,35 @@ def scaling_figure(points: list[ScalingPoint]) -> Figure:
 def plot_scaling(points: list[ScalingPoint], path: Path) -> None:
     """``path``: time and memory against sequence length (see :func:`scaling_figure`)."""
     save(scaling_figure(points), path)
+
+
+# ---- tuning ---------------------------------------------------------------------------------
+def tuning_figure(tuned: list[Tuned], task: str) -> Figure:
+    """The best validation score so far against trial, a line per variant tuned on ``task``; each
+    trial that ran to the end is a point, a pruned one a cross at its last rung's score."""
+    found = [t for t in tuned if t.task == task]
+    fig = Figure(figsize=(WIDTH, 3.6), layout="constrained")
+    ax = fig.subplots()
+    for index, study in enumerate(found):
+        color, marker = f"C{index % 10}", MARKERS[index % len(MARKERS)]
+        trials = sorted(study.trials, key=lambda t: t.number)
+        numbers = [t.number + 1 for t in trials]
+        best = study.best_so_far()
+        ax.step([n for n, b in zip(numbers, best) if b is not None], [b for b in best if b is not None], where="post",
+                color=color, label=_name(study.variant))
+        done = [(t.number + 1, t.value) for t in trials if t.value is not None]
+        ax.plot([n for n, _ in done], [v for _, v in done], marker, color=color, alpha=0.6, linestyle="none")
+        pruned = [(t.number + 1, t.scores[max(t.scores)]) for t in trials if t.state == "pruned" and t.scores]
+        ax.plot([n for n, _ in pruned], [v for _, v in pruned], "x", color=color, alpha=0.6, linestyle="none")
+    if found:
+        ax.set(xlabel="trial", ylabel=f"validation {found[0].metric.replace('_', ' ')}")
+        ax.xaxis.set_major_locator(FixedLocator(range(1, max(len(t.trials) for t in found) + 1)))
+    ax.set_title(f"{task}: best so far (line), trials run to the end (points), pruned (x, last score)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+def plot_tuning(tuned: list[Tuned], task: str, path: Path) -> None:
+    """``path``: best-so-far against trial of every variant tuned on ``task`` (see :func:`tuning_figure`)."""
+    save(tuning_figure(tuned, task), path)

@@ -7,6 +7,7 @@ module imports none of those.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -55,6 +56,10 @@ class RunRecord(BaseModel):
     better: dict[str, Better] = Field(
         {}, description="which way each metric is better, as the task declares it (its metrics); a metric a record "
         "does not give takes the direction the tasks that declare its name give it (higher where none does)")
+    bounds: dict[str, tuple[float, float]] = Field(
+        {}, description="the range (low, high) each bounded metric's values lie in, as the task declares it (its "
+        "bounds: an accuracy (0, 1), BLEU (0, 100)); a metric absent here, and every metric of a record written "
+        "without bounds, is unbounded")
     curve: list[dict[str, float]] = Field(description="the learning curve: step, loss, lr, and test metrics when evaluated")
     ponder_time: dict[str, float] = Field(
         {}, description="models with a recurrent stack: mean steps per real test position, by stack (fixed without ACT)"
@@ -62,6 +67,9 @@ class RunRecord(BaseModel):
     ponder_plot: str | None = Field(None, description="a heat map of one test example's ponder times, relative to the report")
     probes: dict[str, float] = Field({}, description="the spec's probes of the trained model, by measurement name")
     samples_plot: str | None = Field(None, description="a generation task: a grid of samples, relative to the report")
+    tuning_seconds: float | None = Field(
+        None, description="wall seconds of the tuning trials that chose this variant's setting on this task (the "
+        "spec's tune:), the same for each of its seeds; None: not tuned")
 
     @model_validator(mode="after")
     def _every_direction(self) -> RunRecord:
@@ -92,7 +100,8 @@ class Skipped(BaseModel):
 
 
 class Cell(BaseModel):
-    """A column's mean over a variant's seeds and its Student-t 95% interval (none for one seed)."""
+    """A column's mean over a variant's seeds and its 95% interval (none for one seed), computed
+    on the column's scale; the interval contains the mean."""
 
     mean: float
     low: float | None = None
@@ -107,6 +116,14 @@ class Column(BaseModel):
     kind: Literal["metric", "ponder", "probe", "cost"]
     better: Literal["higher", "lower"] | None = Field(description="which way is better; None: neither (a size)")
     best: str | None = Field(None, description="the variant whose mean is best and separable from every other's")
+    scale: Literal["linear", "log", "arcsine-sqrt"] = Field(
+        "linear", description="the scale of its cells' Student-t intervals: 'linear' (unbounded), 'log' (a cost: "
+        "positive), 'arcsine-sqrt' (a metric with bounds), each mapped back to the column's units")
+    bounds: tuple[float, float] | None = Field(None, description="the range its values lie in, as the task declares "
+                                               "it; None: unbounded")
+    decimals: int = Field(3, description="the decimals every number of the column is written with (means, interval "
+                          "ends and differences; 0 when a value reaches 1,000 or every value is whole), with "
+                          "thousands separators")
 
 
 class Test(BaseModel):
@@ -121,6 +138,9 @@ class Test(BaseModel):
     p: float | None = Field(description="two-sided p of the test; None: fewer than two seeds on a side, no test")
     test: TestKind
     separable: bool = Field(description=f"p < {ALPHA}")
+    p_holm: float | None = Field(None, description="p adjusted by Holm's step-down correction over every test of "
+                                 "the task (each metric column, each variant against the reference)")
+    survives_holm: bool = Field(False, description=f"p_holm < {ALPHA}: separable once every test of the task counts")
 
 
 class TaskSummary(BaseModel):
@@ -133,13 +153,58 @@ class TaskSummary(BaseModel):
     seeds: int = Field(description="the fewest seeds any variant ran")
     columns: list[Column]
     cells: dict[str, dict[str, Cell]] = Field(description="variant -> column -> mean and interval")
-    tests: list[Test] = Field(description="every other variant against the reference, in each metric column")
+    tests: list[Test] = Field(description="every other variant against the reference, in each metric column, with "
+                              "Holm's correction over them all")
     best: str | None = Field(description="the headline's winner, when separable from every other variant")
     leaders: list[str] = Field(description="the best headline mean's variant and those not separable from it")
     verdict: str = Field(description="the headline finding in words")
     costs_comparable: bool = Field(description="every run of the task ran in this invocation, so times compare")
     cost_ratios: dict[str, dict[str, float]] = Field(
         description="variant -> cost column -> its mean over the reference's (times only when costs_comparable)")
+
+
+class TrialRecord(BaseModel):
+    """One trial of a study."""
+
+    number: int
+    values: dict[str, Any] = Field(description="the setting it tried, by path")
+    value: float | None = Field(description="its validation score at the end (None: pruned or failed)")
+    state: Literal["complete", "pruned", "failed", "running"]
+    steps: int = Field(description="steps it trained before it ended or was pruned")
+    seconds: float = Field(description="wall seconds it took")
+    scores: dict[int, float] = Field({}, description="its validation score by step (the rungs it reached)")
+
+
+class Tuned(BaseModel):
+    """What tuning found for one variant on one task."""
+
+    variant: str
+    task: str
+    metric: str = Field(description="the objective: the task's headline metric on the validation split")
+    direction: Literal["maximize", "minimize"]
+    best: dict[str, Any] = Field(description="the chosen setting, by path; empty: no trial finished, the spec's own")
+    best_value: float | None
+    trials: list[TrialRecord]
+    steps: int = Field(description="steps of a trial that runs to the end")
+    seconds: float = Field(description="wall seconds of every trial together: the tuning budget it spent")
+    trained_steps: int = Field(description="steps every trial trained together")
+    saved_steps: int = Field(description="steps the pruned trials did not train")
+
+    @property
+    def top(self) -> list[TrialRecord]:
+        """The best quarter of the finished trials (at least two, when two finished), best first."""
+        done = sorted((t for t in self.trials if t.value is not None), key=lambda t: t.value,
+                      reverse=self.direction == "maximize")
+        return done[:max(2, math.ceil(len(done) / 4))]
+
+    def best_so_far(self) -> list[float | None]:
+        """The best finished score after each trial, in trial order."""
+        best, out = None, []
+        for trial in sorted(self.trials, key=lambda t: t.number):
+            if trial.value is not None and (best is None or (trial.value > best) == (self.direction == "maximize")):
+                best = trial.value
+            out.append(best)
+        return out
 
 
 class CompareResults(BaseModel):
@@ -157,6 +222,7 @@ class CompareResults(BaseModel):
     )
     baseline_names: dict[str, str] = Field({}, description="by task: what its baseline is")
     scaling: list[ScalingPoint] = Field([], description="time and memory against sequence length, when the spec asks")
+    tuning: list[Tuned] = Field([], description="by variant and task: what tuning tried and chose, when the spec asks")
     summaries: list[TaskSummary] = Field(
         [], description="by task: every column's mean and 95% interval over seeds, each variant tested against the "
         "reference, and the verdict")

@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from .plots import plot_curves, plot_metric_vs_parameters, plot_scaling, plot_throughput
+from .plots import (
+    plot_curves,
+    plot_metric_vs_parameters,
+    plot_scaling,
+    plot_throughput,
+    plot_tuning,
+)
 from .records import CompareResults, RunRecord, TaskSummary
 from .scaling import MODE_NAMES, MODES, ScalingPoint
 from .stats import ALPHA, TEST_NAMES
-from .summary import format_cell, format_number
+from .summary import column_decimals, format_cell, format_number
 
 KEPT = "†"  # marks a variant with runs kept from an earlier invocation
 
 
 def task_table(summary: TaskSummary, records: list[RunRecord]) -> str:
-    """One row per variant: each column's mean [95% interval] over seeds; a column's best in bold
-    when it is separable from every other variant."""
+    """One row per variant: each column's mean [95% interval] over seeds, in the column's one
+    number format; a column's best in bold when it is separable from every other variant."""
     names = [column.name for column in summary.columns]
     best = {column.name: column.best for column in summary.columns}
+    decimals = {column.name: column.decimals for column in summary.columns}
     lines = ["| variant | seeds | " + " | ".join(names) + " |", "|" + " --- |" * (len(names) + 2)]
     for variant, cells in summary.cells.items():
         kept = KEPT if any(r.reused for r in records if r.variant == variant) else ""
-        texts = [format_cell(cells.get(name), 0 if name == "parameters" else 3) for name in names]
+        texts = [format_cell(cells.get(name), decimals[name]) for name in names]
         row = [f"**{text}**" if best[name] == variant else text for name, text in zip(names, texts)]
         seeds = max(cell.n for cell in cells.values())
         lines.append(f"| {variant}{kept} | {seeds} | " + " | ".join(row) + " |")
@@ -31,16 +39,26 @@ def task_table(summary: TaskSummary, records: list[RunRecord]) -> str:
 
 
 def tests_table(summary: TaskSummary) -> str:
-    """Every variant against the reference, in each metric column."""
-    lines = [f"Against the reference, {summary.reference} ({TEST_NAMES[summary.test]}; the difference is the "
-             "variant's mean minus the reference's, with its 95% interval):", "",
-             "| variant | column | difference [95% CI] | p | separable at 0.05 |", "| --- | --- | --- | --- | --- |"]
+    """Every variant against the reference, in each metric column: p, and p after Holm's
+    correction over all of the task's tests, with whether each difference survives it."""
+    decimals = {column.name: column.decimals for column in summary.columns}
+    family = sum(test.p is not None for test in summary.tests)
+    lines = [(f"Against the reference, {summary.reference} ({TEST_NAMES[summary.test]}; the difference is the "
+              "variant's mean minus the reference's, with its 95% interval; Holm p is p adjusted by Holm's step-down "
+              f"correction over the task's {family} tests, and a difference separable at {ALPHA} survives it when "
+              f"Holm p < {ALPHA} too):"), "",
+             f"| variant | column | difference [95% CI] | p | Holm p | separable at {ALPHA} | survives Holm |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for test in summary.tests:
+        d = decimals.get(test.column)
         if test.p is None:
-            lines.append(f"| {test.variant} | {test.column} | {format_number(test.difference)} | n/a | no test (one seed) |")
+            lines.append(f"| {test.variant} | {test.column} | {format_number(test.difference, d)} | n/a | n/a | "
+                         "no test (one seed) | n/a |")
             continue
-        interval = f"{format_number(test.difference)} [{format_number(test.low)}, {format_number(test.high)}]"
-        lines.append(f"| {test.variant} | {test.column} | {interval} | {test.p:.3g} | {'yes' if test.separable else 'no'} |")
+        interval = f"{format_number(test.difference, d)} [{format_number(test.low, d)}, {format_number(test.high, d)}]"
+        holm = "n/a" if test.p_holm is None else f"{test.p_holm:.3g}"
+        lines.append(f"| {test.variant} | {test.column} | {interval} | {test.p:.3g} | {holm} | "
+                     f"{'yes' if test.separable else 'no'} | {'yes' if test.survives_holm else 'no'} |")
     return "\n".join(lines)
 
 
@@ -82,10 +100,11 @@ def condition_lines(results: CompareResults) -> list[str]:
 def runs_table(records: list[RunRecord]) -> str:
     lines = ["| variant | task | seed | started (UTC) | where | attempts | threads | load / cores | wall s | kept |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    wall = column_decimals(r.wall_seconds for r in records)
     for r in records:
         lines.append(f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.placed_on or 'n/a'} | "
                      f"{r.attempts} | {r.threads or 'n/a'} | {r.load_average:.1f} / {r.cpus or 'n/a'} | "
-                     f"{format_number(r.wall_seconds)} | {'yes' if r.reused else ''} |")
+                     f"{format_number(r.wall_seconds, wall)} | {'yes' if r.reused else ''} |")
     return "\n".join(lines)
 
 
@@ -125,13 +144,18 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
 def _method(results: CompareResults) -> str:
     spec = results.spec
     return (f"Every run of a task had the same data and budget; each variant ran with seeds {spec.get('seeds')}. "
-            "A cell is the mean over seeds with its Student-t 95% confidence interval in brackets (one seed: the "
-            f"value alone). Each variant is tested against the reference with {TEST_NAMES[spec.get('test', 'welch')]} "
-            f"over seeds. The best mean of a column is bold only when it is separable from every other variant's at "
-            f"alpha = {ALPHA}; a single seed, or means within each other's noise, bold nothing. These tests say "
-            "whether a difference would recur with other seeds of this spec (initialisation, batch order, dropout), "
-            "not whether it holds for other budgets, sizes or data, and several columns tested at once will now "
-            "and then show a difference by chance. FLOPs per token are those of one training step's forward and "
+            "A cell is the mean over seeds with its 95% confidence interval in brackets (one seed: the value alone), "
+            "every number of a column in one format: a cost's interval is the Student-t interval of the mean log, "
+            "exponentiated, so it stays above 0; a metric with a declared range (an accuracy, BLEU) has the "
+            "Student-t interval on the arcsine-square-root scale, mapped back inside the range; any other column has "
+            "the Student-t interval. Each interval contains its mean. Each variant is tested against the reference "
+            f"with {TEST_NAMES[spec.get('test', 'welch')]} over seeds. The best mean of a column is bold only when it "
+            f"is separable from every other variant's at alpha = {ALPHA}; a single seed, or means within each other's "
+            "noise, bold nothing. These tests say whether a difference would recur with other seeds of this spec "
+            "(initialisation, batch order, dropout), not whether it holds for other budgets, sizes or data. Several "
+            "columns tested at once will now and then show a difference by chance: the tests against the reference "
+            "also give p after Holm's correction over all of a task's tests, and a difference that survives it is "
+            "not one of those chance findings (at most a 5% chance of any in the task). FLOPs per token are those of one training step's forward and "
             "backward on one batch, counted by PyTorch's FlopCounterMode, per token read. Peak memory on CPU is the "
             "tensor storage alive at once during one training step on the run's first batch (weights, gradients, "
             "AdamW state, activations), counted exactly; on CUDA, the allocator's peak over the run. Tokens per "
@@ -152,6 +176,8 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     warnings = condition_lines(results)
     if warnings:
         lines += ["Measurement conditions:", "", *warnings, ""]
+    if results.tuning:
+        lines += ["## Tuning", "", *tuning_lines(results, out_dir), ""]
     for summary in results.summaries:
         task = summary.task
         runs = [r for r in records if r.task == task]
@@ -201,3 +227,53 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def tuning_lines(results: CompareResults, out_dir: Path) -> list[str]:
+    """The tuning section: how the search ran, and per task each variant's trials, chosen setting,
+    best validation score, the spread of its best trials and the budget spent; with a plot of
+    the best score so far against trial."""
+    tune = results.spec.get("tune") or {}
+    tuned = results.tuning
+    pruned = [t for study in tuned for t in study.trials if t.state == "pruned"]
+    full = sum(study.steps * len(study.trials) for study in tuned)
+    saved = sum(study.saved_steps for study in tuned)
+    lines = [f"Every variant was tuned on the same budget before the comparison: {tune.get('trials')} trials of "
+             f"{tuned[0].steps} steps each, sampler {tune.get('sampler')} (seed {tune.get('seed')}), over "
+             + ", ".join(f"`{path}` {values}" for path, values in tune.get("space", {}).items())
+             + f". A trial trains on the train split less a validation split carved from it with the seed "
+             f"({_share(tune.get('validation', 0.1))}) and is scored there, never on the test splits; the comparison below "
+             "then runs each variant's seeds at its best setting"
+             + (", beside the spec's own (`tuned` marks the tuned runs)" if tune.get("compare") == "both" else "")
+             + ". The tuning time is in each tuned variant's cost columns (`tuning s`).", ""]
+    if tune.get("prune"):
+        lines += [f"Pruning (median pruner, {tune.get('rungs')} rungs) stopped {len(pruned)} trial(s) early: "
+                  f"{saved:,} of {full:,} trial steps ({saved / max(full, 1):.0%}) were not trained.", ""]
+    for task in dict.fromkeys(t.task for t in tuned):
+        studies = [t for t in tuned if t.task == task]
+        metric = studies[0].metric
+        lines += [f"### {task}", "", f"| variant | trials (done / pruned / failed) | chosen | best validation {metric} "
+                  f"| best trials (top quarter) | steps trained | tuning s |",
+                  "| --- | --- | --- | ---: | --- | ---: | ---: |"]
+        for study in studies:
+            counts = [sum(t.state == state for t in study.trials) for state in ("complete", "pruned", "failed")]
+            chosen = ", ".join(f"`{k}` {_value(v)}" for k, v in study.best.items()) or "none finished: the spec's own"
+            top = study.top
+            spread = (f"{_value(top[-1].value)} to {_value(top[0].value)}; " + ", ".join(
+                f"`{path}` {_value(min(t.values[path] for t in top))} to {_value(max(t.values[path] for t in top))}"
+                for path in study.best if all(isinstance(t.values.get(path), (int, float)) for t in top))
+                if len(top) > 1 else "n/a")
+            best = "n/a" if study.best_value is None else _value(study.best_value)
+            lines.append(f"| {study.variant} | {' / '.join(map(str, counts))} | {chosen} | {best} | {spread} | "
+                         f"{study.trained_steps:,} of {study.steps * len(study.trials):,} | {study.seconds:,.0f} |")
+        plot_tuning(tuned, task, out_dir / f"tuning-{task}.png")
+        lines += ["", f"![{task} tuning]({f'tuning-{task}.png'})", ""]
+    return lines
+
+
+def _share(amount: float) -> str:
+    return f"{amount:.0%} of it" if amount < 1 else f"{int(amount):,} of its rows"
+
+
+def _value(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -45,7 +45,7 @@ from .executors import (
     local_devices,
 )
 from .progress import GridProgress, duration
-from .records import CompareResults, Failed, RunRecord
+from .records import CompareResults, Failed, RunRecord, Tuned
 from .runs import (
     RunJob,
     available_cores,
@@ -56,6 +56,7 @@ from .runs import (
 from .scaling import ScalingPoint, measure_scaling
 from .spec import CompareSpec, plan
 from .summary import summarize
+from .tuning import Tuning, run_tuning, tuned_runs
 
 __all__ = ["ComparisonFailed", "ComparisonInterrupted", "compare", "machine", "make_executor", "ponder_summary",
            "run_threads", "scaling_points", "training_step_costs"]
@@ -155,6 +156,9 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     out_dir.mkdir(parents=True, exist_ok=True)
     invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
     tasks = {options.kind: options.build() for options in spec.tasks}
+    tuned = _tune(spec, runs, tasks, out_dir, here, carried, stranded, invocation, say) if spec.tune else []
+    if tuned:
+        runs = tuned_runs(spec.tune, runs, tuned)
     # absolute: a Ray task on another node does not run in this folder
     cache = RunCache((check_folder(spec.cache, "run cache") if spec.cache else out_dir / "runs").resolve())
     by_key: dict[str, str] = {}  # two labels of one config are one run, in one folder
@@ -204,17 +208,50 @@ def compare(spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | 
     baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
     if spec.scaling is not None:
         say("measuring time and memory against length")
+    budget = {(t.variant if spec.tune.compare == "tuned" else f"{t.variant} tuned", t.task): t.seconds
+              for t in tuned}  # the tuning a variant needed, in its cost columns
+    for record in records:
+        record.tuning_seconds = budget.get((record.variant, record.task))
     results = CompareResults(spec=spec.model_dump(mode="json"), machine=machine(), invocation=invocation, runs=records,
                              skipped=skipped, failed=failures,
                              baselines={kind: scores for kind, scores in baselines.items() if scores},
                              baseline_names={kind: task.baseline for kind, task in tasks.items() if baselines[kind]},
-                             scaling=scaling_points(spec, runs, out_dir))
+                             scaling=scaling_points(spec, runs, out_dir), tuning=tuned)
     results.summaries = summarize(results.runs, spec.reference, spec.test, invocation)
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
     say(f"compared {len(records)} runs in {duration(time.perf_counter() - begun)} of wall time; report: "
         f"{out_dir / 'report.md'}" + (f"; {len(failures)} run(s) failed, listed in the report" if failures else ""))
     return results
+
+
+def _tune(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], tasks: dict[str, Any], out_dir: Path,
+          here: distributed.World, carried: list[str], stranded: list[str], invocation: str, say: Any) -> list[Tuned]:
+    """Tune every variant of ``runs`` on each task (:mod:`~transformer_zoo.comparing.tuning`), its trials
+    on the spec's executor; the studies are kept in ``out_dir/tuning``.
+
+    Raises:
+        ConfigError: under torchrun, or a searched path that a variant's config does not have.
+    """
+    if here.launched:
+        raise ConfigError("tune: runs each trial as a job of the executor; under torchrun every process trains each "
+                          "run together: tune in a job of one process, or with executor ray")
+    metrics = {kind: (task.metric, task.metrics[task.metric]) for kind, task in tasks.items()}
+    tuning = Tuning(spec.tune, runs, metrics, out_dir / "tuning")
+    tuning.check()
+    parallel = max(1, len(device_slots(spec.devices or local_devices(runs[0][1].device), spec.workers,
+                                       spec.runs_per_device)) // len(tuning.studies)) if spec.executor == "local" else 1
+    executor = make_executor(spec, here, carried, stranded, runs, parallel * len(tuning.studies), say)
+    say(f"tuning {len(tuning.studies)} variant-task pair(s), {spec.tune.per_study} trials each "
+        f"({spec.tune.sampler}, {'median pruner' if spec.tune.prune else 'no pruning'}), on a validation split of the "
+        "training data; the test splits are not read")
+    try:
+        return run_tuning(tuning, executor, parallel, invocation, say)
+    except KeyboardInterrupt:
+        raise ComparisonInterrupted(
+            f"tuning interrupted with {tuning.ended()} of {spec.tune.per_study * len(tuning.studies)} trials ended (in "
+            f"{tuning.folder}); run the same command again to go on: ended trials are not run again, and those in "
+            "progress resume from their checkpoints") from None
 
 
 def make_executor(spec: CompareSpec, here: distributed.World, carried: list[str], stranded: list[str],

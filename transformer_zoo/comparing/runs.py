@@ -50,6 +50,8 @@ class RunJob:
         rerun: train from scratch even where the folder holds a finished run or a checkpoint.
         progress: show the training's own progress bar (one run at a time, on a terminal).
         tags: task, variant and seed, for trackers that group runs.
+        trial: for a tuning trial (:mod:`~transformer_zoo.comparing.tuning`), its study's journal,
+            name and trial id and the spec's ``tune`` section; None for a run of the comparison.
     """
 
     name: str
@@ -60,6 +62,7 @@ class RunJob:
     rerun: bool = False
     progress: bool = False
     tags: dict[str, str] = field(default_factory=dict)
+    trial: dict[str, Any] | None = None
 
 
     @property
@@ -103,7 +106,8 @@ _TASKS: dict[str, Any] = {}  # a process's built tasks, by options: each builds 
 def execute(job: RunJob, where: str = "") -> dict[str, Any] | None:
     """Train one run (resuming its folder's checkpoint, unless ``job.rerun`` and this is its
     first attempt) and measure it; returns its record (also ``record.json`` in its folder), or
-    None in a torchrun job's processes but 0.
+    None in a torchrun job's processes but 0. A tuning trial's job returns the trial's result
+    (:func:`~transformer_zoo.comparing.tuning.execute_trial`).
 
     Args:
         where: the device or node it trains on, as progress shows it.
@@ -122,6 +126,10 @@ def execute(job: RunJob, where: str = "") -> dict[str, Any] | None:
     if key not in _TASKS:
         _TASKS[key] = config.task.build()
     task = _TASKS[key]
+    if job.trial is not None:
+        from .tuning import execute_trial
+
+        return execute_trial(job, config, task)
     cuda = torch.cuda.is_available() and config.device != "cpu"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -143,7 +151,8 @@ def execute(job: RunJob, where: str = "") -> dict[str, Any] | None:
         task=config.task.kind, seed=config.seed, parameters=summary["parameters"], flops_per_token=flops,
         train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak / 2**20,
         steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
-        metrics=summary["metrics"], better=task.metrics, curve=summary["history"], ponder_time=ponder, ponder_plot=plot,
+        metrics=summary["metrics"], better=task.metrics, bounds=task.bounds, curve=summary["history"],
+        ponder_time=ponder, ponder_plot=plot,
         probes=probed, samples_plot=None if samples is None else samples.name,
         started=when, threads=torch.get_num_threads(), cpus=available_cores(), load_average=load,
         invocation=job.invocation, placed_on=where, attempts=attempt, resumed_from=summary["resumed_from"],

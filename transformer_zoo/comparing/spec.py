@@ -22,6 +22,7 @@ from .probes import PROBE_NAMES, ProbeName
 from .records import Skipped
 from .scaling import ScalingSpec
 from .stats import TEST_NAMES, TestKind
+from .tuning import TuneSpec
 
 
 class CompareSpec(Options):
@@ -74,6 +75,10 @@ class CompareSpec(Options):
         "(a variant that differs from another in its recipe alone: warm-up or none)")
     scaling: ScalingSpec | None = Field(
         None, description="also measure time and memory against sequence length of the variants on one task")
+    tune: TuneSpec | None = Field(
+        None, description="first search every variant's settings on one budget of trials, on a validation split "
+        "carved from the training data, then compare each at its best (Optuna, the [tune] extra); null: compare at "
+        "the spec's settings")
     probes: list[ProbeName] = Field(
         [], description="measurements of each trained model on test examples, reported beside the metrics: "
         + "; ".join(f"{name}: {text}" for name, text in PROBE_NAMES.items()))

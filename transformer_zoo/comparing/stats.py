@@ -1,10 +1,22 @@
-"""Statistics over seeds: confidence intervals of a mean, and tests of a difference.
+"""Statistics over seeds: confidence intervals of a mean, tests of a difference, and Holm's
+correction of a family of tests.
 
 A comparison's claim that one variant beats another is a statement over seeds. Every mean is
-reported with its Student-t 95% interval, and every difference with a test: Welch's t-test
-(unequal variances; its interval uses the Welch-Satterthwaite degrees of freedom) or an exact
-permutation test of the difference in means (every split of the pooled runs into two groups,
-when there are few). The arithmetic is ``scipy.stats``'.
+reported with a 95% interval that respects what it measures:
+
+- :func:`interval`: the Student-t interval of the mean (``n - 1`` degrees of freedom), for a
+  quantity with no declared range.
+- :func:`log_interval`: a positive quantity (a cost: parameters, FLOPs, tokens per second,
+  memory, seconds): the Student-t interval of the mean log, exponentiated, so it stays above 0.
+- :func:`bounded_interval`: a score with a declared range (an accuracy in [0, 1], BLEU in
+  [0, 100]): the Student-t interval on the arcsine-square-root scale, mapped back, so it stays
+  inside the range.
+
+Each reports the arithmetic mean and an interval that contains it. Every difference is tested
+by Welch's t-test (unequal variances; its interval uses the Welch-Satterthwaite degrees of
+freedom) or an exact permutation test of the difference in means (every split of the pooled
+runs into two groups, when there are few), and :func:`holm` adjusts a family of such p-values
+for their number. The arithmetic is ``scipy.stats``' and numpy's.
 """
 
 from __future__ import annotations
@@ -12,9 +24,11 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from scipy import stats as _scipy
 
 ALPHA = 0.05
@@ -54,13 +68,70 @@ class Difference:
 
 def interval(values: list[float], confidence: float = 1 - ALPHA) -> Interval:
     """The mean of ``values`` with its Student-t interval (``n - 1`` degrees of freedom)."""
+    return _on_scale(values, _same, _same, confidence)
+
+
+def log_interval(values: list[float], confidence: float = 1 - ALPHA) -> Interval:
+    """The mean of a positive quantity with an interval that stays above 0: the Student-t
+    interval of the mean of ``log(values)``, exponentiated (an interval of the geometric mean,
+    widened to the arithmetic mean where it falls outside).
+
+    A value <= 0 has no logarithm: ``values`` then get the Student-t interval, its low end cut
+    at 0 (or at the smallest value, were one negative).
+    """
+    if min(values, default=1.0) > 0:
+        return _on_scale(values, np.log, np.exp, confidence)
+    plain = interval(values, confidence)
+    if plain.low is None:
+        return plain
+    return Interval(plain.mean, max(plain.low, min(0.0, min(values))), plain.high, plain.n)
+
+
+def bounded_interval(values: list[float], bounds: tuple[float, float], confidence: float = 1 - ALPHA) -> Interval:
+    """The mean of a score that lies in ``bounds`` (``(0, 1)`` for an accuracy) with an interval
+    inside them: the Student-t interval on the arcsine-square-root scale of the score's share
+    of the range, ``asin(sqrt((x - low) / (high - low)))``, mapped back (its ends cut at the
+    scale's ends, 0 and pi/2, first), and widened to the arithmetic mean where it falls outside.
+
+    The transform stabilises the variance of a proportion, and is finite at both bounds (a
+    logit is not: an accuracy of 1.000 is common).
+
+    Raises:
+        ValueError: ``bounds`` are not increasing, or a value lies outside them.
+    """
+    low, high = bounds
+    if not low < high:
+        raise ValueError(f"bounds {bounds} must be (low, high) with low < high")
+    outside = [x for x in values if not low <= x <= high]
+    if outside:
+        raise ValueError(f"value {outside[0]} lies outside the bounds [{low}, {high}] declared for it: declare the "
+                         "range the metric's values take, or none")
+    width = high - low
+    return _on_scale(values, lambda x: np.arcsin(np.sqrt((x - low) / width)),
+                     lambda y: low + width * np.sin(np.clip(y, 0.0, np.pi / 2)) ** 2, confidence)
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def _on_scale(values: list[float], forward: Callable[[np.ndarray], np.ndarray],
+              back: Callable[[np.ndarray], np.ndarray], confidence: float) -> Interval:
+    """The arithmetic mean of ``values`` and the Student-t interval of the mean of
+    ``forward(values)``, mapped ``back`` (both increasing), widened to contain the mean."""
     if not values:
         raise ValueError("an interval needs at least one value")
     mean = statistics.fmean(values)
     if len(values) == 1:
         return Interval(mean, None, None, 1)
-    half = float(_scipy.t.ppf(0.5 + confidence / 2, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
-    return Interval(mean, mean - half, mean + half, len(values))
+    scaled = forward(np.asarray(values, dtype=float))
+    sem = float(_scipy.sem(scaled))
+    if min(values) == max(values) or not sem > 0:  # runs that agree (to a float's precision): no t interval
+        return Interval(mean, mean, mean, len(values))
+    ends = _scipy.t.interval(confidence, len(values) - 1, loc=scaled.mean(), scale=sem)
+    with np.errstate(over="ignore"):  # runs some hundred orders of magnitude apart: an end at infinity is the answer
+        low, high = (float(end) for end in back(np.asarray(ends)))
+    return Interval(mean, min(low, mean), max(high, mean), len(values))
 
 
 def difference(a: list[float], b: list[float], test: TestKind = "welch", confidence: float = 1 - ALPHA) -> Difference:
@@ -99,6 +170,23 @@ def smallest_p(n_a: int, n_b: int, test: TestKind) -> float | None:
     if test == "permutation":
         return 2 / math.comb(n_a + n_b, n_a)
     return 0.0
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment (Holm 1979) of a family of p-values, in their order.
+
+    The i-th smallest of the m p-values is multiplied by ``m - i + 1``, capped at 1, and raised
+    to the adjusted value of any smaller p: an adjusted p below alpha rejects its hypothesis with
+    a chance of at most alpha of any false rejection in the family. A None (no test possible)
+    stays None and does not count in m.
+    """
+    tested = [i for i, p in enumerate(p_values) if p is not None]
+    order = sorted(tested, key=lambda i: p_values[i])
+    scaled = np.minimum(1.0, (len(order) - np.arange(len(order))) * np.array([p_values[i] for i in order], dtype=float))
+    adjusted: list[float | None] = list(p_values)
+    for i, p in zip(order, np.maximum.accumulate(scaled)):
+        adjusted[i] = float(p)
+    return adjusted
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,9 @@ from .probes import PROBE_OUTPUTS
 from .records import Cell, CompareResults
 from .runner import compare
 from .spec import CompareSpec, plan
-from .stats import ALPHA, TEST_NAMES, difference, interval, spread
+from .stats import ALPHA, TEST_NAMES, bounded_interval, difference, interval, spread
 from .summary import format_cell, format_number
+from .tuning import tuned_runs
 
 Scale = Literal["cpu", "gpu"]
 Relation = Literal["better", "not-worse", "matches", "steadier"]
@@ -113,6 +114,8 @@ class Study(Options):
     def check(self, spec: CompareSpec) -> None:
         """Raise a ConfigError unless every claim can be judged from ``spec``'s runs."""
         runs, skipped = plan(spec)
+        if spec.tune is not None:  # tuned twins run beside the spec's own, or in their place
+            runs = tuned_runs(spec.tune, runs, [])
         ran = {(label, config.task.kind) for label, config in runs}
         tasks = {options.kind: options for options in spec.tasks}
         built: dict[str, Any] = {}
@@ -229,7 +232,9 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
         raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {claim.split} {claim.metric}")
     direction = claim.direction or next(
         (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher")
-    cells = {side: Cell(**interval(xs).__dict__) for side, xs in (("a", a), ("b", b))}
+    bounds = next((r.bounds[claim.metric] for r in results.runs if claim.metric in r.bounds), None)
+    cells = {side: Cell(**(interval(xs) if bounds is None else bounded_interval(xs, bounds)).__dict__)
+             for side, xs in (("a", a), ("b", b))}  # an accuracy's interval stays in [0, 1]
     diff = difference(a, b, results.spec.get("test", "welch"))
     sd = spread(a, b)
     probe = any(claim.metric in run.probes for run in results.runs)
@@ -329,7 +334,8 @@ def study_lines(result: StudyResult) -> list[str]:
     if result.notes:
         lines += [result.notes.strip(), ""]
     lines += [f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {_minutes(result.wall_seconds)}; "
-              f"{result.test}; intervals are Student-t 95% over seeds. Rerun: `{result.command}`. Full comparison: "
+              f"{result.test}; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
+              f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
               f"[{result.report}]({result.report}).", "",
               "| claim | a | b | a - b [95% CI] | p | verdict |", "|---|---|---|---|---|---|"]
     for c in result.claims:

@@ -76,6 +76,12 @@ class TrainConfig(Options):
         "that a crash or kill loses at most that much; Ctrl-C and the end of training always write one; null: by "
         "steps (checkpoint_every) only")
     log_every: int = Field(10, ge=1, le=MAX_COUNT, description="record the training loss every N steps")
+    holdout: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="train on the train split less this part of it (a fraction below 1, or a number of rows), drawn "
+        "with holdout_seed, and score on that part alone (split 'validation', also at eval_every): the test splits "
+        "are never read, as when settings are tuned; null: the task's own splits")
+    holdout_seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the rows holdout carves out")
 
 
 def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:

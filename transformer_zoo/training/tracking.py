@@ -29,10 +29,14 @@ def tensorboard_installed() -> bool:
 
 
 def scalar_names(row: dict[str, float]) -> dict[str, float]:
-    """A learning-curve row as tracked scalars: ``test_<metric>`` as ``test/<metric>``, the
-    rest as ``train/<name>`` (the step itself is not a scalar)."""
-    return {(f"test/{key.removeprefix('test_')}" if key.startswith("test_") else f"train/{key}"): float(value)
-            for key, value in row.items() if key != "step"}
+    """A learning-curve row as tracked scalars: ``test_<metric>`` as ``test/<metric>`` (and
+    ``validation_<metric>`` as ``validation/<metric>``), the rest as ``train/<name>`` (the step
+    itself is not a scalar)."""
+    def name(key: str) -> str:
+        split = next((s for s in ("test", "validation") if key.startswith(f"{s}_")), None)
+        return f"train/{key}" if split is None else f"{split}/{key.removeprefix(f'{split}_')}"
+
+    return {name(key): float(value) for key, value in row.items() if key != "step"}
 
 
 class CSVTracker:

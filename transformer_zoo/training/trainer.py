@@ -33,6 +33,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..api import build_model
+from ..core.holdout import VALIDATION, held_out
 from ..registry import get_registry
 from . import distributed
 from .checkpointing import Checkpointer
@@ -148,6 +149,8 @@ class Trainer:
             self.task = self.config.task.with_assets(self.run_dir).build()
         elif self.task is None:
             self.task = self.config.task.build()
+        if self.config.holdout is not None:
+            self.task = held_out(self.task, self.config.holdout, self.config.holdout_seed)
         self.model = self.build_model()
         checkpoint, state = self.checkpointer.resume_from(found, self.model)
         if state is not None:
@@ -349,9 +352,10 @@ class Trainer:
                                  "lr": self.schedulers[first].get_last_lr()[0], **norms})
             self.track(self.history[-1])
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-            scores = self.evaluate("test")
+            split = "test" if self.config.holdout is None else VALIDATION
+            scores = self.evaluate(split)
             if self.placement.here.main:
-                self.history.append({"step": done, **{f"test_{k}": v for k, v in scores.items()}})
+                self.history.append({"step": done, **{f"{split}_{k}": v for k, v in scores.items()}})
                 self.track(self.history[-1])
         if self.checkpointer.due(done):
             self.save(done)

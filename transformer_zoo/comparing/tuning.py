@@ -1,0 +1,363 @@
+"""Tuning before comparing (``tune:`` in a compare spec): every variant's settings searched on the
+same budget of trials, on a validation split carved from the training data, and the comparison
+then run at each variant's best setting.
+
+Optuna drives the search through its ask/tell interface: each study (one per variant and task)
+asks for a trial, the trial trains as a job of the comparison's own executor (the local pool
+and its devices, or Ray), and the study is told its score. Trials report their validation
+score at evenly spaced steps (``rungs``) to the study's storage, where the median pruner stops
+one that falls behind the trials before it. The studies live in Optuna's journal file in the
+report folder, so an interrupted tuning resumes: finished trials are never run again, and one
+that was running continues from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ..api import load_config
+from ..core.errors import ConfigError, optional
+from ..core.holdout import VALIDATION
+from ..core.options import Options
+from ..training.config import TrainConfig
+from ..training.trainer import Trainer
+from .records import TrialRecord, Tuned
+
+PATH_ROOTS = ("train", "model")
+FIXED = frozenset({"model", "task", "steps", "max_seconds", "seed", "holdout", "holdout_seed", "eval_every", "device"})
+"""Training fields a search may not set: the budget, the data and the seed are the same for every trial."""
+JOURNAL = "journal.log"
+
+
+class TuneSpec(Options):
+    """How every variant's settings are searched before the comparison, on one budget."""
+
+    trials: int = Field(8, ge=1, le=10_000, description="trials per variant and task, the same for every variant")
+    space: dict[str, list[Any] | dict[str, list[float]]] = Field(
+        {"train.lr": {"log": [1e-4, 1e-2]}},
+        description="what is searched, by path: train.FIELD (a training option: lr, warmup_steps, weight_decay, "
+        "batch_size, ...) or model.FIELD[.FIELD] (a model config value), each a list of choices, {log: [low, high]} "
+        "(a float drawn on the log scale), {range: [low, high]} (a float) or {int: [low, high]} (an integer)")
+    sampler: Literal["tpe", "grid"] = Field(
+        "tpe", description="tpe: Optuna's TPE sampler, seeded; grid: every combination of the choices (lists only), "
+        "in an order drawn with the seed")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the sampler, of the trials' training and of the "
+                      "validation split")
+    validation: float = Field(0.1, gt=0, description="the validation split, carved from the train split with the seed: "
+                              "a fraction of it (below 1) or a number of rows; the test splits are never read")
+    steps: int | None = Field(None, ge=1, description="training steps of each trial; null: the spec's steps")
+    rungs: int = Field(4, ge=1, le=100, description="validation scores per trial, at evenly spaced steps (the last "
+                       "at the end), which the pruner compares")
+    prune: bool = Field(True, description="stop a trial whose validation score at a rung is worse than the median of "
+                        "the trials before it at that rung (Optuna's median pruner)")
+    startup_trials: int = Field(2, ge=0, description="trials of each variant run to the end before any is pruned, and "
+                                "drawn at random before TPE models the scores")
+    compare: Literal["tuned", "both"] = Field(
+        "tuned", description="tuned: compare the variants at their tuned settings; both: also at the spec's own, side "
+        "by side (a tuned variant is labelled 'LABEL tuned')")
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, space: dict[str, Any]) -> dict[str, Any]:
+        if not space:
+            raise ValueError("space is empty; give at least one path, e.g. train.lr: {log: [1e-4, 1e-2]}")
+        for path, values in space.items():
+            root, _, field = path.partition(".")
+            if root not in PATH_ROOTS or not field:
+                raise ValueError(f"space path {path!r} starts with neither train. nor model.; write train.lr or "
+                                 "model.dropout")
+            if root == "train":
+                if field in FIXED:
+                    raise ValueError(f"space path {path!r} is fixed for every trial (the budget, data and seed are the "
+                                     f"same for all); search training options other than {', '.join(sorted(FIXED))}")
+                if field not in TrainConfig.model_fields:
+                    raise ValueError(f"space path {path!r} is not a training option; options: "
+                                     f"{', '.join(sorted(set(TrainConfig.model_fields) - FIXED))}")
+            dimension(path, values)  # raises on a malformed one
+        return space
+
+    @property
+    def per_study(self) -> int:
+        """Trials of each study: ``trials``, or the grid's size when it has fewer combinations."""
+        if self.sampler != "grid":
+            return self.trials
+        return min(self.trials, math.prod(len(values) for values in self.space.values()))
+
+    @model_validator(mode="after")
+    def _grid(self) -> TuneSpec:
+        if self.sampler == "grid" and not all(isinstance(v, list) for v in self.space.values()):
+            ranged = [p for p, v in self.space.items() if not isinstance(v, list)]
+            raise ValueError(f"sampler grid needs a list of choices for every path; {ranged} are ranges: list values, "
+                             "or use sampler tpe")
+        return self
+
+
+def dimension(path: str, values: Any) -> Callable[[Any], Any]:
+    """The function that draws ``path``'s value from an Optuna trial, for a space entry."""
+    if isinstance(values, list):
+        if not values:
+            raise ValueError(f"space path {path!r} lists no choices")
+        return lambda trial: trial.suggest_categorical(path, values)
+    if not isinstance(values, dict) or len(values) != 1 or next(iter(values)) not in ("log", "range", "int"):
+        raise ValueError(f"space path {path!r} must be a list of choices or one of {{log: [low, high]}}, "
+                         f"{{range: [low, high]}}, {{int: [low, high]}}; got {values!r}")
+    (how, bounds), = values.items()
+    if len(bounds) != 2 or not bounds[0] < bounds[1] or (how == "log" and bounds[0] <= 0):
+        rule = "0 < low < high" if how == "log" else "low < high"
+        raise ValueError(f"space path {path!r}: {how} needs [low, high] with {rule}; got {bounds}")
+    low, high = bounds
+    if how == "int":
+        return lambda trial: trial.suggest_int(path, int(low), int(high))
+    return lambda trial: trial.suggest_float(path, float(low), float(high), log=how == "log")
+
+
+def with_values(config: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+    """``config`` with the searched ``values`` set, by path (``train.lr``, ``model.dropout``)."""
+    data = config.model_dump(mode="json")
+    model = {"variant": data["model"]} if isinstance(data["model"], str) else data["model"]
+    for path, value in values.items():
+        root, _, field = path.partition(".")
+        if root == "train":
+            data[field] = value
+            continue
+        *parents, last = field.split(".")
+        where = model
+        for name in parents:
+            where = where.setdefault(name, {})
+        where[last] = value
+    data["model"] = model
+    return TrainConfig.model_validate(data)
+
+
+def rung_steps(steps: int, rungs: int) -> list[int]:
+    """The steps where a trial of ``steps`` is scored: ``rungs`` of them evenly spaced, the last at the end."""
+    return sorted({round(steps * i / rungs) for i in range(1, rungs + 1)} - {0})
+
+
+def execute_trial(job: Any, config: TrainConfig, task: Any) -> dict[str, Any]:
+    """Train one trial (``job.trial``: the study's storage, name, trial number and pruner), scoring
+    it on the validation split at each rung; report each score to the study and stop when the
+    pruner says so. Resumes the trial's checkpoint. Returns its result as the driver reads it."""
+    optuna = optional("optuna", "tune", "tune: in a compare spec")
+    study = _study(optuna, job.trial["journal"], job.trial["study"], job.trial["tune"])
+    trial = optuna.trial.Trial(study, job.trial["trial_id"])
+    started = time.perf_counter()
+    trainer = Trainer(config, job.run_dir, task=task, progress=job.progress, name=job.name, tags=job.tags)
+    metric = f"{VALIDATION}_{task.metric}"
+    scores: dict[int, float] = {}
+    pruned = False
+    with trainer.lock():
+        trainer.setup(resume=True)
+        for rung in rung_steps(config.steps, job.trial["tune"]["rungs"]):
+            if rung <= trainer.reached and rung != config.steps:
+                continue
+            trainer.start = trainer.reached
+            summary = trainer.run(stop_after=rung)
+            if rung == config.steps or not summary.get("stopped"):
+                scores[rung] = summary["metrics"][VALIDATION][task.metric]
+                break
+            scores[rung] = trainer.evaluate(VALIDATION)[task.metric]
+            trainer.history.append({"step": rung, metric: scores[rung]})
+            trial.report(scores[rung], rung)
+            if job.trial["tune"]["prune"] and trial.should_prune():
+                pruned = True
+                break
+    for row in trainer.history:  # scores of rungs an earlier attempt reached
+        if metric in row:
+            scores.setdefault(row["step"], row[metric])
+    return {"trial": True, "pruned": pruned, "value": None if pruned else scores[max(scores)], "scores": scores,
+            "step": trainer.reached, "seconds": time.perf_counter() - started}
+
+
+def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction: str | None = None) -> Any:
+    """The study ``name`` in the journal file, with the spec's sampler and pruner (created when
+    ``direction`` is given and it does not exist yet)."""
+    spec = TuneSpec.model_validate(tune)
+    storage = optuna.storages.JournalStorage(optional("optuna.storages.journal", "tune", "tune: in a compare spec")
+                                             .JournalFileBackend(journal))
+    if spec.sampler == "grid":
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, *args: Any) -> None:  # ask/tell: the driver stops asking at the grid's size
+                pass
+
+        sampler = Grid(spec.space, seed=spec.seed)
+    else:
+        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=max(spec.startup_trials, 1))
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials) if spec.prune
+              else optuna.pruners.NopPruner())
+    if direction is None:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
+                               load_if_exists=True)
+
+
+class Tuning:
+    """The studies of a comparison, one per (variant label, task), driven round by round.
+
+    Args:
+        spec: the spec's ``tune`` section.
+        runs: the comparison's planned runs ``(label, config)``; each pair's first is its base.
+        metrics: by task kind, ``(headline metric, "higher" or "lower")``.
+        folder: where the journal and the trials' run folders go.
+    """
+
+    def __init__(self, spec: TuneSpec, runs: list[tuple[str, TrainConfig]], metrics: dict[str, tuple[str, str]],
+                 folder: Path) -> None:
+        self.optuna = optional("optuna", "tune", "tune: in a compare spec")
+        self.optuna.logging.set_verbosity(self.optuna.logging.WARNING)
+        self.spec, self.folder = spec, folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.journal = str((folder / JOURNAL).resolve())
+        self.base: dict[tuple[str, str], TrainConfig] = {}
+        for label, config in runs:
+            self.base.setdefault((label, config.task.kind), config)
+        self.metrics = metrics
+        self.studies = {pair: _study(self.optuna, self.journal, f"{pair[1]}/{pair[0]}", spec.model_dump(mode="json"),
+                                     "maximize" if metrics[pair[1]][1] == "higher" else "minimize")
+                        for pair in self.base}
+        self.draws = {path: dimension(path, values) for path, values in spec.space.items()}
+        self.results: dict[tuple[str, str, int], dict[str, Any]] = {}
+
+    def check(self) -> None:
+        """Build every pair's trial config with a value of each path, so that a path a variant's config
+        lacks fails before anything trains."""
+        probe = {path: (v[0] if isinstance(v, list) else next(iter(v.values()))[0]) for path, v in self.spec.space.items()}
+        for (label, kind), config in self.base.items():
+            try:
+                trial = self.trial_config(config, probe)
+                load_config({"variant": trial.model} if isinstance(trial.model, str) else trial.model)
+            except (ValueError, ConfigError) as exc:
+                raise ConfigError(f"tune: the space does not fit variant {label!r} on {kind!r}: {exc}") from None
+
+    def trial_config(self, base: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+        """A trial's training config: the setting drawn, the trial budget, the tuning seed, and the
+        validation split carved from the training data (the test splits are never read)."""
+        tuned = with_values(base, values)
+        steps = self.spec.steps or base.steps
+        return tuned.model_copy(update={
+            "steps": steps, "seed": self.spec.seed, "holdout": self.spec.validation, "holdout_seed": self.spec.seed,
+            "eval_every": 0})  # a trial is scored at its rungs (execute_trial)
+
+    def rounds(self, parallel: int) -> Iterator[list[tuple[tuple[str, str], Any, TrainConfig]]]:
+        """Trials to run together, round after round, until every study has its trials: each round
+        asks up to ``parallel`` new trials of each study; the first also takes up the trials an
+        interruption left running (they resume from their checkpoints)."""
+        states = self.optuna.trial.TrialState
+        while True:
+            batch = []
+            for pair, study in self.studies.items():
+                trials = study.get_trials(deepcopy=False)
+                picked = [self.optuna.trial.Trial(study, t._trial_id) for t in trials if t.state == states.RUNNING]
+                ended = sum(t.state != states.RUNNING for t in trials)
+                while len(picked) < parallel and ended + len(picked) < self.spec.per_study:
+                    picked.append(study.ask())
+                for trial in picked:  # a resumed trial's suggestions return the values it drew
+                    values = {path: draw(trial) for path, draw in self.draws.items()}
+                    batch.append((pair, trial, self.trial_config(self.base[pair], values)))
+            if not batch:
+                return
+            yield batch
+
+    def ended(self) -> int:
+        """Trials of every study that ended (complete, pruned or failed)."""
+        return sum(len(s.get_trials(deepcopy=False, states=_ended(self.optuna))) for s in self.studies.values())
+
+    def folder_of(self, pair: tuple[str, str], number: int) -> Path:
+        """A trial's run folder: by task, label and trial number."""
+        label = re.sub(r"[^\w.+-]+", "_", pair[0].split(" ")[0])
+        return (self.folder / "trials" / f"{pair[1]}--{label}--trial{number}").resolve()
+
+    def tell(self, pair: tuple[str, str], trial: Any, result: dict[str, Any] | None, error: str = "") -> None:
+        """The study's answer for a trial that ended (None: it failed, with ``error``)."""
+        study, states = self.studies[pair], self.optuna.trial.TrialState
+        if result is None:
+            trial.set_user_attr("error", error)
+            study.tell(trial, state=states.FAIL)
+            return
+        trial.set_user_attr("steps", result["step"])
+        trial.set_user_attr("seconds", trial.user_attrs.get("seconds", 0.0) + result["seconds"])
+        trial.set_user_attr("scores", {str(k): v for k, v in result["scores"].items()})
+        if result["pruned"]:
+            study.tell(trial, state=states.PRUNED)
+        else:
+            study.tell(trial, result["value"])
+
+    def summary(self) -> list[Tuned]:
+        """What each study found, with its trials and the budget it spent."""
+        states = self.optuna.trial.TrialState
+        names = {states.COMPLETE: "complete", states.PRUNED: "pruned", states.FAIL: "failed", states.RUNNING: "running"}
+        out = []
+        for (label, kind), study in self.studies.items():
+            steps = self.spec.steps or self.base[(label, kind)].steps
+            trials = [TrialRecord(number=t.number, values=t.params, value=t.value, state=names.get(t.state, "failed"),
+                                  steps=t.user_attrs.get("steps", 0), seconds=t.user_attrs.get("seconds", 0.0),
+                                  scores={int(k): v for k, v in t.user_attrs.get("scores", {}).items()})
+                      for t in study.get_trials(deepcopy=False)]
+            complete = [t for t in trials if t.state == "complete"]
+            maximize = study.direction == self.optuna.study.StudyDirection.MAXIMIZE
+            best = (max if maximize else min)(complete, key=lambda t: t.value) if complete else None
+            out.append(Tuned(variant=label, task=kind, metric=self.metrics[kind][0],
+                             direction="maximize" if maximize else "minimize",
+                             best=best.values if best else {}, best_value=best.value if best else None, trials=trials,
+                             steps=steps, seconds=sum(t.seconds for t in trials),
+                             trained_steps=sum(t.steps for t in trials),
+                             saved_steps=sum(steps - t.steps for t in trials if t.state == "pruned")))
+        return out
+
+
+def run_tuning(tuning: Tuning, executor: Any, parallel: int, invocation: str, say: Callable[[str], None]) -> list[Tuned]:
+    """Every study's trials, round by round, through ``executor`` (``parallel`` new trials of each
+    study a round); returns what each found."""
+    from .runs import RunJob
+
+    tune = tuning.spec.model_dump(mode="json")
+    total = tuning.spec.per_study * len(tuning.studies)
+    for batch in tuning.rounds(parallel):
+        jobs: dict[str, tuple[tuple[str, str], Any]] = {}
+        listed = []
+        for pair, trial, config in batch:
+            job = RunJob(name=f"{pair[1]}/{pair[0]}/trial{trial.number}", config=config.model_dump(mode="json"),
+                         run_dir=str(tuning.folder_of(pair, trial.number)), invocation=invocation,
+                         tags={"task": pair[1], "variant": pair[0], "trial": str(trial.number)},
+                         trial={"journal": tuning.journal, "study": f"{pair[1]}/{pair[0]}", "trial_id": trial._trial_id,
+                                "tune": tune})
+            jobs[job.run_dir] = (pair, trial)
+            listed.append(job)
+        for event in executor.run(listed):
+            if event.state not in ("done", "failed"):
+                continue
+            pair, trial = jobs[event.job.run_dir]
+            result = event.record if event.state == "done" else None
+            tuning.tell(pair, trial, result, event.error)
+            ended = tuning.ended()
+            outcome = ("failed: " + event.error.splitlines()[0] if result is None else
+                       f"pruned at step {result['step']}" if result["pruned"] else
+                       f"validation {tuning.metrics[pair[1]][0]} {result['value']:.4g}")
+            say(f"tuning [{ended}/{total}] {pair[0]} on {pair[1]}, trial {trial.number} "
+                f"({', '.join(f'{k}={_short(v)}' for k, v in trial.params.items())}): {outcome}")
+    return tuning.summary()
+
+
+def _ended(optuna: Any) -> tuple[Any, ...]:
+    states = optuna.trial.TrialState
+    return states.COMPLETE, states.PRUNED, states.FAIL
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def tuned_runs(spec: TuneSpec, runs: list[tuple[str, TrainConfig]], found: list[Tuned]) -> list[tuple[str, TrainConfig]]:
+    """The comparison's runs at each variant's tuned setting (labelled ``LABEL tuned`` beside the
+    untuned ones when the spec compares both); a pair whose trials all failed keeps the spec's."""
+    best = {(t.variant, t.task): t.best for t in found}
+    tuned = [(label if spec.compare == "tuned" else f"{label} tuned",
+              with_values(config, best.get((label, config.task.kind), {}))) for label, config in runs]
+    return tuned if spec.compare == "tuned" else runs + tuned
