@@ -40,6 +40,7 @@ class _HeldOut:
 
     splits: ClassVar[tuple[str, ...]] = ("train", VALIDATION)
     holdout: tuple[float, int]
+    source: Task
 
     def dataset(self, split: str) -> datasets.Dataset:
         if split not in self.splits:
@@ -49,7 +50,7 @@ class _HeldOut:
 
     @functools.cache  # noqa: B019 - one carve per task object, which lives as long as its run
     def _parts(self) -> dict[str, datasets.Dataset]:
-        full = super().dataset("train")
+        full = self.source.dataset("train")  # the task's own, which caches its data for every trial
         kept, held = carve(len(full), *self.holdout)
         return {"train": full.select(kept), VALIDATION: full.select(held)}
 
@@ -69,5 +70,5 @@ def held_out(task: Task, amount: float, seed: int) -> Task:
     held = type(f"HeldOut{cls.__name__}", (_HeldOut, cls), {"__module__": __name__})
     copy: Any = object.__new__(held)
     copy.__dict__.update(task.__dict__)
-    copy.holdout = (amount, seed)
+    copy.holdout, copy.source = (amount, seed), task
     return copy

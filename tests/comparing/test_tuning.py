@@ -221,3 +221,30 @@ def test_tune_on_the_command_line_sets_the_trials_or_turns_tuning_off(presence, 
     with pytest.raises(SystemExit):
         main(["compare", str(path), "--tune", "0"])
     assert "'0' is neither a number of trials (1 or more) nor off" in capsys.readouterr().err
+
+
+def test_labels_that_share_a_first_word_get_trial_folders_and_studies_of_their_own(tmp_path):
+    from transformer_zoo.comparing.spec import plan
+    from transformer_zoo.comparing.tuning import Tuning
+
+    both = load_spec({"variants": [{"variant": "transformer-tiny", "norm_placement": "pre"},
+                                   {"variant": "transformer-tiny", "norm_placement": "post"}],
+                      "tasks": ["reverse"], "tune": {"trials": 2}})
+    runs, _ = plan(both)
+    found = Tuning(both.tune, runs, {"reverse": ("token_accuracy", "higher")}, tmp_path)
+    pairs = list(found.studies)
+    assert len(pairs) == 2 and pairs[0][0].split(" ")[0] == pairs[1][0].split(" ")[0]
+    assert found.folder_of(pairs[0], 0) != found.folder_of(pairs[1], 0)
+    assert len(set(found.names.values())) == 2
+    longer = load_spec({**both.model_dump(mode="json"), "steps": both.steps + 1})
+    again = Tuning(longer.tune, plan(longer)[0], {"reverse": ("token_accuracy", "higher")}, tmp_path)
+    assert set(again.names.values()).isdisjoint(found.names.values()), "another budget is another study"
+
+
+def test_a_time_budget_ends_a_trial_with_the_score_it_reached(presence, tmp_path):
+    timed = load_spec({**spec(trials=2, space={"train.lr": [3e-3, 1e-3]}).model_dump(mode="json"),
+                       "seeds": [0], "steps": 100_000, "seconds": 1.0})
+    results = compare(timed, tmp_path)
+    for study in results.tuning:
+        assert [t.state for t in study.trials] == ["complete", "complete"], "a trial out of time is scored, not failed"
+        assert all(t.steps < 100_000 and t.value is not None for t in study.trials)

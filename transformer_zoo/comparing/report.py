@@ -238,8 +238,8 @@ def tuning_lines(results: CompareResults, out_dir: Path) -> list[str]:
     pruned = [t for study in tuned for t in study.trials if t.state == "pruned"]
     full = sum(study.steps * len(study.trials) for study in tuned)
     saved = sum(study.saved_steps for study in tuned)
-    lines = [f"Every variant was tuned on the same budget before the comparison: {tune.get('trials')} trials of "
-             f"{tuned[0].steps} steps each, sampler {tune.get('sampler')} (seed {tune.get('seed')}), over "
+    lines = [f"Every variant was tuned on the same budget before the comparison: {max(len(t.trials) for t in tuned)} "
+             f"trials of {tuned[0].steps} steps each, sampler {tune.get('sampler')} (seed {tune.get('seed')}), over "
              + ", ".join(f"`{path}` {values}" for path, values in tune.get("space", {}).items())
              + f". A trial trains on the train split less a validation split carved from it with the seed "
              f"({_share(tune.get('validation', 0.1))}) and is scored there, never on the test splits; the comparison below "

@@ -235,7 +235,7 @@ def _tune(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], tasks: dict[st
     """
     if here.launched:
         raise ConfigError("tune: runs each trial as a job of the executor; under torchrun every process trains each "
-                          "run together: tune in a job of one process, or with executor ray")
+                          "run together: tune in a job of one process")
     metrics = {kind: (task.metric, task.metrics[task.metric]) for kind, task in tasks.items()}
     tuning = Tuning(spec.tune, runs, metrics, out_dir / "tuning")
     tuning.check()

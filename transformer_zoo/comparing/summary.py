@@ -68,8 +68,8 @@ def _getters(records: list[RunRecord]) -> list[_Getter]:
         _Getter(Column(name="wall s", kind="cost", better="lower", scale="log"), lambda r: r.wall_seconds),
     ]
     if any(r.tuning_seconds is not None for r in records):  # what finding a tuned variant's setting took
-        getters.append(_Getter(Column(name="tuning s", kind="cost", better="lower", scale="log"),
-                               lambda r: r.tuning_seconds))
+        getters.append(_Getter(Column(name="tuning s", kind="cost", better=None, scale="log"),  # one figure a
+                               lambda r: r.tuning_seconds))  # variant, on each of its seeds: nothing to test
     return getters
 
 
@@ -82,7 +82,7 @@ def _interval(column: Column, values: list[float]) -> Interval:
     return interval(values)
 
 
-TIMES = ("train tokens/s", "wall s", "tuning s")  # costs that depend on the machine's load at the time
+TIMES = ("train tokens/s", "wall s")  # costs that depend on the machine's load at the time
 
 
 def summarize_task(records: list[RunRecord], reference: str | None = None, test: TestKind = "welch",
@@ -109,6 +109,8 @@ def summarize_task(records: list[RunRecord], reference: str | None = None, test:
             column.best = _separable_best(values, column.name, column.better == "higher", test)
         column.decimals = column_decimals(x for v in variants if (cell := cells[v].get(column.name))
                                           for x in (cell.mean, cell.low, cell.high))
+        if column.bounds is not None:  # a score in a range keeps its decimals where every seed scored 1
+            column.decimals = max(column.decimals, 3)
         columns.append(column)
     task, metric = records[0].task, records[0].metric
     headline = f"{HEADLINE_SPLIT} {metric}"

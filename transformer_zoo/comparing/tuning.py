@@ -13,6 +13,8 @@ that was running continues from its checkpoint.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import time
@@ -80,6 +82,10 @@ class TuneSpec(Options):
                 if field not in TrainConfig.model_fields:
                     raise ValueError(f"space path {path!r} is not a training option; options: "
                                      f"{', '.join(sorted(set(TrainConfig.model_fields) - FIXED))}")
+                if TrainConfig.model_fields[field].annotation is int and isinstance(values, dict) \
+                        and "int" not in values:
+                    raise ValueError(f"space path {path!r} is a whole number: draw it with {{int: [low, high]}} or "
+                                     "list its choices")
             dimension(path, values)  # raises on a malformed one
         return space
 
@@ -130,6 +136,8 @@ def with_values(config: TrainConfig, values: dict[str, Any]) -> TrainConfig:
         *parents, last = field.split(".")
         where = model
         for name in parents:
+            if isinstance(where.get(name), str):  # a component given by its kind alone
+                where[name] = {"kind": where[name]}
             where = where.setdefault(name, {})
         where[last] = value
     data["model"] = model
@@ -159,11 +167,16 @@ def execute_trial(job: Any, config: TrainConfig, task: Any) -> dict[str, Any]:
             if rung <= trainer.reached and rung != config.steps:
                 continue
             trainer.start = trainer.reached
+            if config.max_seconds is not None:  # one time budget for the whole trial, not one per rung
+                left = max(config.max_seconds - (time.perf_counter() - started), 1e-3)
+                trainer.config = config.model_copy(update={"max_seconds": left})
             summary = trainer.run(stop_after=rung)
-            if rung == config.steps or not summary.get("stopped"):
-                scores[rung] = summary["metrics"][VALIDATION][task.metric]
+            if "metrics" in summary:  # the last step: the summary's scores
+                scores[trainer.reached] = summary["metrics"][VALIDATION][task.metric]
                 break
-            scores[rung] = trainer.evaluate(VALIDATION)[task.metric]
+            scores[trainer.reached] = trainer.evaluate(VALIDATION)[task.metric]
+            if trainer.reached < rung:  # the time budget ran out before the rung: this is the trial's score
+                break
             trainer.history.append({"step": rung, metric: scores[rung]})
             trial.report(scores[rung], rung)
             if job.trial["tune"]["prune"] and trial.should_prune():
@@ -194,8 +207,12 @@ def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction
               else optuna.pruners.NopPruner())
     if direction is None:
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
-                               load_if_exists=True)
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
+                                load_if_exists=True)
+    if spec.sampler == "tpe" and study.trials:  # resumed: the draws go on from the trials made, not from the first
+        study.sampler = optuna.samplers.TPESampler(seed=spec.seed + len(study.trials),
+                                                   n_startup_trials=max(spec.startup_trials, 1))
+    return study
 
 
 class Tuning:
@@ -219,11 +236,21 @@ class Tuning:
         for label, config in runs:
             self.base.setdefault((label, config.task.kind), config)
         self.metrics = metrics
-        self.studies = {pair: _study(self.optuna, self.journal, f"{pair[1]}/{pair[0]}", spec.model_dump(mode="json"),
+        self.names = {pair: f"{pair[1]}/{pair[0]}/{self.setup_key(config)}" for pair, config in self.base.items()}
+        self.studies = {pair: _study(self.optuna, self.journal, self.names[pair], spec.model_dump(mode="json"),
                                      "maximize" if metrics[pair[1]][1] == "higher" else "minimize")
                         for pair in self.base}
         self.draws = {path: dimension(path, values) for path, values in spec.space.items()}
         self.results: dict[tuple[str, str, int], dict[str, Any]] = {}
+
+    def setup_key(self, base: TrainConfig) -> str:
+        """A digest of what decides a study's trials but the values searched: the pair's training
+        config (its searched fields left out) and the tune section. A changed setup starts a new
+        study in the journal rather than reusing trials of another."""
+        searched = {path.partition(".")[2] for path in self.spec.space if path.startswith("train.")}
+        content = {"train": base.model_dump(mode="json", exclude={"seed", *searched}),
+                   "tune": self.spec.model_dump(mode="json", exclude={"trials", "compare"})}
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
     def check(self) -> None:
         """Build every pair's trial config with a value of each path, so that a path a variant's config
@@ -233,7 +260,7 @@ class Tuning:
             try:
                 trial = self.trial_config(config, probe)
                 load_config({"variant": trial.model} if isinstance(trial.model, str) else trial.model)
-            except (ValueError, ConfigError) as exc:
+            except (ValueError, TypeError, ConfigError) as exc:
                 raise ConfigError(f"tune: the space does not fit variant {label!r} on {kind!r}: {exc}") from None
 
     def trial_config(self, base: TrainConfig, values: dict[str, Any]) -> TrainConfig:
@@ -271,8 +298,9 @@ class Tuning:
 
     def folder_of(self, pair: tuple[str, str], number: int) -> Path:
         """A trial's run folder: by task, label and trial number."""
-        label = re.sub(r"[^\w.+-]+", "_", pair[0].split(" ")[0])
-        return (self.folder / "trials" / f"{pair[1]}--{label}--trial{number}").resolve()
+        label = re.sub(r"[^\w.+-]+", "_", pair[0].split(" ")[0])  # short, and the whole label's digest: unique
+        digest = hashlib.sha256(pair[0].encode()).hexdigest()[:8]
+        return (self.folder / "trials" / f"{pair[1]}--{label}-{digest}--trial{number}").resolve()
 
     def tell(self, pair: tuple[str, str], trial: Any, result: dict[str, Any] | None, error: str = "") -> None:
         """The study's answer for a trial that ended (None: it failed, with ``error``)."""
@@ -296,7 +324,8 @@ class Tuning:
         out = []
         for (label, kind), study in self.studies.items():
             steps = self.spec.steps or self.base[(label, kind)].steps
-            trials = [TrialRecord(number=t.number, values=t.params, value=t.value, state=names.get(t.state, "failed"),
+            trials = [TrialRecord(number=t.number, values=t.params, state=names.get(t.state, "failed"),
+                                  value=t.value if t.state == states.COMPLETE else None,  # a pruned one's is a rung's
                                   steps=t.user_attrs.get("steps", 0), seconds=t.user_attrs.get("seconds", 0.0),
                                   scores={int(k): v for k, v in t.user_attrs.get("scores", {}).items()})
                       for t in study.get_trials(deepcopy=False)]
@@ -326,7 +355,7 @@ def run_tuning(tuning: Tuning, executor: Any, parallel: int, invocation: str, sa
             job = RunJob(name=f"{pair[1]}/{pair[0]}/trial{trial.number}", config=config.model_dump(mode="json"),
                          run_dir=str(tuning.folder_of(pair, trial.number)), invocation=invocation,
                          tags={"task": pair[1], "variant": pair[0], "trial": str(trial.number)},
-                         trial={"journal": tuning.journal, "study": f"{pair[1]}/{pair[0]}", "trial_id": trial._trial_id,
+                         trial={"journal": tuning.journal, "study": tuning.names[pair], "trial_id": trial._trial_id,
                                 "tune": tune})
             jobs[job.run_dir] = (pair, trial)
             listed.append(job)
