@@ -58,14 +58,16 @@ class _HeldOut:
         return super().baselines(split) if split in self.splits else {}
 
 
-def held_out(task: Task, amount: float, seed: int) -> Task:
+def held_out(task: Task, amount: float | None, seed: int) -> Task:
     """``task``, trained on its train split less ``amount`` of its rows (a fraction below 1, else a
     number of rows; drawn with ``seed``) and scored on those rows, as split ``validation``;
-    reading any other split raises a ValueError.
+    reading any other split raises a ValueError. ``amount`` None: ``task`` itself.
 
     The task keeps its class's behaviour (collation, scoring, metrics): the returned object is an
     instance of a subclass of ``type(task)`` sharing ``task``'s state.
     """
+    if amount is None:
+        return task
     cls = type(task)
     held = type(f"HeldOut{cls.__name__}", (_HeldOut, cls), {"__module__": __name__})
     copy: Any = object.__new__(held)

@@ -56,10 +56,10 @@ from .runs import (
 from .scaling import ScalingPoint, measure_scaling
 from .spec import CompareSpec, plan
 from .summary import summarize
-from .tuning import Tuning, run_tuning, tuned_runs
+from .tuning import Tuning, short, tuned_runs
 
 __all__ = ["ComparisonFailed", "ComparisonInterrupted", "compare", "machine", "make_executor", "ponder_summary",
-           "run_threads", "scaling_points", "training_step_costs"]
+           "run_threads", "run_tuning", "scaling_points", "training_step_costs"]
 
 
 def run_threads(spec: CompareSpec, at_once: int) -> int:
@@ -252,6 +252,37 @@ def _tune(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], tasks: dict[st
             f"tuning interrupted with {tuning.ended()} of {spec.tune.per_study * len(tuning.studies)} trials ended (in "
             f"{tuning.folder}); run the same command again to go on: ended trials are not run again, and those in "
             "progress resume from their checkpoints") from None
+
+
+def run_tuning(tuning: Tuning, executor: Executor, parallel: int, invocation: str, say: Any) -> list[Tuned]:
+    """Every study's trials, round by round, through ``executor`` (``parallel`` new trials of each
+    study a round); returns what each found."""
+    tune = tuning.spec.model_dump(mode="json")
+    total = tuning.spec.per_study * len(tuning.studies)
+    for batch in tuning.rounds(parallel):
+        jobs: dict[str, tuple[tuple[str, str], Any]] = {}
+        listed = []
+        for pair, trial, config in batch:
+            job = RunJob(name=f"{pair[1]}/{pair[0]}/trial{trial.number}", config=config.model_dump(mode="json"),
+                         run_dir=str(tuning.folder_of(pair, trial.number)), invocation=invocation,
+                         tags={"task": pair[1], "variant": pair[0], "trial": str(trial.number)},
+                         trial={"journal": tuning.journal, "study": tuning.names[pair], "trial_id": trial._trial_id,
+                                "tune": tune})
+            jobs[job.run_dir] = (pair, trial)
+            listed.append(job)
+        for event in executor.run(listed):
+            if event.state not in ("done", "failed"):
+                continue
+            pair, trial = jobs[event.job.run_dir]
+            result = event.record if event.state == "done" else None
+            tuning.tell(pair, trial, result, event.error)
+            ended = tuning.ended()
+            outcome = ("failed: " + event.error.splitlines()[0] if result is None else
+                       f"pruned at step {result['step']}" if result["pruned"] else
+                       f"validation {tuning.metrics[pair[1]][0]} {result['value']:.4g}")
+            say(f"tuning [{ended}/{total}] {pair[0]} on {pair[1]}, trial {trial.number} "
+                f"({', '.join(f'{k}={short(v)}' for k, v in trial.params.items())}): {outcome}")
+    return tuning.summary()
 
 
 def make_executor(spec: CompareSpec, here: distributed.World, carried: list[str], stranded: list[str],

@@ -341,45 +341,13 @@ class Tuning:
         return out
 
 
-def run_tuning(tuning: Tuning, executor: Any, parallel: int, invocation: str, say: Callable[[str], None]) -> list[Tuned]:
-    """Every study's trials, round by round, through ``executor`` (``parallel`` new trials of each
-    study a round); returns what each found."""
-    from .runs import RunJob
-
-    tune = tuning.spec.model_dump(mode="json")
-    total = tuning.spec.per_study * len(tuning.studies)
-    for batch in tuning.rounds(parallel):
-        jobs: dict[str, tuple[tuple[str, str], Any]] = {}
-        listed = []
-        for pair, trial, config in batch:
-            job = RunJob(name=f"{pair[1]}/{pair[0]}/trial{trial.number}", config=config.model_dump(mode="json"),
-                         run_dir=str(tuning.folder_of(pair, trial.number)), invocation=invocation,
-                         tags={"task": pair[1], "variant": pair[0], "trial": str(trial.number)},
-                         trial={"journal": tuning.journal, "study": tuning.names[pair], "trial_id": trial._trial_id,
-                                "tune": tune})
-            jobs[job.run_dir] = (pair, trial)
-            listed.append(job)
-        for event in executor.run(listed):
-            if event.state not in ("done", "failed"):
-                continue
-            pair, trial = jobs[event.job.run_dir]
-            result = event.record if event.state == "done" else None
-            tuning.tell(pair, trial, result, event.error)
-            ended = tuning.ended()
-            outcome = ("failed: " + event.error.splitlines()[0] if result is None else
-                       f"pruned at step {result['step']}" if result["pruned"] else
-                       f"validation {tuning.metrics[pair[1]][0]} {result['value']:.4g}")
-            say(f"tuning [{ended}/{total}] {pair[0]} on {pair[1]}, trial {trial.number} "
-                f"({', '.join(f'{k}={_short(v)}' for k, v in trial.params.items())}): {outcome}")
-    return tuning.summary()
-
-
 def _ended(optuna: Any) -> tuple[Any, ...]:
     states = optuna.trial.TrialState
     return states.COMPLETE, states.PRUNED, states.FAIL
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
+    """A searched value as a progress line writes it."""
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 

@@ -1,12 +1,11 @@
 """Training: one model on one task for a budget of steps, with exact resume.
 
 A run folder holds ``train.json`` (the run's config), ``plugins.json`` (which plugin module
-provided each kind it uses), what the task derived from its data
-(``tokenizer/`` for text tasks), ``checkpoint/`` (``model.safetensors``, ``config.json``,
-``optimizer.pt``, ``state.json`` with the learning curve; replaced atomically, see
-:mod:`~transformer_zoo.training.checkpoints`), and at the end ``summary.json`` and ``model/``. Batches are
-drawn by a generator seeded from (seed, step), so a run resumed from step k sees exactly the
-batches an uninterrupted run sees.
+provided each kind it uses), what the task derived from its data (``tokenizer/`` for text
+tasks), ``checkpoint/`` (``model.safetensors``, ``config.json``, ``optimizer.pt``, ``state.json``
+with the learning curve; replaced atomically, see :mod:`~transformer_zoo.training.checkpoints`),
+and at the end ``summary.json`` and ``model/``. Batches are drawn by a generator seeded from
+(seed, step), so a run resumed from step k sees exactly the batches an uninterrupted run sees.
 
 One run at a time trains in a run folder (:meth:`Trainer.lock`). A run checkpoints every
 ``checkpoint_minutes`` and on Ctrl-C, so an interruption loses little; it resumes only with the
@@ -149,8 +148,7 @@ class Trainer:
             self.task = self.config.task.with_assets(self.run_dir).build()
         elif self.task is None:
             self.task = self.config.task.build()
-        if self.config.holdout is not None:
-            self.task = held_out(self.task, self.config.holdout, self.config.holdout_seed)
+        self.task = held_out(self.task, self.config.holdout, self.config.holdout_seed)  # the task itself for None
         self.model = self.build_model()
         checkpoint, state = self.checkpointer.resume_from(found, self.model)
         if state is not None:
@@ -185,9 +183,8 @@ class Trainer:
         return self
 
     def load_checkpoint(self, checkpoint: Path) -> None:
-        """Continue from ``checkpoint``
-        (:meth:`~transformer_zoo.training.checkpointing.Checkpointer.load`): its weights (into the
-        model before :meth:`attach`), its step, learning curve and random state.
+        """Continue from ``checkpoint`` (:meth:`~transformer_zoo.training.checkpointing.Checkpointer.load`):
+        its weights (into the model, before :meth:`attach`), step, learning curve and random state.
 
         Raises:
             CheckpointError: a file of it does not read or does not fit the model.
@@ -352,8 +349,7 @@ class Trainer:
                                  "lr": self.schedulers[first].get_last_lr()[0], **norms})
             self.track(self.history[-1])
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-            split = "test" if self.config.holdout is None else VALIDATION
-            scores = self.evaluate(split)
+            scores = self.evaluate(split := "test" if self.config.holdout is None else VALIDATION)
             if self.placement.here.main:
                 self.history.append({"step": done, **{f"{split}_{k}": v for k, v in scores.items()}})
                 self.track(self.history[-1])
