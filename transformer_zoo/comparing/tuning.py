@@ -195,6 +195,9 @@ def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction
     spec = TuneSpec.model_validate(tune)
     storage = optuna.storages.JournalStorage(optional("optuna.storages.journal", "tune", "tune: in a compare spec")
                                              .JournalFileBackend(journal))
+    def tpe(seed: int) -> Any:
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(spec.startup_trials, 1))
+
     if spec.sampler == "grid":
         class Grid(optuna.samplers.GridSampler):
             def after_trial(self, *args: Any) -> None:  # ask/tell: the driver stops asking at the grid's size
@@ -202,7 +205,7 @@ def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction
 
         sampler = Grid(spec.space, seed=spec.seed)
     else:
-        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=max(spec.startup_trials, 1))
+        sampler = tpe(spec.seed)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials) if spec.prune
               else optuna.pruners.NopPruner())
     if direction is None:
@@ -210,8 +213,7 @@ def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
                                 load_if_exists=True)
     if spec.sampler == "tpe" and study.trials:  # resumed: the draws go on from the trials made, not from the first
-        study.sampler = optuna.samplers.TPESampler(seed=spec.seed + len(study.trials),
-                                                   n_startup_trials=max(spec.startup_trials, 1))
+        study.sampler = tpe(spec.seed + len(study.trials))
     return study
 
 
@@ -241,7 +243,6 @@ class Tuning:
                                      "maximize" if metrics[pair[1]][1] == "higher" else "minimize")
                         for pair in self.base}
         self.draws = {path: dimension(path, values) for path, values in spec.space.items()}
-        self.results: dict[tuple[str, str, int], dict[str, Any]] = {}
 
     def setup_key(self, base: TrainConfig) -> str:
         """A digest of what decides a study's trials but the values searched: the pair's training
