@@ -160,13 +160,14 @@ def _compare(args: argparse.Namespace) -> Any:
 
 
 def _reproduce(args: argparse.Namespace) -> Any:
-    from .comparing.studies import as_json, reproduce_all, study_rows
+    from .comparing.studies import as_json, available_studies, reproduce_all, study_rows
 
-    if not args.names:
-        return study_rows()
     overrides = {key: value for key, value in (("seeds", args.seeds), ("steps", args.steps)) if value is not None}
+    if not args.names and args.scale is None and args.out is None and not overrides:
+        return study_rows()
+    names = args.names or list(available_studies())  # a scale, a folder or a budget given: every study
     out = args.out or Path("reports") / "reproduce"
-    results = reproduce_all(args.names, out, scale=args.scale, overrides=overrides)
+    results = reproduce_all(names, out, scale=args.scale or "cpu", overrides=overrides, at_once=args.at_once)
     return {"report": str(out / "reproductions.md"), "studies": as_json(results)}
 
 
@@ -228,6 +229,13 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
     for row in cells:
         console.print(Text(row[0], style="bold") + Text("  " + "  ".join(row[1:-1]), style="dim"))
         console.print(Padding(Text(row[-1]), (0, 0, 0, 4), expand=False))
+
+
+def _count(text: str) -> int:
+    value = int(text) if text.isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count; give a whole number, 1 or more")
+    return value
 
 
 def _seeds(text: str) -> list[int]:
@@ -315,10 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Run studies: each is a comparison over seeds and the claims it tests, judged holds, "
                             "does not hold or inconclusive from the 95%% intervals. NAME is a built-in study or a "
                             "study's YAML file.")
-    p.add_argument("names", nargs="*", metavar="NAME", help="studies to run (default: list the built-in ones)")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="studies to run (default: list the built-in ones, or run them all when --scale, --out, "
+                        "--seeds or --steps is given)")
     p.add_argument("--out", type=Path, help="report folder (default: reports/reproduce); each study in a folder of its own")
-    p.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
-                   help="cpu: each study in about ten minutes on 2 cores (default); gpu: the paper-sized settings")
+    p.add_argument("--scale", choices=("cpu", "gpu", "paper"),
+                   help="cpu: each study in about ten minutes on 2 cores (default); gpu: every study together in about "
+                        "eight minutes on one H100/H200; paper: the papers' own settings, hours on one GPU")
+    p.add_argument("--at-once", type=_count, metavar="N",
+                   help="studies run at the same time, each in a process of its own with its log in its folder "
+                        "(default: all of them at the gpu scale on a machine with CUDA, else 1)")
     p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the study's")
     p.add_argument("--steps", type=int, metavar="N", help="train every run this many steps instead (a quick look)")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")

@@ -1,8 +1,9 @@
 """``tzoo reproduce``: what the papers and lectures claim, rerun as comparisons with a verdict.
 
 A study is a YAML file: a compare spec (:class:`~transformer_zoo.comparing.spec.CompareSpec`), the
-claims it tests, where they come from, and what changes at each scale (``cpu``: at most about
-ten minutes on a 2-core machine; ``gpu``: the paper-sized settings). A claim names a task, a
+claims it tests, where they come from, and what changes at each scale (:data:`SCALES`: ``cpu``,
+about ten minutes on a 2-core machine; ``gpu``, every study together in about eight minutes on
+one large GPU; ``paper``, the paper's own settings, hours on one GPU). A claim names a task, a
 metric (a task's score on one split, or a probe's measurement), two variants of the spec by
 label and a relation: ``a`` is ``better`` than ``b``, ``not-worse``, ``matches`` it within a
 margin, or is ``steadier`` over seeds. Its verdict comes from the 95% interval over seeds of
@@ -26,15 +27,18 @@ of the same shape runs a study of one's own.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 from importlib import resources
+from multiprocessing import connection, get_context
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 from ..configs import merge, read_config, validate
-from ..core.errors import ConfigError, UnknownNameError
+from ..core.errors import ConfigError, UnknownNameError, ZooError
 from ..core.model import atomic_write
 from ..core.options import Options
 from ..core.tasks import Better
@@ -46,7 +50,13 @@ from .stats import ALPHA, TEST_NAMES, bounded_interval, difference, interval, sp
 from .summary import format_cell, format_number
 from .tuning import tuned_runs
 
-Scale = Literal["cpu", "gpu"]
+Scale = Literal["cpu", "gpu", "paper"]
+SCALES: dict[str, str] = {
+    "cpu": "about ten minutes a study on a 2-core CPU (the study's compare spec itself)",
+    "gpu": "every built-in study together in about eight minutes on one H100 or H200: all of them at once, each "
+           "with a few runs on the GPU, in bfloat16",
+    "paper": "the paper's own settings where it gives them: hours on one GPU",
+}
 Relation = Literal["better", "not-worse", "matches", "steadier"]
 Verdict = Literal["holds", "does not hold", "inconclusive"]
 RELATIONS: dict[str, str] = {
@@ -97,6 +107,10 @@ class Study(Options):
     def spec(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> CompareSpec:
         """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top;
         each claim checked against it: its variants and task are in it, its split and metric exist."""
+        if scale != "cpu" and scale not in self.scales:
+            given = ", ".join(["cpu", *self.scales])
+            raise ConfigError(f"study {self.name!r} has no {scale} scale (it has: {given}); add a '{scale}' block under "
+                              "its scales:, or run it at one it has")
         data = dict(self.compare)
         for change in (self.scales.get(scale, {}), overrides or {}):
             change = dict(change)
@@ -104,9 +118,11 @@ class Study(Options):
             data = merge(data, change)
             if tasks is not None:
                 data["tasks"] = _merged_tasks(data.get("tasks", []), tasks, self.name)
-        if overrides and "steps" in overrides:  # every run's budget, a task's own included
+        if overrides and "steps" in overrides:  # every run's budget, a task's own and a tuning trial's included
             data["task_train"] = {kind: {**train, "steps": overrides["steps"]} if "steps" in train else train
                                   for kind, train in data.get("task_train", {}).items()}
+            if data.get("tune", {}).get("steps") is not None:
+                data["tune"] = {**data["tune"], "steps": overrides["steps"]}
         spec = validate(CompareSpec, {**data, "name": self.name}, f"study {self.name!r} at the {scale} scale")
         self.check(spec)
         return spec
@@ -241,7 +257,7 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
     figures = dict(a=cells["a"], b=cells["b"], difference=diff.difference, low=diff.low, high=diff.high,
                    sd_a=sd.sd_a, sd_b=sd.sd_b, probe=probe, direction=direction)
     if claim.relation == "steadier":
-        verdict, reason = _steadier(sd, claim)
+        verdict, reason = _steadier(sd, claim, min(len(a), len(b)))
         return ClaimResult(claim=claim, p=sd.p, verdict=verdict, reason=reason, **figures)
     verdict, reason = _by_interval(claim, diff.low, diff.high, direction, diff.difference)
     return ClaimResult(claim=claim, p=diff.p, verdict=verdict, reason=reason, **figures)
@@ -279,8 +295,10 @@ def _margin(value: float) -> str:
     return "0" if value == 0 else f"{value:g} (the margin)"
 
 
-def _steadier(sd: Any, claim: Claim) -> tuple[Verdict, str]:
+def _steadier(sd: Any, claim: Claim, seeds: int) -> tuple[Verdict, str]:
     text = f"standard deviation over seeds: a {sd.sd_a:.4g}, b {sd.sd_b:.4g}"
+    if seeds < 2:
+        return "inconclusive", "one seed a side gives no spread: run two or more seeds"
     if sd.p is None:
         if sd.sd_a == sd.sd_b:
             return "does not hold", f"{text}: equal, so a is not steadier"
@@ -365,20 +383,124 @@ def summary_lines(results: list[StudyResult]) -> list[str]:
     return lines
 
 
+def default_at_once(scale: Scale, count: int) -> int:
+    """How many studies run at once by default: every one at the gpu scale on a machine with
+    CUDA (each study's spec asks for the few GPU slots it needs, sized for sharing one GPU with
+    the others), else one after another."""
+    import torch
+
+    return count if scale == "gpu" and torch.cuda.is_available() else 1
+
+
 def reproduce_all(names: list[str], out_dir: str | os.PathLike, scale: Scale = "cpu",
-                  overrides: dict[str, Any] | None = None, plugins: list[str] | None = None) -> list[StudyResult]:
-    """Run the named studies one after another (each into ``out_dir/NAME``), then write
-    ``out_dir/reproductions.md``, a row per study run so far in ``out_dir``. Every study is
-    validated before the first one trains."""
+                  overrides: dict[str, Any] | None = None, plugins: list[str] | None = None,
+                  at_once: int | None = None) -> list[StudyResult]:
+    """Run the named studies (each into ``out_dir/NAME``), then write ``out_dir/reproductions.md``,
+    a row per study run so far in ``out_dir``, with the wall time of this call. Every study is
+    validated before the first one trains.
+
+    Args:
+        at_once: studies run at the same time, each in a process of its own whose output goes to
+            ``out_dir/NAME/log.txt``; None: :func:`default_at_once`.
+
+    Raises:
+        StudiesFailed: a study run beside others failed; the others finished and are reported.
+    """
     studies = [load_study(name) for name in names]
     for study in studies:
         study.spec(scale, overrides)
     out_dir = Path(out_dir)
-    results = [reproduce(study, out_dir / study.name, scale, overrides, plugins) for study in studies]
+    at_once = default_at_once(scale, len(studies)) if at_once is None else at_once
+    started = time.perf_counter()
+    if at_once <= 1 or len(studies) == 1:
+        results = [reproduce(study, out_dir / study.name, scale, overrides, plugins) for study in studies]
+        failed: dict[str, str] = {}
+    else:
+        results, failed = _side_by_side(studies, out_dir, scale, overrides, plugins, at_once)
+    wall = time.perf_counter() - started
     done = [StudyResult.model_validate_json(p.read_text()) for p in sorted(out_dir.glob("*/verdict.json"))]
-    page = "\n".join([f"# Reproductions ({scale} scale)", "", *summary_lines(done), ""])
+    ran = f"This call ran {len(results)} of {len(studies)} studies, {at_once} at a time, in {_minutes(wall)} of wall time."
+    page = "\n".join([f"# Reproductions ({scale} scale)", "", ran, "", *summary_lines(done), ""])
     atomic_write(out_dir / "reproductions.md", lambda tmp: tmp.write_text(page))
+    if failed:
+        raise StudiesFailed("\n".join([f"{len(failed)} of {len(studies)} studies failed (the others are in "
+                                        f"{out_dir / 'reproductions.md'}):", *failed.values()]))
     return results
+
+
+class StudiesFailed(ZooError):
+    """Studies run side by side ended, and some of them failed."""
+
+
+def _side_by_side(studies: list[Study], out_dir: Path, scale: Scale, overrides: dict[str, Any] | None,
+                  plugins: list[str] | None, at_once: int) -> tuple[list[StudyResult], dict[str, str]]:
+    """Run ``studies``, ``at_once`` at a time, each in a process of its own; returns the results
+    of those that finished, and why each other failed."""
+    context = get_context("spawn")
+    waiting, running = list(studies), {}
+    results, failed = [], {}
+    begun = time.perf_counter()
+
+    def say(message: str) -> None:
+        print(f"[{_minutes(time.perf_counter() - begun)}] {message}", file=sys.stderr, flush=True)
+
+    try:
+        while waiting or running:
+            while waiting and len(running) < at_once:
+                study = waiting.pop(0)
+                (out_dir / study.name).mkdir(parents=True, exist_ok=True)
+                log = out_dir / study.name / "log.txt"
+                process = context.Process(target=_reproduce_logged, name=f"study {study.name}",
+                                          args=(study, out_dir / study.name, scale, overrides, plugins, str(log)))
+                process.start()
+                running[process.sentinel] = (process, study, log)
+                say(f"started {study.name} ({len(studies) - len(waiting)} of {len(studies)}); its log: {log}")
+            for sentinel in connection.wait(list(running)):
+                process, study, log = running.pop(sentinel)
+                process.join()
+                verdict = out_dir / study.name / "verdict.json"
+                if process.exitcode == 0 and verdict.is_file():
+                    result = StudyResult.model_validate_json(verdict.read_text())
+                    results.append(result)
+                    say(f"{study.name}: {result.verdict} ({_minutes(result.wall_seconds)})")
+                else:
+                    last = _last_line(log)
+                    failed[study.name] = f"  {study.name} (exit code {process.exitcode}): {last}; the log: {log}"
+                    say(f"{study.name} failed: {last}")
+    except KeyboardInterrupt:
+        for process, _, _ in running.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)  # each comparison keeps what finished and says so in its log
+        for process, _, _ in running.values():
+            process.join(60)
+        from .runner import ComparisonInterrupted
+
+        raise ComparisonInterrupted(
+            f"reproduction interrupted with {len(results)} of {len(studies)} studies finished (in {out_dir}); run the "
+            "same command again to go on: finished runs are reused and the others resume from their checkpoints"
+        ) from None
+    order = [study.name for study in studies]
+    return sorted(results, key=lambda r: order.index(r.name)), failed
+
+
+def _reproduce_logged(study: Study, out_dir: Path, scale: Scale, overrides: dict[str, Any] | None,
+                      plugins: list[str] | None, log: str) -> None:
+    """A study in a process of its own, its output (progress and errors) written to ``log``."""
+    with open(log, "a") as stream:
+        os.dup2(stream.fileno(), 1)
+        os.dup2(stream.fileno(), 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    try:
+        reproduce(study, out_dir, scale, overrides, plugins)
+    except KeyboardInterrupt as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(130)
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
+    return lines[-1].strip() if lines else "it wrote nothing"
 
 
 def study_rows() -> list[dict[str, str]]:
