@@ -10,7 +10,16 @@ import pytest
 from transformer_zoo.cli import main
 from transformer_zoo.comparing.records import CompareResults, RunRecord
 from transformer_zoo.core.errors import ConfigError, UnknownNameError
-from transformer_zoo.comparing.studies import Claim, available_studies, judge, load_study, overall, reproduce_all
+from transformer_zoo.comparing.studies import (
+    Claim,
+    StudiesFailed,
+    available_studies,
+    judge,
+    load_study,
+    overall,
+    reproduce,
+    reproduce_all,
+)
 
 NOISE = [0.0, 0.01, -0.01, 0.005, -0.005]
 
@@ -95,12 +104,55 @@ STUDIES = ["ut-length-generalisation", "layernorm-vs-batchnorm", "scaled-dot-pro
            "sagan-attention", "multi-head", "pre-vs-post-norm", "tuned-pre-vs-post-norm"]
 
 
-def test_the_built_in_studies_are_listed_and_validate_at_both_scales():
+def test_the_built_in_studies_are_listed_and_validate_at_every_scale():
     assert sorted(available_studies()) == sorted(STUDIES)
     for name in STUDIES:
         study = load_study(name)
-        cpu, gpu = study.spec("cpu"), study.spec("gpu")
-        assert gpu.steps > cpu.steps and len(gpu.seeds) >= len(cpu.seeds) >= 3, name
+        cpu, gpu, paper = (study.spec(scale) for scale in ("cpu", "gpu", "paper"))
+        assert paper.steps > gpu.steps > cpu.steps and min(len(cpu.seeds), len(gpu.seeds), len(paper.seeds)) >= 3, name
+        # the gpu scale shares one GPU with the other studies: a few slots each, one CPU thread a run
+        assert gpu.workers is None and gpu.threads == 1 and gpu.runs_per_device >= 1, name
+        assert paper.workers is None, name
+
+
+def test_a_scale_the_study_lacks_is_refused_with_the_ones_it_has(tmp_path):
+    data = load_study("multi-head").model_dump()
+    data["scales"] = {"gpu": data["scales"]["gpu"]}
+    path = tmp_path / "mine.yaml"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"no paper scale \(it has: cpu, gpu\)"):
+        load_study(str(path)).spec("paper")
+
+
+def small_data(study) -> dict:
+    """Overrides that keep a study's runs to a few examples a split (and short long-test inputs), one seed and
+    trial, and one run at a time in this process: what the gpu and paper scales build, at a CPU test's cost."""
+    overrides = {"steps": 2, "seeds": [0], "workers": 1, "threads": 1, "tasks": {}}
+    for options in study.spec("cpu").tasks:
+        fields = type(options).model_fields
+        change = {key: value for key, value in (("train_size", 64), ("test_size", 4)) if key in fields}
+        if "test_lengths" in fields:
+            change["test_lengths"] = [41, 44]  # the gpu and paper scales' long tests start past 40
+        overrides["tasks"][options.kind] = change
+    if study.compare.get("tune"):
+        overrides["tune"] = {"trials": 2, "startup_trials": 1}
+    return overrides
+
+
+@pytest.mark.parametrize("scale", ["gpu", "paper"])
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_study_builds_and_trains_at_the_gpu_and_paper_scales(name, scale, tmp_path):
+    """The scales' own models and tasks (a d 512 UT at lengths up to 40 at the paper scale, say) build, train a few
+    steps on the CPU and are judged; only the data are cut to a few examples."""
+    study = load_study(name)
+    result = reproduce(study, tmp_path / name, scale, small_data(study))
+    spec = study.spec(scale)
+    assert result.scale == scale and result.steps == 2 and result.seeds == [0]
+    runs = CompareResults.model_validate_json((tmp_path / name / "results.json").read_text()).runs
+    widths = {run.parameters for run in runs}
+    assert len(runs) >= len(spec.variants) and min(widths) > 0
+    assert f"--scale {scale}" in result.command
+    assert result.verdict in ("holds", "does not hold", "inconclusive")
 
 
 def test_a_claim_naming_what_the_spec_lacks_fails_before_training(tmp_path):
@@ -141,3 +193,99 @@ def test_every_study_runs_at_a_tiny_budget_and_writes_a_verdict(tmp_path):
         assert result.claims[0].claim.statement in page and result.verdict in page
     summary = (out / "reproductions.md").read_text()
     assert all(f"[{name}]({name}/verdict.md)" in summary for name in STUDIES)
+
+
+def tiny_study(tmp_path, name: str, **train) -> str:
+    """A study of one's own: one-layer encoders on a short ordered-pair, 2 steps."""
+    data = {"name": name, "title": "t", "source": "s",
+            "claims": [{"statement": "four heads beat one", "task": "ordered-pair", "metric": "accuracy",
+                        "a": "4 heads", "b": "1 head"}],
+            "compare": {"variants": [{"variant": "transformer-tiny", "label": "1 head", "n_heads": 1},
+                                     {"variant": "transformer-tiny", "label": "4 heads", "n_heads": 4}],
+                        "tasks": [{"kind": "ordered-pair", "length": 4, "symbols": 2, "train_size": 32,
+                                   "test_size": 4}],
+                        "steps": 2, "seeds": [0, 1], "workers": 1, "threads": 1,
+                        "model": {"encoder": {"layers": 1}}, "train": {"batch_size": 4, **train}}}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_studies_side_by_side_each_log_to_their_folder_and_a_failure_spares_the_others(tmp_path):
+    """Studies run at once, each in a process of its own; one whose every run fails (its loss diverges) is named
+    with its log, and the others finish and are on the page."""
+    good = tiny_study(tmp_path, "good")
+    other = tiny_study(tmp_path, "other")
+    bad = tiny_study(tmp_path, "bad", lr=1e6, grad_clip=None, warmup_steps=0)
+    out = tmp_path / "out"
+    with pytest.raises(StudiesFailed, match=r"1 of 3 studies failed[\s\S]*bad \(exit code 1\)[\s\S]*bad/log.txt"):
+        reproduce_all([good, bad, other], out, at_once=2)
+    for name in ("good", "other"):
+        assert json.loads((out / name / "verdict.json").read_text())["name"] == name
+        assert "compared 4 runs" in (out / name / "log.txt").read_text()
+    assert "no run of the comparison finished" in (out / "bad" / "log.txt").read_text()
+    page = (out / "reproductions.md").read_text()
+    assert "[good](good/verdict.md)" in page and "[other](other/verdict.md)" in page and "2 at a time" in page
+
+
+def test_cli_with_a_scale_and_no_name_runs_every_study(monkeypatch, tmp_path, capsys):
+    called = {}
+
+    def fake(names, out, scale, overrides, at_once):
+        called.update(names=names, out=out, scale=scale, overrides=overrides, at_once=at_once)
+        return []
+
+    monkeypatch.setattr("transformer_zoo.comparing.studies.reproduce_all", fake)
+    assert main(["reproduce", "--scale", "gpu", "--out", str(tmp_path), "--json"]) == 0
+    assert called == {"names": list(available_studies()), "out": tmp_path, "scale": "gpu", "overrides": {},
+                      "at_once": None}
+    assert main(["reproduce", "multi-head", "--steps", "5", "--at-once", "2"]) == 0
+    assert called["names"] == ["multi-head"] and called["scale"] == "cpu" and called["overrides"] == {"steps": 5}
+    assert called["at_once"] == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "--at-once", "0"])
+    assert exit_.value.code == 2 and "'0' is not a count" in capsys.readouterr().err
+
+
+def test_seeds_needed_makes_the_interval_clear_the_boundary():
+    from scipy import stats as scipy_stats
+
+    from transformer_zoo.comparing.stats import seeds_needed
+
+    for sd_a, sd_b, gap in [(0.1, 0.1, 0.1), (0.3, 0.05, 0.2), (21.0, 3.4, 5.2)]:
+        n = seeds_needed(sd_a, sd_b, gap)
+        for seeds, clears in ((n, True), (n - 1, False)):
+            va, vb = sd_a**2 / seeds, sd_b**2 / seeds
+            df = (va + vb) ** 2 / ((va**2 + vb**2) / (seeds - 1))
+            assert (scipy_stats.t.ppf(0.975, df) * (va + vb) ** 0.5 < gap) == clears
+    assert seeds_needed(0.1, 0.1, 0.0) is None and seeds_needed(1.0, 1.0, 1e-6) is None
+
+
+def test_an_inconclusive_claim_says_how_many_seeds_would_decide_it():
+    outcome = judge(claim(), results(spread(0.52, 2), spread(0.5, 2)))
+    assert outcome.verdict == "inconclusive" and outcome.seeds_needed is not None and outcome.seeds_needed > 5
+    assert f"about {outcome.seeds_needed} seeds a side would decide it" in outcome.reason
+    decided = judge(claim(), results(spread(0.8), spread(0.5)))
+    assert decided.verdict == "holds" and decided.seeds_needed is None
+
+
+def test_the_sources_figures_stand_beside_ours_and_a_wrong_one_is_refused(tmp_path):
+    from transformer_zoo.comparing.studies import beside
+
+    study = load_study("ut-length-generalisation")
+    assert {(f.variant, f.task, f.metric) for f in study.figures} >= {("ut+offset", "copy", "sequence_accuracy"),
+                                                                        ("transformer", "reverse", "token_accuracy")}
+    data = load_study("multi-head").model_dump()
+    data["figures"] = [{"variant": "4 heads", "task": "ordered-pair", "metric": "accuracy", "value": 0.9,
+                        "where": "Table 1"}]
+    path = tmp_path / "mine.yaml"
+    path.write_text(json.dumps(data))
+    mine = load_study(str(path))
+    runs = [record("4 heads", seed, value).model_copy(update={"task": "ordered-pair"})
+            for seed, value in enumerate([0.7, 0.8])]
+    found = beside(mine.figures[0], CompareResults(spec={}, machine={}, runs=runs, skipped=[]))
+    assert found.ours.mean == pytest.approx(0.75) and found.figure.value == 0.9
+    data["figures"][0]["variant"] = "8 heads"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="figures.0: no run of variant '8 heads'"):
+        load_study(str(path)).spec()

@@ -46,7 +46,7 @@ from .probes import PROBE_OUTPUTS
 from .records import Cell, CompareResults
 from .runner import compare
 from .spec import CompareSpec, plan
-from .stats import ALPHA, TEST_NAMES, bounded_interval, difference, interval, spread
+from .stats import ALPHA, TEST_NAMES, bounded_interval, difference, interval, seeds_needed, spread
 from .summary import format_cell, format_number
 from .tuning import tuned_runs
 
@@ -91,6 +91,17 @@ class Claim(Options):
         return self
 
 
+class SourceFigure(Options):
+    """A figure the source reports for one of the study's variants, set beside ours."""
+
+    variant: str = Field(description="the variant it stands beside, by its label in the spec")
+    task: str = Field(description="the task kind")
+    metric: str = Field(description="a metric of the task")
+    split: str = Field("test", description="the evaluation split")
+    value: float = Field(description="the source's figure, in the metric's units")
+    where: str = Field(description="where the source gives it (table, row, setting)")
+
+
 class Study(Options):
     """A study: a comparison, the claims it tests and what changes at each scale."""
 
@@ -103,6 +114,7 @@ class Study(Options):
         {}, description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task kind "
         "of the task options that change")
     claims: list[Claim] = Field(min_length=1, description="the claims, each judged on its own")
+    figures: list[SourceFigure] = Field([], description="the source's own figures, reported beside ours")
 
     def spec(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> CompareSpec:
         """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top;
@@ -158,6 +170,14 @@ class Study(Options):
             if claim.split not in task.splits:
                 raise ConfigError(f"{where}: split {claim.split!r} is not one of task {claim.task!r}'s splits "
                                   f"({', '.join(task.splits)})")
+        for i, figure in enumerate(self.figures):
+            where = f"study {self.name!r}, figures.{i}"
+            if (figure.variant, figure.task) not in ran:
+                raise ConfigError(f"{where}: no run of variant {figure.variant!r} on task {figure.task!r} in the spec")
+            task = built.setdefault(figure.task, tasks[figure.task].build())
+            if figure.metric not in task.metrics or figure.split not in task.splits:
+                raise ConfigError(f"{where}: task {figure.task!r} has metrics {', '.join(task.metrics)} on splits "
+                                  f"{', '.join(task.splits)}; got {figure.split} {figure.metric}")
 
 
 def _merged_tasks(tasks: list[Any], changes: dict[str, Any], study: str) -> list[Any]:
@@ -189,6 +209,16 @@ class ClaimResult(BaseModel):
     direction: Better = Field("higher", description="which way the metric is better, as the claim was judged")
     verdict: Verdict
     reason: str = Field(description="why the verdict, in words")
+    seeds_needed: int | None = Field(
+        None, description="inconclusive: about how many seeds a side would decide the claim at the spreads seen "
+        "(stats.seeds_needed); None: decided, or no practical number would")
+
+
+class FigureResult(BaseModel):
+    """A source's figure and ours for the same variant, task and metric."""
+
+    figure: SourceFigure
+    ours: Cell = Field(description="our mean over seeds and its 95% interval")
 
 
 class StudyResult(BaseModel):
@@ -204,6 +234,7 @@ class StudyResult(BaseModel):
     test: str = Field(description="the test of each difference")
     verdict: Verdict
     claims: list[ClaimResult]
+    figures: list[FigureResult] = []
     wall_seconds: float = Field(description="wall time of the study's comparison")
     report: str = Field(description="the comparison's report.md, relative to the study's folder")
     command: str = Field(description="the command that runs the study again")
@@ -231,26 +262,32 @@ def load_study(source: str | os.PathLike | dict[str, Any]) -> Study:
     return validate(Study, data, "study")
 
 
+def _values(results: CompareResults, label: str, task: str, split: str, metric: str) -> list[float]:
+    """A variant's figure on ``task`` from each of its runs: a probe's measurement, or a split's metric."""
+    found = []
+    for run in results.runs:
+        if run.variant == label and run.task == task:
+            value = run.probes.get(metric, run.metrics.get(split, {}).get(metric))
+            if value is not None:
+                found.append(value)
+    return found
+
+
+def _cell(results: CompareResults, metric: str, values: list[float]) -> Cell:
+    """The mean and 95% interval of ``values``, within the metric's bounds where the task declares them."""
+    bounds = next((r.bounds[metric] for r in results.runs if metric in r.bounds), None)
+    return Cell(**(interval(values) if bounds is None else bounded_interval(values, bounds)).__dict__)
+
+
 def judge(claim: Claim, results: CompareResults) -> ClaimResult:
     """A claim's verdict from the comparison's runs (see the module's docstring for the rules)."""
-    def values(label: str) -> list[float]:
-        found = []
-        for run in results.runs:
-            if run.variant == label and run.task == claim.task:
-                value = run.probes.get(claim.metric, run.metrics.get(claim.split, {}).get(claim.metric))
-                if value is not None:
-                    found.append(value)
-        return found
-
-    a, b = values(claim.a), values(claim.b)
+    a, b = (_values(results, label, claim.task, claim.split, claim.metric) for label in (claim.a, claim.b))
     if not a or not b:
         missing = claim.a if not a else claim.b
         raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {claim.split} {claim.metric}")
     direction = claim.direction or next(
         (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher")
-    bounds = next((r.bounds[claim.metric] for r in results.runs if claim.metric in r.bounds), None)
-    cells = {side: Cell(**(interval(xs) if bounds is None else bounded_interval(xs, bounds)).__dict__)
-             for side, xs in (("a", a), ("b", b))}  # an accuracy's interval stays in [0, 1]
+    cells = {"a": _cell(results, claim.metric, a), "b": _cell(results, claim.metric, b)}
     diff = difference(a, b, results.spec.get("test", "welch"))
     sd = spread(a, b)
     probe = any(claim.metric in run.probes for run in results.runs)
@@ -260,7 +297,29 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
         verdict, reason = _steadier(sd, claim, min(len(a), len(b)))
         return ClaimResult(claim=claim, p=sd.p, verdict=verdict, reason=reason, **figures)
     verdict, reason = _by_interval(claim, diff.low, diff.high, direction, diff.difference)
-    return ClaimResult(claim=claim, p=diff.p, verdict=verdict, reason=reason, **figures)
+    needed = None
+    if verdict == "inconclusive" and diff.low is not None:
+        needed = seeds_needed(sd.sd_a, sd.sd_b, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
+        reason += (f"; at these spreads about {needed} seeds a side would decide it" if needed else
+                   "; at these spreads no practical number of seeds would decide it (the mean lies at or near the "
+                   "boundary)")
+    return ClaimResult(claim=claim, p=diff.p, verdict=verdict, reason=reason, seeds_needed=needed, **figures)
+
+
+def _gap(claim: Claim, gain: float) -> float:
+    """How far the mean gain of a over b lies from the boundary the claim's verdict turns on."""
+    m = claim.margin
+    if claim.relation == "better":
+        return max(gain, m - gain)  # above 0: holds; at or below the margin: does not hold
+    if claim.relation == "not-worse":
+        return abs(gain + m)
+    return abs(m - abs(gain))  # matches
+
+
+def beside(figure: SourceFigure, results: CompareResults) -> FigureResult | None:
+    """The source's figure and ours; None when no run of the variant recorded it."""
+    ours = _values(results, figure.variant, figure.task, figure.split, figure.metric)
+    return FigureResult(figure=figure, ours=_cell(results, figure.metric, ours)) if ours else None
 
 
 def _by_interval(claim: Claim, low: float | None, high: float | None, direction: str,
@@ -335,7 +394,8 @@ def reproduce(study: Study, out_dir: str | os.PathLike, scale: Scale = "cpu", ov
     if results is None:  # another process of a torchrun job
         raise RuntimeError("reproduce runs in one process; run it without torchrun")
     claims = [judge(claim, results) for claim in study.claims]
-    result = StudyResult(
+    figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
+    result = StudyResult(figures=figures, 
         name=study.name, title=study.title, source=study.source, notes=study.notes, scale=scale, seeds=spec.seeds,
         steps=spec.steps, test=TEST_NAMES[spec.test], verdict=overall([c.verdict for c in claims]), claims=claims,
         wall_seconds=time.perf_counter() - started, report="report.md", command=command(study.name, scale, overrides))
@@ -364,6 +424,11 @@ def study_lines(result: StudyResult) -> list[str]:
         lines.append(f"| {cl.statement} ({where}; {cl.relation}) | {cl.a}: {format_cell(c.a)} | {cl.b}: "
                      f"{format_cell(c.b)} | {delta} | {p} | **{c.verdict}** |")
     lines += ["", *[f"- {c.claim.statement}: {c.verdict}. {c.reason[0].upper() + c.reason[1:]}." for c in result.claims]]
+    if result.figures:
+        lines += ["", "The source's figures beside ours (mean [95% CI] over seeds, at this scale):", "",
+                  "| variant | task | metric | source | ours | where the source gives it |", "|---|---|---|---|---|---|"]
+        lines += [f"| {f.figure.variant} | {f.figure.task} | {f.figure.split} {f.figure.metric} | "
+                  f"{format_number(f.figure.value, 3)} | {format_cell(f.ours)} | {f.figure.where} |" for f in result.figures]
     return lines
 
 
