@@ -26,11 +26,23 @@ def _check_length(end: int, max_len: int) -> None:
 
 
 def _positions(start: int | Tensor, length: int, device: torch.device | None = None) -> Tensor:
-    """``start, start + 1, ..., start + length - 1``; ``start`` may be a 0-d tensor on the device
-    (a static cache's position), which is never read back to the host."""
+    """``start, start + 1, ..., start + length - 1``: ``(T,)``. ``start`` may be a 0-d tensor on
+    the device (a static cache's position), which is never read back to the host, or one start
+    per sequence ``(B,)`` (random starts in training, a CPU tensor): then ``(B, T)``."""
     if isinstance(start, Tensor):
+        if start.dim() == 1:
+            return start.to(device, non_blocking=True)[:, None] + torch.arange(length, device=device)
         return start + torch.arange(length, device=start.device)
     return torch.arange(start, start + length, device=device)
+
+
+def _check_starts(start: int | Tensor, length: int, max_len: int) -> None:
+    """The length check of an int start, or of per-sequence starts (a CPU tensor: no device sync);
+    a static cache's 0-d device start is not read back."""
+    if not isinstance(start, Tensor):
+        _check_length(start + length, max_len)
+    elif start.dim() == 1 and start.device.type == "cpu":
+        _check_length(int(start.max()) + length, max_len)
 
 
 def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
@@ -77,10 +89,11 @@ def add_positions(positional: nn.Module, x: Tensor, start: int | Tensor) -> Tens
     """``positional(x, start)`` for an additive module ``(x, offset) -> x'``, ``x`` ``(B, T, D)``.
 
     With a tensor ``start`` ``(B,)`` (from :func:`position_starts`), row ``b`` has its positions
-    start at ``start[b]``: the module is called once per distinct start on the rows having it,
-    so any module with the ``(x, offset: int)`` call takes per-sequence starts unchanged.
+    start at ``start[b]``. A module that declares ``takes_row_starts`` (the built-in ones) looks
+    them all up at once; any other is called once per distinct start on the rows having it, so
+    a module with the ``(x, offset: int)`` call takes per-sequence starts unchanged.
     """
-    if isinstance(start, int) or start.dim() == 0:  # one start for all (a static cache's, on the device)
+    if isinstance(start, int) or start.dim() == 0 or getattr(positional, "takes_row_starts", False):
         return positional(x, start)
     parts, rows = [], []
     for value in start.unique().tolist():
@@ -94,20 +107,24 @@ def add_positions(positional: nn.Module, x: Tensor, start: int | Tensor) -> Tens
 class SinusoidalPositional(nn.Module):
     """Fixed sinusoids (Vaswani et al. 2017, section 3.5), added to the input."""
 
+    takes_row_starts = True  # offset may be one start per sequence, (B,)
+
     def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
         super().__init__()
         self.max_len = max_len
         self.register_buffer("table", sinusoid_table(max_len, d_model, base), persistent=False)
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        if isinstance(offset, Tensor):  # a static cache's position on the device: looked up, not sliced
-            return x + self.table.index_select(0, _positions(offset, x.size(1))).to(x.dtype)
-        _check_length(offset + x.size(1), self.max_len)
+        _check_starts(offset, x.size(1), self.max_len)
+        if isinstance(offset, Tensor):  # looked up, not sliced: a static cache's position, or a start per sequence
+            return x + nn.functional.embedding(_positions(offset, x.size(1), x.device), self.table).to(x.dtype)
         return x + self.table[offset : offset + x.size(1)].to(x.dtype)
 
 
 class LearnedPositional(nn.Module):
     """A learned vector per absolute position (Gehring et al. 2017; BERT), added to the input."""
+
+    takes_row_starts = True  # offset may be one start per sequence, (B,)
 
     def __init__(self, d_model: int, max_len: int) -> None:
         super().__init__()
@@ -115,8 +132,7 @@ class LearnedPositional(nn.Module):
         self.embedding = nn.Embedding(max_len, d_model)
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        if not isinstance(offset, Tensor):
-            _check_length(offset + x.size(1), self.max_len)
+        _check_starts(offset, x.size(1), self.max_len)
         return x + self.embedding(_positions(offset, x.size(1), x.device))
 
 

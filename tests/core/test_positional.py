@@ -91,6 +91,22 @@ def test_add_positions_takes_one_start_per_row_and_keeps_gradients():
     assert learned.embedding.weight.grad[8:].abs().sum() == 0
 
 
+@pytest.mark.parametrize("module", [SinusoidalPositional(8, 20), LearnedPositional(8, 20)])
+def test_the_built_in_tables_look_up_every_rows_start_at_once(module, monkeypatch):
+    """One lookup for a batch of per-sequence starts (no call per distinct start, which on a GPU cost a
+    synchronising nonzero() per start), equal to calling the module at each row's start; a start
+    past the table is refused."""
+    x = torch.randn(6, 3, 8)
+    start = torch.tensor([2, 0, 2, 5, 17, 9])
+    expected = torch.stack([module(x[b : b + 1], int(start[b]))[0] for b in range(6)])
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "unique", lambda *a, **k: calls.append(1))
+    torch.testing.assert_close(add_positions(module, x, start), expected, rtol=0, atol=0)
+    assert not calls
+    with pytest.raises(ValueError, match="reaches position 21"):
+        add_positions(module, x, torch.tensor([0, 18, 0, 0, 0, 0]))
+
+
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
 def test_training_positions_start_at_a_random_offset_below_k(kind):
     embed = model_with({"kind": kind, "random_offset": 5}).src_embed.train()
