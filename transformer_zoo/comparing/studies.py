@@ -235,6 +235,7 @@ class StudyResult(BaseModel):
     verdict: Verdict
     claims: list[ClaimResult]
     figures: list[FigureResult] = []
+    short_runs: list[str] = Field([], description="runs that stopped before their steps when the time cap ran out")
     wall_seconds: float = Field(description="wall time of the study's comparison")
     report: str = Field(description="the comparison's report.md, relative to the study's folder")
     command: str = Field(description="the command that runs the study again")
@@ -393,17 +394,49 @@ def reproduce(study: Study, out_dir: str | os.PathLike, scale: Scale = "cpu", ov
     results = compare(spec, out_dir, plugins=plugins)
     if results is None:  # another process of a torchrun job
         raise RuntimeError("reproduce runs in one process; run it without torchrun")
-    claims = [judge(claim, results) for claim in study.claims]
-    figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
-    result = StudyResult(figures=figures, 
-        name=study.name, title=study.title, source=study.source, notes=study.notes, scale=scale, seeds=spec.seeds,
-        steps=spec.steps, test=TEST_NAMES[spec.test], verdict=overall([c.verdict for c in claims]), claims=claims,
-        wall_seconds=time.perf_counter() - started, report="report.md", command=command(study.name, scale, overrides))
+    result = verdict(study, spec, results, scale, time.perf_counter() - started, command(study.name, scale, overrides))
     text = result.model_dump_json(indent=2)
     atomic_write(out_dir / "verdict.json", lambda tmp: tmp.write_text(text))
     page = "\n".join(study_lines(result))
     atomic_write(out_dir / "verdict.md", lambda tmp: tmp.write_text(page))
     return result
+
+
+def verdict(study: Study, spec: CompareSpec, results: CompareResults, scale: Scale, wall_seconds: float,
+            rerun: str) -> StudyResult:
+    """The study's outcome from its comparison's results: each claim judged, the source's figures
+    beside ours, and the runs that stopped short of their steps (a time cap)."""
+    short = short_runs(spec, results)
+    claims = [_capped(judge(claim, results), short) for claim in study.claims]
+    figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
+    return StudyResult(
+        name=study.name, title=study.title, source=study.source, notes=study.notes, scale=scale, seeds=spec.seeds,
+        steps=spec.steps, test=TEST_NAMES[spec.test], verdict=overall([c.verdict for c in claims]), claims=claims,
+        figures=figures, short_runs=[text for _, _, text in short], wall_seconds=wall_seconds, report="report.md",
+        command=rerun)
+
+
+def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, str, str]]:
+    """The runs that stopped before their steps (the spec's ``seconds`` ran out): their variant,
+    task, and ``variant on task, seed S: N of M steps``."""
+    def planned(label: str, task: str) -> int:
+        return spec.variant_train.get(label, {}).get("steps", spec.task_train.get(task, {}).get("steps", spec.steps))
+
+    return [(run.variant, run.task, f"{run.variant} on {run.task}, seed {run.seed}: {run.steps} of "
+             f"{planned(run.variant, run.task)} steps") for run in results.runs
+            if run.steps < planned(run.variant, run.task)]
+
+
+def _capped(outcome: ClaimResult, short: list[tuple[str, str, str]]) -> ClaimResult:
+    """A claim whose runs stopped short of their steps is not judged: its two sides did not train alike."""
+    claim = outcome.claim
+    stopped = [text for label, task, text in short if task == claim.task and label in (claim.a, claim.b)]
+    if not stopped or outcome.verdict == "inconclusive":
+        return outcome
+    return outcome.model_copy(update={
+        "verdict": "inconclusive", "seeds_needed": None,
+        "reason": f"not judged: {len(stopped)} of its runs stopped at the time cap before their steps, so a and b did "
+                  f"not train alike (as measured, {outcome.verdict}: {outcome.reason}); give the runs more time"})
 
 
 def study_lines(result: StudyResult) -> list[str]:
@@ -424,6 +457,10 @@ def study_lines(result: StudyResult) -> list[str]:
         lines.append(f"| {cl.statement} ({where}; {cl.relation}) | {cl.a}: {format_cell(c.a)} | {cl.b}: "
                      f"{format_cell(c.b)} | {delta} | {p} | **{c.verdict}** |")
     lines += ["", *[f"- {c.claim.statement}: {c.verdict}. {c.reason[0].upper() + c.reason[1:]}." for c in result.claims]]
+    if result.short_runs:
+        lines += ["", f"**{len(result.short_runs)} run(s) stopped at the time cap before their {result.steps} steps**, so "
+                  "the verdicts above compare runs trained for different numbers of steps: "
+                  + "; ".join(result.short_runs) + "."]
     if result.figures:
         lines += ["", "The source's figures beside ours (mean [95% CI] over seeds, at this scale):", "",
                   "| variant | task | metric | source | ours | where the source gives it |", "|---|---|---|---|---|---|"]
@@ -443,8 +480,9 @@ def summary_lines(results: list[StudyResult]) -> list[str]:
     for r in results:
         figures = "; ".join(f"{c.claim.a} {format_cell(c.a)} vs {c.claim.b} {format_cell(c.b)} "
                             f"({c.claim.task} {c.claim.metric}: {c.verdict})" for c in r.claims)
+        short = f"; {len(r.short_runs)} run(s) stopped at the time cap" if r.short_runs else ""
         lines.append(f"| [{r.name}]({r.name}/verdict.md) | {r.title} | {r.source} | {figures}; {len(r.seeds)} seeds, "
-                     f"{r.steps} steps | **{r.verdict}** | {_minutes(r.wall_seconds)} |")
+                     f"{r.steps} steps{short} | **{r.verdict}** | {_minutes(r.wall_seconds)} |")
     return lines
 
 
