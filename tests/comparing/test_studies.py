@@ -278,3 +278,24 @@ def test_the_sources_figures_stand_beside_ours_and_a_wrong_one_is_refused(tmp_pa
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="figures.0: no run of variant '8 heads'"):
         load_study(str(path)).spec()
+
+
+def test_a_claim_whose_runs_stopped_at_the_time_cap_is_not_judged():
+    from transformer_zoo.comparing.studies import study_lines, verdict
+
+    study = load_study("multi-head")
+    spec = study.spec("cpu")
+
+    def runs(one_short: bool) -> CompareResults:
+        made = [record(label, seed, value).model_copy(update={"task": "ordered-pair", "steps": spec.steps})
+                for label, value in (("4 heads", 1.0), ("1 head", 0.5)) for seed, value in enumerate(spread(value))]
+        if one_short:
+            made[-1] = made[-1].model_copy(update={"steps": spec.steps - 300})
+        return CompareResults(spec={"test": "welch"}, machine={}, runs=made, skipped=[])
+
+    assert verdict(study, spec, runs(False), "cpu", 1.0, "x").claims[0].verdict == "holds"
+    capped = verdict(study, spec, runs(True), "cpu", 1.0, "x")
+    assert capped.verdict == "inconclusive" and capped.short_runs == ["1 head on ordered-pair, seed 4: 500 of 800 steps"]
+    assert capped.claims[0].reason.startswith("not judged: 1 of its runs stopped at the time cap")
+    assert "as measured, holds" in capped.claims[0].reason
+    assert "stopped at the time cap before their 800 steps" in "\n".join(study_lines(capped))

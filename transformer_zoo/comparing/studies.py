@@ -431,8 +431,11 @@ def _capped(outcome: ClaimResult, short: list[tuple[str, str, str]]) -> ClaimRes
     """A claim whose runs stopped short of their steps is not judged: its two sides did not train alike."""
     claim = outcome.claim
     stopped = [text for label, task, text in short if task == claim.task and label in (claim.a, claim.b)]
-    if not stopped or outcome.verdict == "inconclusive":
+    if not stopped:
         return outcome
+    if outcome.verdict == "inconclusive":
+        return outcome.model_copy(update={"seeds_needed": None, "reason": f"{outcome.reason}; and {len(stopped)} of its "
+                                          "runs stopped at the time cap before their steps: give the runs more time"})
     return outcome.model_copy(update={
         "verdict": "inconclusive", "seeds_needed": None,
         "reason": f"not judged: {len(stopped)} of its runs stopped at the time cap before their steps, so a and b did "
