@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import NamedTuple
 
+
 class Benchmark(NamedTuple):
     module: str  # in this package
     measures: str  # what against what
@@ -22,37 +23,51 @@ class Benchmark(NamedTuple):
 
 BENCHMARKS: dict[str, Benchmark] = {
     "transformer": Benchmark(
-        "transformer_step", "training step and inference of transformer against torch.nn.Transformer", "about 40 s"),
+        "transformer_step", "training step and inference of transformer against torch.nn.Transformer", "about 40 s"
+    ),
     "bert": Benchmark(
-        "bert_hf", "bert against transformers' BertModel (sdpa), same weights (needs transformers)", "about 3 min"),
-    "decoding": Benchmark(
-        "decoding", "greedy decoding with the key/value cache against without", "about 1.5 min"),
+        "bert_hf", "bert against transformers' BertModel (sdpa), same weights (needs transformers)", "about 3 min"
+    ),
+    "decoding": Benchmark("decoding", "greedy decoding with the key/value cache against without", "about 1.5 min"),
     "kv-heads": Benchmark(
-        "kv_heads", "grouped-query and multi-query attention against multi-head: cache bytes and decoding time",
-        "about 1 min"),
+        "kv_heads",
+        "grouped-query and multi-query attention against multi-head: cache bytes and decoding time",
+        "about 1 min",
+    ),
     "attention-kernels": Benchmark(
-        "local_attention", "math, SDPA, FlexAttention and the sparse kernels, time and memory by length",
-        "about 3.5 min"),
+        "local_attention",
+        "math, SDPA, FlexAttention and the sparse kernels, time and memory by length",
+        "about 3.5 min",
+    ),
     "throughput": Benchmark(
-        "throughput", "training and inference throughput of every registered variant at one size", "about 1 min"),
-    "ut-act": Benchmark(
-        "ut_act", "Universal Transformer with ACT against a fixed number of steps", "about 1.5 min"),
+        "throughput", "training and inference throughput of every registered variant at one size", "about 1 min"
+    ),
+    "ut-act": Benchmark("ut_act", "Universal Transformer with ACT against a fixed number of steps", "about 1.5 min"),
     "sagan-gan": Benchmark(
-        "sagan_gan", "sagan-gan against the same GAN without attention, on digits-generation", "about 11 min"),
+        "sagan_gan", "sagan-gan against the same GAN without attention, on digits-generation", "about 11 min"
+    ),
     "mfu": Benchmark(  # base-sized models at batch 64: a GPU's benchmark
-        "mfu", "model FLOPs utilisation of a compiled bf16 training step, against the device's peak", "over 15 min"),
+        "mfu", "model FLOPs utilisation of a compiled bf16 training step, against the device's peak", "over 15 min"
+    ),
     "contention": Benchmark(
-        "contention", "a training run alone and beside a CPU-bound process, by thread count", "about 1 min"),
+        "contention", "a training run alone and beside a CPU-bound process, by thread count", "about 1 min"
+    ),
     "dense-threshold": Benchmark(
-        "dense_threshold", "a sparse pattern's own kernel against dense SDPA under its mask, by length", "about 10 s"),
+        "dense_threshold", "a sparse pattern's own kernel against dense SDPA under its mask, by length", "about 10 s"
+    ),
     "robustness": Benchmark(
-        "robustness", "bad configs, inputs, checkpoints, folders and plugins, and how each attempt ended", "about 7 min"),
+        "robustness", "bad configs, inputs, checkpoints, folders and plugins, and how each attempt ended", "about 7 min"
+    ),
     "executors": Benchmark(
-        "executors", "the default comparison under Ray against the local executor: wall time, overhead per run",
-        "about 20 min"),
+        "executors",
+        "the default comparison under Ray against the local executor: wall time, overhead per run",
+        "about 20 min",
+    ),
     "startup": Benchmark(
-        "startup", "tzoo --version, --help, list and schema, each in a fresh process, against import torch",
-        "about 1.5 min"),
+        "startup",
+        "tzoo --version, --help, list and schema, each in a fresh process, against import torch",
+        "about 1.5 min",
+    ),
 }
 
 
@@ -63,5 +78,7 @@ def run(name: str, argv: list[str]) -> None:
     try:
         module = importlib.import_module(f"{__name__}.{BENCHMARKS[name].module}")
     except ImportError as exc:
-        raise ValueError(f"benchmark {name!r} needs {exc.name}, which is not installed: pip install {exc.name}") from None
+        raise ValueError(
+            f"benchmark {name!r} needs {exc.name}, which is not installed: pip install {exc.name}"
+        ) from None
     module.main(argv)

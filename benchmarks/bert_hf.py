@@ -34,8 +34,9 @@ CONFIGS = {
 def pair(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     """Hugging Face's BertModel (sdpa) and ours, with the same weights."""
     torch.manual_seed(0)
-    config = transformers.BertConfig(**CONFIGS[name], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                     attn_implementation="sdpa")
+    config = transformers.BertConfig(
+        **CONFIGS[name], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="sdpa"
+    )
     reference = transformers.BertModel(config)
     if reference.config._attn_implementation != "sdpa":
         raise SystemExit(f"transformers chose {reference.config._attn_implementation!r} attention, not sdpa")
@@ -80,8 +81,15 @@ def measure(name: str, args: argparse.Namespace) -> list[dict]:
     run_ours, run_reference = autocast(args, run_ours), autocast(args, run_reference)
     with torch.no_grad():
         ours_s, ref_s = paired_medians(run_ours, run_reference, args.repeats, device=device)
-    rows.append({"config": name, "mode": "inference", "ours_ms": 1e3 * ours_s, "reference_ms": 1e3 * ref_s,
-                 "ratio": ours_s / ref_s})
+    rows.append(
+        {
+            "config": name,
+            "mode": "inference",
+            "ours_ms": 1e3 * ours_s,
+            "reference_ms": 1e3 * ref_s,
+            "ratio": ours_s / ref_s,
+        }
+    )
     optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-6) for m in (reference, ours)}
 
     def step(model, forward) -> None:
@@ -92,16 +100,26 @@ def measure(name: str, args: argparse.Namespace) -> list[dict]:
 
     for model in (reference, ours):
         model.train()  # dropout is 0 in both: the same arithmetic as inference, with gradients
-    ours_s, ref_s = paired_medians(lambda: step(ours, run_ours), lambda: step(reference, run_reference), args.repeats,
-                                   device=device)
-    rows.append({"config": name, "mode": "training step", "ours_ms": 1e3 * ours_s, "reference_ms": 1e3 * ref_s,
-                 "ratio": ours_s / ref_s})
+    ours_s, ref_s = paired_medians(
+        lambda: step(ours, run_ours), lambda: step(reference, run_reference), args.repeats, device=device
+    )
+    rows.append(
+        {
+            "config": name,
+            "mode": "training step",
+            "ours_ms": 1e3 * ours_s,
+            "reference_ms": 1e3 * ref_s,
+            "ratio": ours_s / ref_s,
+        }
+    )
     return rows
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = bench_parser(__name__, __doc__)
-    parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["minilm", "base"], help="BERT sizes to measure")
+    parser.add_argument(
+        "--configs", nargs="+", choices=sorted(CONFIGS), default=["minilm", "base"], help="BERT sizes to measure"
+    )
     parser.add_argument("--batch", type=int, default=8, help="examples per batch")
     parser.add_argument("--length", type=int, default=128, help="tokens per sequence")
     parser.add_argument("--repeats", type=int, default=10, help="timed runs of each side (the median is reported)")
@@ -113,15 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     rows = [row for name in args.configs for row in measure(name, args)]
-    print(f"bert against transformers {transformers.__version__} BertModel (sdpa), batch {args.batch}, "
-          f"length {args.length}, {device_name(device_of(args))}{' bf16' if args.bf16 else ''}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(
+        f"bert against transformers {transformers.__version__} BertModel (sdpa), batch {args.batch}, "
+        f"length {args.length}, {device_name(device_of(args))}{' bf16' if args.bf16 else ''}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+    )
     print(f"{'config':>8} {'mode':>14} {'ours ms':>9} {'HF ms':>9} {'ratio':>6}")
     for r in rows:
         print(f"{r['config']:>8} {r['mode']:>14} {r['ours_ms']:9.1f} {r['reference_ms']:9.1f} {r['ratio']:6.2f}")
     if args.json:
-        write_json(args.json, {"args": vars(args), "transformers": transformers.__version__, "rows": rows},
-                   device_of(args))
+        write_json(
+            args.json, {"args": vars(args), "transformers": transformers.__version__, "rows": rows}, device_of(args)
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,12 @@ def bench_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
 
 def add_device_options(parser: argparse.ArgumentParser) -> None:
     """``--device`` and ``--bf16``, the same in every benchmark."""
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                        help="where both sides run; auto: CUDA when available")
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where both sides run; auto: CUDA when available",
+    )
     parser.add_argument("--bf16", action="store_true", help="run both sides under bfloat16 autocast")
 
 
@@ -62,8 +66,13 @@ def autocast(args: argparse.Namespace, fn: Callable[[], object]) -> Callable[[],
     return run
 
 
-def paired_medians(ours: Callable[[], object], reference: Callable[[], object], repeats: int,
-                   warmup: int = 3, device: torch.device | None = None) -> tuple[float, float]:
+def paired_medians(
+    ours: Callable[[], object],
+    reference: Callable[[], object],
+    repeats: int,
+    warmup: int = 3,
+    device: torch.device | None = None,
+) -> tuple[float, float]:
     """Median seconds of each function, timed alternately so both see the same machine load, the
     one that goes first swapped every round (on CUDA each call is timed to the end of its kernels)."""
     sync = torch.cuda.synchronize if device is not None and device.type == "cuda" else (lambda: None)
@@ -89,8 +98,13 @@ def device_name(device: torch.device | None = None) -> str:
 def write_json(path: str, record: dict, device: torch.device | None = None) -> None:
     """Write a benchmark's results to ``path``, with the machine and versions they were measured on
     (``device``: where the benchmark ran; None: the CPU)."""
-    machine = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-               "torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_name(device)}
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": device_name(device),
+    }
     with open(path, "w") as f:
         json.dump({"machine": machine, **record}, f, indent=2)
 

@@ -37,8 +37,9 @@ def seconds(args: argparse.Namespace, threads: int, busy: bool, environment: dic
     competitor = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         code = RUN.format(threads=threads, variant=args.variant, task=args.task, steps=args.steps)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={**os.environ, **environment})
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, **environment}
+        )
         return float(json.loads(out.stdout.strip().splitlines()[-1]))
     finally:
         if competitor is not None:
@@ -68,8 +69,15 @@ def main(argv: list[str] | None = None) -> None:
     for threads, environment in settings:
         alone, beside = seconds(args, threads, False, environment), seconds(args, threads, True, environment)
         name = f"{threads}" + (" OMP_WAIT_POLICY=PASSIVE" if environment else "")
-        rows.append({"threads": threads, "environment": environment, "alone_seconds": alone,
-                     "beside_seconds": beside, "slowdown": beside / alone})
+        rows.append(
+            {
+                "threads": threads,
+                "environment": environment,
+                "alone_seconds": alone,
+                "beside_seconds": beside,
+                "slowdown": beside / alone,
+            }
+        )
         print(f"{name:>28} {alone:8.2f} {beside:9.2f} {beside / alone:8.2f}x", flush=True)
     if args.json:
         write_json(args.json, {"benchmark": "contention", "rows": rows})

@@ -29,8 +29,9 @@ def patterns(keys: int) -> dict[str, object]:
     return {
         "band, window 16": Pattern(window=16),
         "BigBird, blocks of 16": Pattern(block=16, window=1, global_positions=tuple(range(16)), random_blocks=1),
-        f"local 2-D, {side}x{side}, 2x2 blocks, margin 2": Local2dPattern(grid=(side, side), query_block=(2, 2),
-                                                                          memory=(2, 2)),
+        f"local 2-D, {side}x{side}, 2x2 blocks, margin 2": Local2dPattern(
+            grid=(side, side), query_block=(2, 2), memory=(2, 2)
+        ),
     }
 
 
@@ -58,14 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     device = device_of(args)
-    print(f"training pass of the attention, batch {args.batch}, {args.heads} heads of {args.head_dim}, on "
-          f"{device.type}; auto is dense up to {DENSE_UP_TO} keys")
+    print(
+        f"training pass of the attention, batch {args.batch}, {args.heads} heads of {args.head_dim}, on "
+        f"{device.type}; auto is dense up to {DENSE_UP_TO} keys"
+    )
     print(f"{'pattern':>44} {'keys':>6} {'own ms':>8} {'dense ms':>9} {'dense / own':>12}")
     rows = []
     for keys in args.keys:
         for name, pattern in patterns(keys).items():
-            qkv = [torch.randn(args.batch, args.heads, keys, args.head_dim, device=device, requires_grad=True)
-                   for _ in range(3)]
+            qkv = [
+                torch.randn(args.batch, args.heads, keys, args.head_dim, device=device, requires_grad=True)
+                for _ in range(3)
+            ]
             own = training_pass(PatternKernel(pattern, pattern.own_kernel), qkv, args)
             dense = training_pass(PatternKernel(pattern, "dense"), qkv, args)
             own_s, dense_s = paired_medians(own, dense, args.repeats, device=device)

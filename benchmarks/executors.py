@@ -23,8 +23,20 @@ from .common import bench_parser, write_json
 
 def run_comparison(executor: str, spec: Path, seeds: str | None, out: Path) -> tuple[float, dict]:
     """Wall seconds of one ``tzoo compare`` of ``spec`` in a fresh process, and its results."""
-    command = [sys.executable, "-m", "transformer_zoo", "compare", str(spec), "--out", str(out), "--executor", executor,
-               "--json", "--rerun", *(["--seeds", seeds] if seeds else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "transformer_zoo",
+        "compare",
+        str(spec),
+        "--out",
+        str(out),
+        "--executor",
+        executor,
+        "--json",
+        "--rerun",
+        *(["--seeds", seeds] if seeds else []),
+    ]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -55,15 +67,33 @@ def main(argv: list[str] | None = None) -> None:
         path.write_text(json.dumps(spec))
         for executor in ("local", "ray"):
             seconds, results = run_comparison(executor, path, args.seeds, Path(root) / executor)
-            rows[executor] = {"seconds": seconds, "runs": len(results["runs"]),
-                              "run_seconds": sum(r["wall_seconds"] for r in results["runs"]), "results": results}
-            print(f"{executor:>6}: {len(results['runs'])} runs in {seconds:.1f} s of wall time "
-                  f"(the runs' own wall time {rows[executor]['run_seconds']:.1f} s)", flush=True)
+            rows[executor] = {
+                "seconds": seconds,
+                "runs": len(results["runs"]),
+                "run_seconds": sum(r["wall_seconds"] for r in results["runs"]),
+                "results": results,
+            }
+            print(
+                f"{executor:>6}: {len(results['runs'])} runs in {seconds:.1f} s of wall time "
+                f"(the runs' own wall time {rows[executor]['run_seconds']:.1f} s)",
+                flush=True,
+            )
     local, ray = rows["local"], rows["ray"]
     same = all(a["metrics"] == b["metrics"] for a, b in zip(local["results"]["runs"], ray["results"]["runs"]))
     per_run = (ray["seconds"] - local["seconds"]) / local["runs"]
-    print(f"ray / local wall time: {ray['seconds'] / local['seconds']:.2f}x; Ray's overhead per run: {per_run:+.2f} s; "
-          f"metrics {'equal run by run' if same else 'DIFFER'}")
+    print(
+        f"ray / local wall time: {ray['seconds'] / local['seconds']:.2f}x; Ray's overhead per run: {per_run:+.2f} s; "
+        f"metrics {'equal run by run' if same else 'DIFFER'}"
+    )
     if args.json:
-        write_json(args.json, {"benchmark": "executors", "local_seconds": local["seconds"], "ray_seconds": ray["seconds"],
-                               "runs": local["runs"], "overhead_per_run_seconds": per_run, "metrics_equal": same})
+        write_json(
+            args.json,
+            {
+                "benchmark": "executors",
+                "local_seconds": local["seconds"],
+                "ray_seconds": ray["seconds"],
+                "runs": local["runs"],
+                "overhead_per_run_seconds": per_run,
+                "metrics_equal": same,
+            },
+        )

@@ -101,23 +101,40 @@ def _measure(args: tuple[str, int, int, int, bool, int, str, bool, bool | None])
             run()
         tensor_mb = tensors.peak / 2**20
     kernels = sorted(sdpa_kernels(run)) if method == "sdpa" and not backward else None  # which fused kernel ran
-    return {"method": method, "n": n, "pass": "forward+backward" if backward else "forward",
-            "seconds": statistics.median(times), "peak_mb": peak, "tensor_mb": tensor_mb, "kernels": kernels}
+    return {
+        "method": method,
+        "n": n,
+        "pass": "forward+backward" if backward else "forward",
+        "seconds": statistics.median(times),
+        "peak_mb": peak,
+        "tensor_mb": tensor_mb,
+        "kernels": kernels,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = bench_parser(__name__, __doc__)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths for every method")
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=[1024, 4096, 16384], help="sequence lengths for every method"
+    )
     parser.add_argument("--long", type=int, nargs="*", default=[65536], help="lengths for the chunked kernels only")
     parser.add_argument("--heads", type=int, default=4, help="attention heads")
     parser.add_argument("--window", type=int, default=256, help="keys each query sees on each side (sliding window)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (the median is reported)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=(*METHODS, *FLEX_METHODS),
-                        help="the flex-* methods (compiled FlexAttention) are not in the default list: they compile "
-                             "in each process")
-    parser.add_argument("--chunks", choices=("auto", "loop", "batched"), default="auto",
-                        help="how the chunked kernels compute their chunks: a Python loop (a CPU's default), all in "
-                             "one call (a GPU's), or the device's default")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=(*METHODS, *FLEX_METHODS),
+        help="the flex-* methods (compiled FlexAttention) are not in the default list: they compile in each process",
+    )
+    parser.add_argument(
+        "--chunks",
+        choices=("auto", "loop", "batched"),
+        default="auto",
+        help="how the chunked kernels compute their chunks: a Python loop (a CPU's default), all in "
+        "one call (a GPU's), or the device's default",
+    )
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--plot", help="write a PNG of memory and time against length")
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
@@ -133,10 +150,21 @@ def main(argv: list[str] | None = None) -> None:
     common = (args.heads, args.window)
     timing = (args.repeats, device.type, args.bf16, {"auto": None, "loop": False, "batched": True}[args.chunks])
     no_backward = device.type == "cpu"  # FlexAttention has no CPU backward
-    jobs = [(m, n, *common, b, *timing) for n in args.lengths for m in args.methods for b in passes
-            if not (b and m in FLEX_METHODS and no_backward)]
-    jobs += [(m, n, *common, b, *timing) for n in args.long for m in args.methods
-             if m not in ("sdpa", "math") for b in passes if not (b and m in FLEX_METHODS and no_backward)]
+    jobs = [
+        (m, n, *common, b, *timing)
+        for n in args.lengths
+        for m in args.methods
+        for b in passes
+        if not (b and m in FLEX_METHODS and no_backward)
+    ]
+    jobs += [
+        (m, n, *common, b, *timing)
+        for n in args.long
+        for m in args.methods
+        if m not in ("sdpa", "math")
+        for b in passes
+        if not (b and m in FLEX_METHODS and no_backward)
+    ]
     rows = []
     with contextlib.ExitStack() as stack:
         if device.type == "cuda":  # the allocator's peak is reset for each measurement: one process serves
@@ -146,10 +174,13 @@ def main(argv: list[str] | None = None) -> None:
             measured = pool.imap(_measure, jobs)
         for row in measured:
             rows.append(row)
-            print(f"{row['method']:>19} n={row['n']:>6} {row['pass']:>17}: {1e3 * row['seconds']:10.2f} ms "
-                  f"{row['tensor_mb'] or float('nan'):9.1f} MiB tensors {row['peak_mb']:9.1f} MB "
-                  f"{'allocated' if device.type == 'cuda' else 'resident'}"
-                  f"{'  ' + ', '.join(row['kernels']) if row['kernels'] else ''}", flush=True)
+            print(
+                f"{row['method']:>19} n={row['n']:>6} {row['pass']:>17}: {1e3 * row['seconds']:10.2f} ms "
+                f"{row['tensor_mb'] or float('nan'):9.1f} MiB tensors {row['peak_mb']:9.1f} MB "
+                f"{'allocated' if device.type == 'cuda' else 'resident'}"
+                f"{'  ' + ', '.join(row['kernels']) if row['kernels'] else ''}",
+                flush=True,
+            )
     reference = {(r["n"], r["pass"]): r["seconds"] for r in rows if r["method"] == "sdpa"}
     for row in rows:
         if (row["n"], row["pass"]) in reference:

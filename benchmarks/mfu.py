@@ -75,9 +75,20 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
     _sync(device)
     warmup_seconds = time.perf_counter() - started
     seconds = _median_seconds(step, args.repeats, device)
-    row = {"variant": name, "loss": "eager" if args.eager_loss else "compiled", "compile_mode": args.compile_mode,
-           "parameters": sum(p.numel() for p in model.parameters()), "batch": args.batch, "length": args.length, "tokens": tokens, "flops_per_step": flops, "seconds": seconds,
-           "warmup_seconds": warmup_seconds, "tflops": flops / seconds / 1e12, "tokens_per_second": tokens / seconds}
+    row = {
+        "variant": name,
+        "loss": "eager" if args.eager_loss else "compiled",
+        "compile_mode": args.compile_mode,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "batch": args.batch,
+        "length": args.length,
+        "tokens": tokens,
+        "flops_per_step": flops,
+        "seconds": seconds,
+        "warmup_seconds": warmup_seconds,
+        "tflops": flops / seconds / 1e12,
+        "tokens_per_second": tokens / seconds,
+    }
     if args.profile:
         row["profile"] = profile(step, device)
     return row
@@ -98,21 +109,32 @@ def profile(step, device: torch.device, steps: int = 3) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = bench_parser(__name__, __doc__)
-    parser.add_argument("--variants", nargs="+", default=["transformer-base", "bert-base"], help="registered variants to measure")
+    parser.add_argument(
+        "--variants", nargs="+", default=["transformer-base", "bert-base"], help="registered variants to measure"
+    )
     parser.add_argument("--batch", type=int, default=64, help="examples per batch")
     parser.add_argument("--length", type=int, default=256, help="tokens per sequence")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (they compile)")
     parser.add_argument("--repeats", type=int, default=20, help="timed runs of each side (the median is reported)")
-    parser.add_argument("--matmul-size", type=int, help="side of the reference matrix product (default: 8192 on CUDA, "
-                        "1024 on the CPU)")
-    parser.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak (default: the data sheet's, "
-                        "for known GPUs)")
+    parser.add_argument(
+        "--matmul-size", type=int, help="side of the reference matrix product (default: 8192 on CUDA, 1024 on the CPU)"
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, help="the device's dense bf16 peak (default: the data sheet's, for known GPUs)"
+    )
     parser.add_argument("--profile", action="store_true", help="print the costliest kernels of three steps")
-    parser.add_argument("--eager-loss", action="store_true",
-                        help="compile the model alone and run its loss eagerly (tzoo train compiles them together)")
-    parser.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
-                        default="default", help="torch.compile's mode (tzoo train compiles with the default; "
-                                                "reduce-overhead replays the step's kernels as CUDA graphs)")
+    parser.add_argument(
+        "--eager-loss",
+        action="store_true",
+        help="compile the model alone and run its loss eagerly (tzoo train compiles them together)",
+    )
+    parser.add_argument(
+        "--compile-mode",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+        default="default",
+        help="torch.compile's mode (tzoo train compiles with the default; "
+        "reduce-overhead replays the step's kernels as CUDA graphs)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     add_device_options(parser)
     return parser
@@ -123,8 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     device = device_of(args)
     matmul = matmul_tflops(device, args.matmul_size or (8192 if device.type == "cuda" else 1024))
     peak = args.peak_tflops or datasheet_tflops(device)
-    print(f"compiled bf16 training step on {device_name(device)}: bf16 matrix product {matmul:.3g} TFLOP/s, "
-          f"data-sheet peak {peak or 'unknown'} TFLOP/s, torch {torch.__version__}")
+    print(
+        f"compiled bf16 training step on {device_name(device)}: bf16 matrix product {matmul:.3g} TFLOP/s, "
+        f"data-sheet peak {peak or 'unknown'} TFLOP/s, torch {torch.__version__}"
+    )
     rows = []
     for name in args.variants:
         row = measure(name, args, device)
@@ -132,10 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         row["mfu"] = None if peak is None else row["tflops"] / peak
         rows.append(row)
         mfu = "" if row["mfu"] is None else f"  MFU {row['mfu']:.1%} of the data sheet's peak,"
-        print(f"{name:>18} ({row['loss']} loss, {args.compile_mode}): batch {row['batch']} x {row['length']}, "
-              f"{1e3 * row['seconds']:.1f} ms a step, "
-              f"{row['tflops']:.3g} TFLOP/s,{mfu} {row['mfu_vs_matmul']:.1%} of the matrix product's rate "
-              f"(compiling took {row['warmup_seconds']:.0f} s)", flush=True)
+        print(
+            f"{name:>18} ({row['loss']} loss, {args.compile_mode}): batch {row['batch']} x {row['length']}, "
+            f"{1e3 * row['seconds']:.1f} ms a step, "
+            f"{row['tflops']:.3g} TFLOP/s,{mfu} {row['mfu_vs_matmul']:.1%} of the matrix product's rate "
+            f"(compiling took {row['warmup_seconds']:.0f} s)",
+            flush=True,
+        )
         if args.profile:
             print(row["profile"], flush=True)
     if args.json:

@@ -30,19 +30,34 @@ MODELS = {
 
 
 def run(model: dict, seed: int, args: argparse.Namespace) -> dict:
-    config = TrainConfig(model=model, task={"kind": "digits-generation"}, steps=args.steps, batch_size=args.batch,
-                         lr=4e-4, warmup_steps=0, schedule="constant", grad_clip=None, seed=seed)
+    config = TrainConfig(
+        model=model,
+        task={"kind": "digits-generation"},
+        steps=args.steps,
+        batch_size=args.batch,
+        lr=4e-4,
+        warmup_steps=0,
+        schedule="constant",
+        grad_clip=None,
+        seed=seed,
+    )
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
         summary = train(config, folder, resume=False, progress=False)
-    return {"seed": seed, "seconds": time.perf_counter() - started, "parameters": summary["parameters"],
-            **summary["metrics"]["test"]}
+    return {
+        "seed": seed,
+        "seconds": time.perf_counter() - started,
+        "parameters": summary["parameters"],
+        **summary["metrics"]["test"],
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = bench_parser(__name__, __doc__)
     parser.add_argument("--steps", type=int, default=3000, help="training steps of each run")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds: each trains the GAN with attention and without")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1], help="seeds: each trains the GAN with attention and without"
+    )
     parser.add_argument("--batch", type=int, default=64, help="examples per batch")
     parser.add_argument("--json", help="also write the results to this file")
     return parser
@@ -56,13 +71,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"sagan-gan on digits-generation, {args.steps} steps, batch {args.batch}, seeds {args.seeds}")
     print(f"{'':>18} {'params':>8} {'accuracy':>18} {'Frechet distance':>18} {'seconds':>8}")
     for name, rows in results["models"].items():
+
         def cell(key: str) -> str:
             values = [r[key] for r in rows]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             return f"{statistics.mean(values):.3f} ± {spread:.3f}"
 
-        print(f"{name:>18} {rows[0]['parameters']:>8,} {cell('classifier_accuracy'):>18} "
-              f"{cell('frechet_distance'):>18} {statistics.mean(r['seconds'] for r in rows):>8.0f}")
+        print(
+            f"{name:>18} {rows[0]['parameters']:>8,} {cell('classifier_accuracy'):>18} "
+            f"{cell('frechet_distance'):>18} {statistics.mean(r['seconds'] for r in rows):>8.0f}"
+        )
     real = results["real"]
     print(f"{'real images':>18} {'':>8} {real['classifier_accuracy']:>18.3f} {real['frechet_distance']:>18.3f}")
     if args.json:

@@ -22,8 +22,13 @@ import time
 from .common import bench_parser
 
 HEAVY = ("torch", "datasets", "sacrebleu", "matplotlib", "tokenizers", "scipy", "pandas")
-COMMANDS = {"import torch": None, "tzoo --version": ["--version"], "tzoo --help": ["--help"],
-            "tzoo list": ["list"], "tzoo schema": ["schema"]}
+COMMANDS = {
+    "import torch": None,
+    "tzoo --version": ["--version"],
+    "tzoo --help": ["--help"],
+    "tzoo list": ["list"],
+    "tzoo schema": ["schema"],
+}
 
 # Runs the command line in-process, then reports the heavy packages it imported on stderr's last line.
 _PROBE = """
@@ -46,8 +51,9 @@ def command_line(argv: list[str] | None) -> list[str]:
 
 def imported(argv: list[str]) -> list[str]:
     """The heavy packages that ``tzoo ARGV`` imports."""
-    done = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv, heavy=HEAVY)],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(argv=argv, heavy=HEAVY)], capture_output=True, text=True, check=True
+    )
     return json.loads(done.stderr.strip().splitlines()[-1])
 
 
@@ -64,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     times: dict[str, list[float]] = {name: [] for name in COMMANDS}
     names = list(COMMANDS)
     for round_ in range(args.repeats + 1):  # round 0 warms the file cache and is not counted
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
             start = time.perf_counter()
             subprocess.run(command_line(COMMANDS[name]), check=True, stdout=subprocess.DEVNULL)
             if round_:
@@ -73,19 +79,34 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name, argv_ in COMMANDS.items():
         median = statistics.median(times[name])
-        rows.append({"command": name, "seconds": round(median, 3), "vs import torch": round(median / reference, 2),
-                     "over import torch": round(median - reference, 3),
-                     "heavy imports": ["torch"] if argv_ is None else imported(argv_)})
+        rows.append(
+            {
+                "command": name,
+                "seconds": round(median, 3),
+                "vs import torch": round(median / reference, 2),
+                "over import torch": round(median - reference, 3),
+                "heavy imports": ["torch"] if argv_ is None else imported(argv_),
+            }
+        )
     print(f"{'command':<16} {'seconds':>8} {'x torch':>8} {'+ s':>7}  heavy imports")
     for row in rows:
-        print(f"{row['command']:<16} {row['seconds']:>8.3f} {row['vs import torch']:>8.2f} "
-              f"{row['over import torch']:>+7.3f}  {', '.join(row['heavy imports']) or '-'}")
+        print(
+            f"{row['command']:<16} {row['seconds']:>8.3f} {row['vs import torch']:>8.2f} "
+            f"{row['over import torch']:>+7.3f}  {', '.join(row['heavy imports']) or '-'}"
+        )
     if args.json:
         import platform
 
         with open(args.json, "w") as f:
-            json.dump({"machine": {"platform": platform.platform(), "python": platform.python_version()},
-                       "repeats": args.repeats, "rows": rows}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {"platform": platform.platform(), "python": platform.python_version()},
+                    "repeats": args.repeats,
+                    "rows": rows,
+                },
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,16 @@ import torch
 import transformer_zoo as tz
 
 from transformer_zoo.training.step import trains_only
-from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, precision, write_json
+from .common import (
+    add_device_options,
+    autocast,
+    bench_parser,
+    device_name,
+    device_of,
+    paired_medians,
+    precision,
+    write_json,
+)
 
 COMMON = {"d_model": 256, "n_heads": 4, "d_ff": 1024, "vocab_size": 1000}
 
@@ -112,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     device = device_of(args)
-    print(f"throughput on {device_name(device)}{' bf16' if args.bf16 else ''}, batch {args.batch}, "
-          f"length {args.length}, {torch.get_num_threads()} threads")
+    print(
+        f"throughput on {device_name(device)}{' bf16' if args.bf16 else ''}, batch {args.batch}, "
+        f"length {args.length}, {torch.get_num_threads()} threads"
+    )
 
     torch.manual_seed(0)
     reference = tz.build_model(common_config("transformer-base", args.length)).to(device)
@@ -140,9 +151,12 @@ def main(argv: list[str] | None = None) -> None:
             ours, ref = paired_medians(infer, ref_infer, args.repeats, warmup=1, device=device)
         row.update(inference_tokens_per_s=tokens / ours, inference_vs_transformer=ours / ref)
         rows.append(row)
-        print(f"{name:>30}: {row['parameters']:>11,} params  train {row['train_tokens_per_s']:>9,.0f} tok/s "
-              f"({row['train_vs_transformer']:.2f}x transformer's time)  inference {row['inference_tokens_per_s']:>9,.0f} "
-              f"tok/s ({row['inference_vs_transformer']:.2f}x)", flush=True)
+        print(
+            f"{name:>30}: {row['parameters']:>11,} params  train {row['train_tokens_per_s']:>9,.0f} tok/s "
+            f"({row['train_vs_transformer']:.2f}x transformer's time)  inference {row['inference_tokens_per_s']:>9,.0f} "
+            f"tok/s ({row['inference_vs_transformer']:.2f}x)",
+            flush=True,
+        )
     if args.json:
         write_json(args.json, {"args": vars(args), "common": COMMON, "rows": rows}, device)
 

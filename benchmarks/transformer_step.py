@@ -40,8 +40,13 @@ def main(argv: list[str] | None = None) -> None:
     d, ff = args.d_model, 4 * args.d_model
 
     ours = tz.build_model(
-        "transformer", d_model=d, n_heads=args.heads, d_ff=ff, dropout=0.1,
-        encoder={"layers": args.layers}, decoder={"layers": args.layers},
+        "transformer",
+        d_model=d,
+        n_heads=args.heads,
+        d_ff=ff,
+        dropout=0.1,
+        encoder={"layers": args.layers},
+        decoder={"layers": args.layers},
     )
     ref = nn.Transformer(d, args.heads, args.layers, args.layers, ff, dropout=0.1, batch_first=True)
     ref.encoder.norm = nn.Identity()  # the paper's post-norm stacks have no final norm; ours neither
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
             optimizer.zero_grad(set_to_none=True)
             forward().square().mean().backward()
             optimizer.step()
+
         return run
 
     results = {}
@@ -70,19 +76,25 @@ def main(argv: list[str] | None = None) -> None:
     results["train_step"] = paired_medians(
         step(ours, autocast(args, ours_forward), torch.optim.AdamW(ours.parameters())),
         step(ref, autocast(args, ref_forward), torch.optim.AdamW(ref.parameters())),
-        args.repeats, device=device,
+        args.repeats,
+        device=device,
     )
     ours.eval(), ref.eval()
     with torch.inference_mode():
-        results["inference"] = paired_medians(autocast(args, ours_forward), autocast(args, ref_forward), args.repeats,
-                                              device=device)
+        results["inference"] = paired_medians(
+            autocast(args, ours_forward), autocast(args, ref_forward), args.repeats, device=device
+        )
 
     rows = {k: {"ours_ms": a * 1e3, "torch_ms": b * 1e3, "ratio": a / b} for k, (a, b) in results.items()}
-    print(f"transformer vs torch.nn.Transformer, d={d} heads={args.heads} layers={args.layers}+{args.layers} "
-          f"batch={args.batch} length={args.length}, {device_name(device)}{' bf16' if args.bf16 else ''}, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+    print(
+        f"transformer vs torch.nn.Transformer, d={d} heads={args.heads} layers={args.layers}+{args.layers} "
+        f"batch={args.batch} length={args.length}, {device_name(device)}{' bf16' if args.bf16 else ''}, "
+        f"{torch.get_num_threads()} threads, median of {args.repeats}"
+    )
     for name, row in rows.items():
-        print(f"  {name:<11} ours {row['ours_ms']:8.2f} ms   torch {row['torch_ms']:8.2f} ms   ratio {row['ratio']:.2f}")
+        print(
+            f"  {name:<11} ours {row['ours_ms']:8.2f} ms   torch {row['torch_ms']:8.2f} ms   ratio {row['ratio']:.2f}"
+        )
     if args.json:
         write_json(args.json, {"args": vars(args), "results": rows}, device)
 

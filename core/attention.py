@@ -49,8 +49,16 @@ class Kernel(Protocol):
         zero output and zero weights.
     """
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None,
-                 dropout_p: float, need_weights: bool) -> tuple[Tensor, Tensor | None]: ...
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        bias: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]: ...
 
 
 def apply_weights(weights: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -85,15 +93,17 @@ def attention_math(
     return apply_weights(weights, v, dropout_p), weights
 
 
-def math_kernel(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
-                need_weights: bool) -> tuple[Tensor, Tensor]:
+def math_kernel(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float, need_weights: bool
+) -> tuple[Tensor, Tensor]:
     """Full attention by :func:`attention_math` only, never a fused kernel: the ``(B, H, Tq, Tk)``
     weights are always made (and returned), as in the paper."""
     return attention_math(q, k, v, mask.dense(q.size(-2), k.size(-2), q.device), bias, dropout_p)
 
 
-def sdpa_kernel(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+def sdpa_kernel(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float, need_weights: bool
+) -> tuple[Tensor, Tensor | None]:
     """Full attention on :func:`torch.nn.functional.scaled_dot_product_attention`.
 
     Without padding, bias or an explicit mask, a causal mask is SDPA's ``is_causal`` flag (when
@@ -158,6 +168,7 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search)."""
+
         def select(tensor: Tensor) -> Tensor:
             return tensor.copy_(tensor.index_select(0, index)) if self.in_place else tensor.index_select(0, index)
 
@@ -198,8 +209,10 @@ class StaticKVCache(KVCache):
         """Query ``i`` (at ``position + i``) sees the keys at or before it: the causal mask over
         the buffer, which also hides the slots not written yet."""
         if mask.padding is not None or mask.explicit is not None:
-            raise ValueError("a static key/value cache takes no padding or explicit mask; decode with the "
-                             "dynamic cache (static_cache=False)")
+            raise ValueError(
+                "a static key/value cache takes no padding or explicit mask; decode with the "
+                "dynamic cache (static_cache=False)"
+            )
         q_pos = self.position + torch.arange(q_len, device=self.position.device)
         return AttentionMask(explicit=torch.arange(self.capacity, device=q_pos.device)[None, :] <= q_pos[:, None])
 
@@ -232,8 +245,10 @@ class AttentionPositional(nn.Module):
 def kv_heads_problem(n_heads: int, n_kv_heads: int) -> str:
     """The message for ``n_kv_heads`` that does not divide ``n_heads``, with the values that would."""
     divisors = [h for h in range(1, n_heads + 1) if n_heads % h == 0]
-    return (f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}; choose n_kv_heads among {divisors} "
-            f"(1: multi-query attention; {n_heads} or null: multi-head)")
+    return (
+        f"n_kv_heads={n_kv_heads} does not divide n_heads={n_heads}; choose n_kv_heads among {divisors} "
+        f"(1: multi-query attention; {n_heads} or null: multi-head)"
+    )
 
 
 def _kernel_name(kernel: Kernel) -> str:

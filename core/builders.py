@@ -60,23 +60,46 @@ def encoder_decoder(
         positions_per_step: a recurrent stack adds additive positions at every step, in its step
             signal (the Universal Transformer's ``P^t``), instead of the embeddings adding them once.
     """
-    layers = dict(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, ffn=ffn, norm=norm, pre_norm=pre_norm,
-                  final_norm=final_norm)
-    sides = dict(positional=positional, max_len=max_len, scale_embeddings=scale_embeddings,
-                 positions_per_step=positions_per_step, layers=layers)
+    layers = dict(
+        d_model=d_model,
+        n_heads=n_heads,
+        d_ff=d_ff,
+        dropout=dropout,
+        ffn=ffn,
+        norm=norm,
+        pre_norm=pre_norm,
+        final_norm=final_norm,
+    )
+    sides = dict(
+        positional=positional,
+        max_len=max_len,
+        scale_embeddings=scale_embeddings,
+        positions_per_step=positions_per_step,
+        layers=layers,
+    )
     src_embed = built_encoder = tgt_embed = built_decoder = None
     if encoder is not None:
         token = token_embedding(vocab_size, d_model, scaled=scale_embeddings)
         src_embed, built_encoder = embedded_stack(encoder, token, cross=False, **sides)
     if decoder is not None:
         shared = src_embed is not None and share_embeddings
-        token = src_embed.token if shared else token_embedding(tgt_vocab_size or vocab_size, d_model, scaled=scale_embeddings)
+        token = (
+            src_embed.token
+            if shared
+            else token_embedding(tgt_vocab_size or vocab_size, d_model, scaled=scale_embeddings)
+        )
         tgt_embed, built_decoder = embedded_stack(decoder, token, cross=encoder is not None, **sides)
     output_vocab = (tgt_vocab_size or vocab_size) if decoder is not None else vocab_size
-    built_head = head.build(d_model=d_model, vocab_size=output_vocab, embedding=(tgt_embed or src_embed).token,
-                            pad_id=pad_id, dropout=dropout)
-    return EncoderDecoder(head=built_head, encoder=built_encoder, src_embed=src_embed, decoder=built_decoder,
-                          tgt_embed=tgt_embed)
+    built_head = head.build(
+        d_model=d_model,
+        vocab_size=output_vocab,
+        embedding=(tgt_embed or src_embed).token,
+        pad_id=pad_id,
+        dropout=dropout,
+    )
+    return EncoderDecoder(
+        head=built_head, encoder=built_encoder, src_embed=src_embed, decoder=built_decoder, tgt_embed=tgt_embed
+    )
 
 
 def token_embedding(vocab_size: int, d_model: int, *, scaled: bool) -> nn.Embedding:
@@ -108,8 +131,13 @@ def embedded_stack(
     if options.recurrent and positions_per_step:
         signal = StepSignal(d_model, options.layers, positional=additive, random_offset=random_offset)
         additive = None
-    embed = Embeddings(token, positional=additive, scale=math.sqrt(d_model) if scale_embeddings else 1.0,
-                       dropout=dropout, random_offset=random_offset)
+    embed = Embeddings(
+        token,
+        positional=additive,
+        scale=math.sqrt(d_model) if scale_embeddings else 1.0,
+        dropout=dropout,
+        random_offset=random_offset,
+    )
     return embed, stack(options, **layers, cross=cross, positional=in_attention, signal=signal)
 
 
@@ -126,8 +154,10 @@ def positional_modules(
     if not isinstance(positional, AttentionPositional):
         return positional, None
     if options.random_offset:
-        raise ValueError(f"random_offset shifts additive positions, but {options.kind} positions act inside attention; "
-                         f"remove random_offset, or use sinusoidal or learned positions")
+        raise ValueError(
+            f"random_offset shifts additive positions, but {options.kind} positions act inside attention; "
+            f"remove random_offset, or use sinusoidal or learned positions"
+        )
     return None, positional
 
 
@@ -162,8 +192,10 @@ def transformer_layer(
     def attend(options: AttentionOptions, scheme: AttentionPositional | None) -> nn.Module:
         module = options.build(d_model=d_model, n_heads=n_heads, dropout=dropout, positional=scheme, **where)
         if options.n_kv_heads not in (None, getattr(module, "n_kv_heads", n_heads)):
-            raise ValueError(f"{options.kind} attention built a module without n_kv_heads={options.n_kv_heads}: its "
-                             "build() must pass n_kv_heads=self.n_kv_heads on to MultiHeadAttention")
+            raise ValueError(
+                f"{options.kind} attention built a module without n_kv_heads={options.n_kv_heads}: its "
+                "build() must pass n_kv_heads=self.n_kv_heads on to MultiHeadAttention"
+            )
         return module
 
     return TransformerLayer(
@@ -205,13 +237,25 @@ def stack(
     if signal is not None and not options.recurrent:
         raise ValueError(f"a {options.kind!r} stack applies distinct layers and takes no step signal")
     layers = [
-        transformer_layer(d_model=d_model, n_heads=n_heads, d_ff=d_ff, dropout=dropout, attention=options.attention_at(i),
-                          ffn=ffn, norm=norm, pre_norm=pre_norm, cross_attention=options.cross_attention if cross else None,
-                          positional=positional, grid=grid, rezero=options.rezero)
+        transformer_layer(
+            d_model=d_model,
+            n_heads=n_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            attention=options.attention_at(i),
+            ffn=ffn,
+            norm=norm,
+            pre_norm=pre_norm,
+            cross_attention=options.cross_attention if cross else None,
+            positional=positional,
+            grid=grid,
+            rezero=options.rezero,
+        )
         for i in range(options.layer_count)
     ]
-    return options.build(layers=layers, final_norm=norm.build(d_model=d_model) if final_norm else None, d_model=d_model,
-                         signal=signal)
+    return options.build(
+        layers=layers, final_norm=norm.build(d_model=d_model) if final_norm else None, d_model=d_model, signal=signal
+    )
 
 
 def recurrent_stack(
@@ -233,5 +277,12 @@ def recurrent_stack(
     if act:
         halting = nn.Linear(d_model, 1)
         nn.init.constant_(halting.bias, halting_bias)
-    return RecurrentStack(layer, steps, signal=signal if signal is not None else StepSignal(d_model, steps),
-                          halting=halting, threshold=threshold, ponder_weight=ponder_weight, final_norm=final_norm)
+    return RecurrentStack(
+        layer,
+        steps,
+        signal=signal if signal is not None else StepSignal(d_model, steps),
+        halting=halting,
+        threshold=threshold,
+        ponder_weight=ponder_weight,
+        final_norm=final_norm,
+    )

@@ -37,22 +37,30 @@ class EncoderDecoderConfig(VariantConfig):
     """Whether a recurrent stack adds the positions at every step, in its step signal (the
     Universal Transformer's ``P^t``), rather than once to the embeddings."""
 
-    vocab_size: int = Field(32000, ge=1, le=MAX_VOCAB,
-                            description="token vocabulary of the source (and target, unless tgt_vocab_size)")
-    tgt_vocab_size: int | None = Field(None, ge=1, le=MAX_VOCAB,
-                                        description="target vocabulary when it differs; None: vocab_size")
+    vocab_size: int = Field(
+        32000, ge=1, le=MAX_VOCAB, description="token vocabulary of the source (and target, unless tgt_vocab_size)"
+    )
+    tgt_vocab_size: int | None = Field(
+        None, ge=1, le=MAX_VOCAB, description="target vocabulary when it differs; None: vocab_size"
+    )
     d_model: int = Field(512, ge=1, le=MAX_WIDTH, description="model width")
     n_heads: int = Field(8, ge=1, le=MAX_WIDTH, description="attention heads; must divide d_model")
     d_ff: int = Field(2048, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
     max_len: int = Field(1024, ge=1, le=MAX_LENGTH, description="longest sequence the positional encoding supports")
     pad_id: int = Field(0, ge=0, le=MAX_VOCAB, description="padding token id, ignored by token losses")
-    share_embeddings: bool = Field(True, description="one embedding table for source and target (needs equal vocabularies)")
+    share_embeddings: bool = Field(
+        True, description="one embedding table for source and target (needs equal vocabularies)"
+    )
     scale_embeddings: bool = Field(True, description="multiply embeddings by sqrt(d_model)")
     positional: PositionalField = Field("sinusoidal", validate_default=True, description="positional encoding")
     norm: NormField = Field("layernorm", validate_default=True, description="normalisation layer")
-    norm_placement: Literal["pre", "post"] = Field("post", description="norm before each sub-layer (pre) or after the residual (post)")
-    final_norm: bool | None = Field(None, description="norm after the last layer of each stack; None: only with pre placement")
+    norm_placement: Literal["pre", "post"] = Field(
+        "post", description="norm before each sub-layer (pre) or after the residual (post)"
+    )
+    final_norm: bool | None = Field(
+        None, description="norm after the last layer of each stack; None: only with pre placement"
+    )
     ffn: FFNField = Field("mlp", validate_default=True, description="position-wise feed-forward network")
     encoder: StackField | None = Field(
         {"layers": 6}, validate_default=True, description="encoder stack; null for a decoder-only model"
@@ -109,24 +117,53 @@ class EncoderDecoderConfig(VariantConfig):
 
     def positional_modules(self) -> tuple[nn.Module | None, AttentionPositional | None]:
         """The positional scheme built: ``(additive module or None, in-attention scheme or None)``."""
-        return builders.positional_modules(self.positional, d_model=self.d_model, n_heads=self.n_heads,
-                                           max_len=self.max_len)
+        return builders.positional_modules(
+            self.positional, d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len
+        )
 
-    def stack(self, options: StackOptions, *, cross: bool, in_attention: AttentionPositional | None,
-              final_norm: bool | None = None) -> nn.Module:
+    def stack(
+        self,
+        options: StackOptions,
+        *,
+        cross: bool,
+        in_attention: AttentionPositional | None,
+        final_norm: bool | None = None,
+    ) -> nn.Module:
         """One of the model's stacks, with this config's sizes, norm and feed-forward kinds (for a
         family that builds its own embeddings, as BERT does)."""
-        return builders.stack(options, d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff, dropout=self.dropout,
-                              ffn=self.ffn, norm=self.norm, pre_norm=self.norm_placement == "pre",
-                              final_norm=self.uses_final_norm if final_norm is None else final_norm, cross=cross,
-                              positional=in_attention)
+        return builders.stack(
+            options,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            ffn=self.ffn,
+            norm=self.norm,
+            pre_norm=self.norm_placement == "pre",
+            final_norm=self.uses_final_norm if final_norm is None else final_norm,
+            cross=cross,
+            positional=in_attention,
+        )
 
     def build(self) -> EncoderDecoder:
         return builders.encoder_decoder(
-            vocab_size=self.vocab_size, tgt_vocab_size=self.tgt_vocab_size, d_model=self.d_model, n_heads=self.n_heads,
-            d_ff=self.d_ff, dropout=self.dropout, max_len=self.max_len, pad_id=self.pad_id,
-            share_embeddings=self.share_embeddings, scale_embeddings=self.scale_embeddings, positional=self.positional,
-            norm=self.norm, ffn=self.ffn, head=self.head, encoder=self.encoder, decoder=self.decoder,
-            pre_norm=self.norm_placement == "pre", final_norm=self.uses_final_norm,
+            vocab_size=self.vocab_size,
+            tgt_vocab_size=self.tgt_vocab_size,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            max_len=self.max_len,
+            pad_id=self.pad_id,
+            share_embeddings=self.share_embeddings,
+            scale_embeddings=self.scale_embeddings,
+            positional=self.positional,
+            norm=self.norm,
+            ffn=self.ffn,
+            head=self.head,
+            encoder=self.encoder,
+            decoder=self.decoder,
+            pre_norm=self.norm_placement == "pre",
+            final_norm=self.uses_final_norm,
             positions_per_step=self.positions_per_step,
         )

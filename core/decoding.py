@@ -33,13 +33,21 @@ def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
     """
     for name, module in model.decoder.named_modules():
         if isinstance(module, MultiHeadAttention) and (
-                module.kernel not in (sdpa_kernel, math_kernel)
-                or type(module).kernel_inputs is not MultiHeadAttention.kernel_inputs):
-            return f"its attention {name or 'decoder'} ({type(module).__name__}) computes over the keys seen so far only"
+            module.kernel not in (sdpa_kernel, math_kernel)
+            or type(module).kernel_inputs is not MultiHeadAttention.kernel_inputs
+        ):
+            return (
+                f"its attention {name or 'decoder'} ({type(module).__name__}) computes over the keys seen so far only"
+            )
     for module in model.modules():
-        if isinstance(module, (SinusoidalPositional, LearnedPositional, RotaryPositional)) and capacity > module.max_len:
-            return (f"it would decode {capacity} positions, past its positional encoding's max_len={module.max_len}; "
-                    "decode fewer tokens")
+        if (
+            isinstance(module, (SinusoidalPositional, LearnedPositional, RotaryPositional))
+            and capacity > module.max_len
+        ):
+            return (
+                f"it would decode {capacity} positions, past its positional encoding's max_len={module.max_len}; "
+                "decode fewer tokens"
+            )
     return None
 
 
@@ -62,8 +70,15 @@ class DecodeStep:
     call: read them before calling again.
     """
 
-    def __init__(self, model: EncoderDecoder, memory: Tensor | None, src_mask: Tensor | None,
-                 cache: DecoderCache | None, *, graph: bool = False) -> None:
+    def __init__(
+        self,
+        model: EncoderDecoder,
+        memory: Tensor | None,
+        src_mask: Tensor | None,
+        cache: DecoderCache | None,
+        *,
+        graph: bool = False,
+    ) -> None:
         self.model, self.memory, self.src_mask, self.cache = model, memory, src_mask, cache
         self.graph = graph and isinstance(cache, StaticDecoderCache)
         self._captured: torch.cuda.CUDAGraph | None = None
@@ -150,23 +165,48 @@ def greedy_decode(
         ValueError: ``max_new_tokens`` or a token id is negative or not an integer, or the ids
             are not ``(batch, seq)`` tensors of ``torch.long``.
     """
-    return _autoregress(model, src, src_mask, lambda logits: logits.argmax(-1), bos_id=bos_id, eos_id=eos_id,
-                        prompt=prompt, max_new_tokens=max_new_tokens, pad_id=pad_id, use_cache=use_cache,
-                        static_cache=static_cache)
+    return _autoregress(
+        model,
+        src,
+        src_mask,
+        lambda logits: logits.argmax(-1),
+        bos_id=bos_id,
+        eos_id=eos_id,
+        prompt=prompt,
+        max_new_tokens=max_new_tokens,
+        pad_id=pad_id,
+        use_cache=use_cache,
+        static_cache=static_cache,
+    )
 
 
-def _autoregress(model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | None,
-                 choose: Callable[[Tensor], Tensor], *, bos_id: int | None, eos_id: int | Sequence[int] | None,
-                 prompt: Tensor | None, max_new_tokens: int, pad_id: int | None, use_cache: bool,
-                 static_cache: bool | None, stop: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+def _autoregress(
+    model: EncoderDecoder,
+    src: Tensor | None,
+    src_mask: Tensor | None,
+    choose: Callable[[Tensor], Tensor],
+    *,
+    bos_id: int | None,
+    eos_id: int | Sequence[int] | None,
+    prompt: Tensor | None,
+    max_new_tokens: int,
+    pad_id: int | None,
+    use_cache: bool,
+    static_cache: bool | None,
+    stop: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
     """The decoding loop of :func:`greedy_decode` and :func:`generate`: ``choose`` turns the
     next-token logits ``(B, V)`` into ids ``(B,)``; a row ends at one of ``eos_id`` or where
     ``stop`` says so, and is filled with ``pad_id`` after."""
     if model.decoder is None:
         raise ValueError("decoding needs a model with a decoder; this one is encoder-only")
     ends = () if eos_id is None else tuple(eos_id) if isinstance(eos_id, (list, tuple)) else (eos_id,)
-    _check_ids(max_new_tokens=max_new_tokens, bos_id=bos_id, pad_id=pad_id,
-               **{f"eos_id[{i}]" if len(ends) > 1 else "eos_id": end for i, end in enumerate(ends)})
+    _check_ids(
+        max_new_tokens=max_new_tokens,
+        bos_id=bos_id,
+        pad_id=pad_id,
+        **{f"eos_id[{i}]" if len(ends) > 1 else "eos_id": end for i, end in enumerate(ends)},
+    )
     if prompt is not None:
         check_token_ids(prompt, name="prompt")
     memory = None
@@ -213,8 +253,15 @@ def _autoregress(model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | N
     return tokens
 
 
-def sample_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                  min_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+def sample_logits(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Draw one id per row from next-token logits ``(B, V)``: ``(B,)``.
 
     The logits are divided by ``temperature`` (0: the most likely id, greedy), then the
@@ -244,12 +291,17 @@ def sample_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int | None
 
 def _check_sampling(temperature: float, top_k: int | None, top_p: float | None, min_p: float | None) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature must be a number >= 0 (0: greedy, 1: the model's distribution), got {temperature!r}")
+        raise ValueError(
+            f"temperature must be a number >= 0 (0: greedy, 1: the model's distribution), got {temperature!r}"
+        )
     if top_k is not None:
         check_count(top_k, "top_k", 1)
     for name, value, low_open in (("top_p", top_p, True), ("min_p", min_p, False)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not (0 < value <= 1 if low_open else 0 <= value <= 1)):
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (0 < value <= 1 if low_open else 0 <= value <= 1)
+        ):
             interval = "(0, 1]" if low_open else "[0, 1]"
             raise ValueError(f"{name} must be a probability in {interval}, got {value!r}")
 
@@ -301,12 +353,23 @@ def generate(
     check_count(num_beams, "num_beams", 1)
     if num_beams > 1:
         if do_sample or stop is not None or prompt is not None:
-            raise ValueError("num_beams > 1 is beam search over an encoder-decoder's src: it takes no do_sample, "
-                             "stop or prompt; use num_beams=1 for those")
+            raise ValueError(
+                "num_beams > 1 is beam search over an encoder-decoder's src: it takes no do_sample, "
+                "stop or prompt; use num_beams=1 for those"
+            )
         if eos_id is None or bos_id is None or not isinstance(eos_id, int):
             raise ValueError("beam search needs bos_id and one eos_id")
-        return beam_search(model, src, src_mask, bos_id=bos_id, eos_id=eos_id, beam_size=num_beams,
-                           max_new_tokens=max_new_tokens, pad_id=pad_id, static_cache=static_cache)[0]
+        return beam_search(
+            model,
+            src,
+            src_mask,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            beam_size=num_beams,
+            max_new_tokens=max_new_tokens,
+            pad_id=pad_id,
+            static_cache=static_cache,
+        )[0]
     if do_sample:
         _check_sampling(temperature, top_k, top_p, min_p)
         if generator is None and seed is not None:
@@ -314,18 +377,33 @@ def generate(
             generator = torch.Generator(device=device).manual_seed(seed)
 
         def choose(logits: Tensor) -> Tensor:
-            return sample_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                 generator=generator)
+            return sample_logits(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, generator=generator
+            )
     else:
+
         def choose(logits: Tensor) -> Tensor:
             return logits.argmax(-1)
-    return _autoregress(model, src, src_mask, choose, bos_id=bos_id, eos_id=eos_id, prompt=prompt,
-                        max_new_tokens=max_new_tokens, pad_id=pad_id, use_cache=use_cache,
-                        static_cache=static_cache, stop=stop)
+
+    return _autoregress(
+        model,
+        src,
+        src_mask,
+        choose,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        prompt=prompt,
+        max_new_tokens=max_new_tokens,
+        pad_id=pad_id,
+        use_cache=use_cache,
+        static_cache=static_cache,
+        stop=stop,
+    )
 
 
-def sequence_log_prob(model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | None, tokens: Tensor,
-                      *, eos_id: int | None = None) -> Tensor:
+def sequence_log_prob(
+    model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | None, tokens: Tensor, *, eos_id: int | None = None
+) -> Tensor:
     """Sum of log-probabilities ``(B,)`` the model gives ``tokens[:, 1:]`` after ``tokens[:, :1]``,
     up to and including the first ``eos_id`` (later tokens are filler and do not count)."""
     memory = model.encode(src, src_mask).hidden if model.encoder is not None else None
@@ -390,8 +468,9 @@ def beam_search(
         log_probs = step(step_input)[:, -1].float().log_softmax(-1)  # (B*K, V)
         vocab = log_probs.size(-1)
         if max(eos_id, pad_id) >= vocab:
-            raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids of the model's vocabulary, "
-                             f"below {vocab}")
+            raise ValueError(
+                f"eos_id={eos_id} and pad_id={pad_id} must be token ids of the model's vocabulary, below {vocab}"
+            )
         frozen = torch.full_like(log_probs, float("-inf"))
         frozen[:, pad_id] = 0.0  # an ended hypothesis continues with filler at no cost
         log_probs = torch.where(finished[:, None], frozen, log_probs)
@@ -409,8 +488,16 @@ def beam_search(
     rows = best + torch.arange(batch, device=src.device) * k
     beam_tokens, beam_scores = tokens[rows], scores.gather(1, best[:, None]).squeeze(1)
 
-    greedy = greedy_decode(model, src, src_mask, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
-                           max_new_tokens=max_new_tokens, static_cache=static_cache)
+    greedy = greedy_decode(
+        model,
+        src,
+        src_mask,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        max_new_tokens=max_new_tokens,
+        static_cache=static_cache,
+    )
     greedy_scores = sequence_log_prob(model, src, src_mask, greedy, eos_id=eos_id)
     length = max(beam_tokens.size(1), greedy.size(1))
     beam_tokens = torch.nn.functional.pad(beam_tokens, (0, length - beam_tokens.size(1)), value=pad_id)

@@ -50,8 +50,9 @@ def optional(module: str, extra: str, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ConfigError(f"{feature} needs {module}, which is not installed; install it with "
-                          f"pip install 'transformer-zoo[{extra}]'") from None
+        raise ConfigError(
+            f"{feature} needs {module}, which is not installed; install it with pip install 'transformer-zoo[{extra}]'"
+        ) from None
 
 
 @contextmanager

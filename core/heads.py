@@ -16,8 +16,9 @@ def token_loss(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothi
     masked-LM batch, or one process's slice of it, may hold no masked token). Targets may be of
     any integer dtype, as ids may."""
     targets = targets.flatten().long()
-    total = F.cross_entropy(logits.flatten(0, -2), targets, ignore_index=ignore_index,
-                            label_smoothing=label_smoothing, reduction="sum")
+    total = F.cross_entropy(
+        logits.flatten(0, -2), targets, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
+    )
     return total / (targets != ignore_index).sum().clamp(min=1)
 
 

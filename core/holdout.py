@@ -25,8 +25,9 @@ def carve(size: int, amount: float, seed: int) -> tuple[list[int], list[int]]:
     else ``round(amount * size)`` (at least one, and one fewer than all), drawn without
     replacement with ``seed``; each list in row order."""
     if not amount > 0:
-        raise ValueError(f"the validation split is a fraction of the train split (0 to 1) or a number of rows, "
-                         f"got {amount}")
+        raise ValueError(
+            f"the validation split is a fraction of the train split (0 to 1) or a number of rows, got {amount}"
+        )
     if size < 2:
         raise ValueError(f"a train split of {size} row(s) leaves nothing to carve a validation split from")
     count = min(max(1, int(amount) if amount >= 1 else round(amount * size)), size - 1)
@@ -44,8 +45,10 @@ class _HeldOut:
 
     def dataset(self, split: str) -> datasets.Dataset:
         if split not in self.splits:
-            raise ValueError(f"task {self.name!r} is held out for validation: it reads its train split only, as "
-                             f"'train' and {VALIDATION!r}; split {split!r} is not read while settings are chosen")
+            raise ValueError(
+                f"task {self.name!r} is held out for validation: it reads its train split only, as "
+                f"'train' and {VALIDATION!r}; split {split!r} is not read while settings are chosen"
+            )
         return self._parts()[split]
 
     @functools.cache  # noqa: B019 - one carve per task object, which lives as long as its run

@@ -41,8 +41,10 @@ class SelfAttention2d(nn.Module):
     def __init__(self, channels: int, reduction: int = 8) -> None:
         super().__init__()
         if reduction < 1 or channels % reduction:
-            raise ValueError(f"reduction={reduction} must be a positive divisor of channels={channels} "
-                             f"(C-bar = C / reduction channels for queries, keys and values)")
+            raise ValueError(
+                f"reduction={reduction} must be a positive divisor of channels={channels} "
+                f"(C-bar = C / reduction channels for queries, keys and values)"
+            )
         inner = channels // reduction
         self.channels = channels
         self.key = nn.Conv2d(channels, inner, 1)  # f
@@ -113,8 +115,10 @@ def sinusoid_2d(grid: tuple[int, int], d_model: int, base: float = 10000.0) -> T
 
 def _check_grid_tokens(x: Tensor, grid: tuple[int, int], d_model: int) -> None:
     if x.dim() != 3 or x.shape[1:] != (grid[0] * grid[1], d_model):
-        raise ValueError(f"expected a {grid[0]}x{grid[1]} grid of tokens, (batch, {grid[0] * grid[1]}, {d_model}); "
-                         f"got {tuple(x.shape)}")
+        raise ValueError(
+            f"expected a {grid[0]}x{grid[1]} grid of tokens, (batch, {grid[0] * grid[1]}, {d_model}); "
+            f"got {tuple(x.shape)}"
+        )
 
 
 class Sinusoidal2d(nn.Module):
@@ -146,4 +150,3 @@ class Learned2d(nn.Module):
         height, width = self.grid
         table = torch.cat([self.rows[:, None].expand(height, width, -1), self.cols[None].expand(height, width, -1)], -1)
         return x + table.reshape(height * width, -1).to(x.dtype)
-

@@ -28,8 +28,10 @@ def check_tensor(value: object, name: str, expected: str) -> None:
         hint = ""
         if isinstance(value, (list, tuple)) or module.split(".")[0] == "numpy":
             hint = " (convert it with torch.as_tensor)"
-        raise ValueError(f"{name} must be a torch.Tensor {expected}, got "
-                         f"{kind if module == 'builtins' else f'{module}.{kind}'}{hint}")
+        raise ValueError(
+            f"{name} must be a torch.Tensor {expected}, got "
+            f"{kind if module == 'builtins' else f'{module}.{kind}'}{hint}"
+        )
 
 
 def check_not_empty(value: Tensor, name: str, what: str = "example") -> None:
@@ -45,8 +47,10 @@ def check_float_dtype(value: Tensor, name: str, dtype: torch.dtype | None) -> No
         return
     if value.dtype in AUTOCAST_DTYPES and torch.is_autocast_enabled(value.device.type):
         return
-    raise ValueError(f"{name} must have the model's dtype {dtype}, got {value.dtype}; convert with .to({dtype})"
-                     + ("" if value.dtype == torch.float64 else ", or run under torch.autocast"))
+    raise ValueError(
+        f"{name} must have the model's dtype {dtype}, got {value.dtype}; convert with .to({dtype})"
+        + ("" if value.dtype == torch.float64 else ", or run under torch.autocast")
+    )
 
 
 def check_token_ids(ids: object, vocab_size: int | None = None, name: str = "token ids") -> None:
@@ -57,15 +61,21 @@ def check_token_ids(ids: object, vocab_size: int | None = None, name: str = "tok
         raise ValueError(f"{name} must have shape (batch, seq), got shape {tuple(ids.shape)}")
     check_not_empty(ids, name, "sequence")
     if ids.size(1) == 0:
-        raise ValueError(f"the sequences of {name} are empty (shape {tuple(ids.shape)}); give at least one token "
-                         "per sequence")
+        raise ValueError(
+            f"the sequences of {name} are empty (shape {tuple(ids.shape)}); give at least one token per sequence"
+        )
     if ids.dtype not in ID_DTYPES:
-        raise ValueError(f"{name} must be integers of dtype torch.long (or torch.int32), got {ids.dtype}; "
-                         "convert with .long()")
+        raise ValueError(
+            f"{name} must be integers of dtype torch.long (or torch.int32), got {ids.dtype}; convert with .long()"
+        )
     # a compiled graph cannot read values, nor can a step being captured as a CUDA graph (its ids are
     # the model's own argmax), and a meta tensor (shapes alone) has none
-    if (vocab_size is not None and not torch.compiler.is_compiling() and ids.device.type != "meta"
-            and not (ids.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if (
+        vocab_size is not None
+        and not torch.compiler.is_compiling()
+        and ids.device.type != "meta"
+        and not (ids.is_cuda and torch.cuda.is_current_stream_capturing())
+    ):
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= vocab_size:
             bad = low if low < 0 else high
@@ -75,8 +85,14 @@ def check_token_ids(ids: object, vocab_size: int | None = None, name: str = "tok
             )
 
 
-def check_image(image: object, channels: int, size: tuple[int, int] | None = None, *,
-                dtype: torch.dtype | None = None, name: str = "images") -> None:
+def check_image(
+    image: object,
+    channels: int,
+    size: tuple[int, int] | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    name: str = "images",
+) -> None:
     """Raise a ValueError naming what was expected unless ``image`` is a non-empty float tensor
     ``(B, channels, H, W)``, with ``(H, W) == size`` and the model's ``dtype`` when given.
 

@@ -124,8 +124,15 @@ class MixtureOfExperts(nn.Module):
 
     takes_padding: ClassVar[bool] = True
 
-    def __init__(self, experts: list[nn.Module], *, d_model: int, top_k: int = 1, capacity_factor: float = 1.25,
-                 aux_loss_weight: float = 0.01) -> None:
+    def __init__(
+        self,
+        experts: list[nn.Module],
+        *,
+        d_model: int,
+        top_k: int = 1,
+        capacity_factor: float = 1.25,
+        aux_loss_weight: float = 0.01,
+    ) -> None:
         super().__init__()
         if not 1 <= top_k <= min(2, len(experts)):
             raise ValueError(f"top_k must be 1 or 2 and at most the number of experts ({len(experts)}), got {top_k}")
@@ -170,9 +177,12 @@ class MixtureOfExperts(nn.Module):
         total = count.clamp(min=1)
         fraction = ((chosen[:, :1] == torch.arange(n_experts, device=x.device)) * real_f).sum(0) / total  # f_i
         mean_prob = (probs * real_f).sum(0) / total  # P_i
-        self.routing = Routing(aux_loss=self.aux_loss_weight * n_experts * (fraction * mean_prob).sum(),
-                               tokens=(hits & kept.unsqueeze(-1)).sum(0), dropped=(routed & ~kept).sum(),
-                               capacity=capacity)
+        self.routing = Routing(
+            aux_loss=self.aux_loss_weight * n_experts * (fraction * mean_prob).sum(),
+            tokens=(hits & kept.unsqueeze(-1)).sum(0),
+            dropped=(routed & ~kept).sum(),
+            capacity=capacity,
+        )
         return out.view(x.shape)
 
 
@@ -188,7 +198,7 @@ def real_positions(x: Tensor, mask: AttentionMask | None) -> Tensor | None:
     padding. With a key/value cache the mask covers earlier keys too, and ``x`` holds the last."""
     if mask is None or mask.padding is None:
         return None
-    return mask.padding[:, -x.size(1):].bool()
+    return mask.padding[:, -x.size(1) :].bool()
 
 
 def apply_norm(norm: nn.Module, x: Tensor, real: Tensor | None) -> Tensor:
@@ -301,15 +311,26 @@ class TransformerLayer(nn.Module):
         positions, no hook that changes keys, not self-only), and no norm or feed-forward mixes
         positions (``takes_padding``: batch norm, a mixture of experts)."""
         attn = self.self_attn
-        plain = (isinstance(attn, MultiHeadAttention) and attn.positional is None and not attn.self_only
-                 and type(attn).kernel_inputs is MultiHeadAttention.kernel_inputs
-                 and type(attn).forward is MultiHeadAttention.forward)
+        plain = (
+            isinstance(attn, MultiHeadAttention)
+            and attn.positional is None
+            and not attn.self_only
+            and type(attn).kernel_inputs is MultiHeadAttention.kernel_inputs
+            and type(attn).forward is MultiHeadAttention.forward
+        )
         mixing = [m for m in (*self.norms, self.ffn) if getattr(m, "takes_padding", False)]
         return plain and not mixing
 
-    def forward_at(self, x: Tensor, index: Tensor, memory: Tensor | None = None, *,
-                   self_mask: AttentionMask | None = None, memory_mask: AttentionMask | None = None,
-                   cross_cache: KVCache | None = None) -> Tensor:
+    def forward_at(
+        self,
+        x: Tensor,
+        index: Tensor,
+        memory: Tensor | None = None,
+        *,
+        self_mask: AttentionMask | None = None,
+        memory_mask: AttentionMask | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> Tensor:
         """The layer's output ``(B, Q, D)`` at positions ``index`` ``(B, Q)`` of ``x`` ``(B, T, D)``
         only: those positions' queries attend to every key of ``x``, as in :meth:`forward`, and
         only they go through the feed-forward network (for a layer that :meth:`gathers`).

@@ -35,8 +35,10 @@ from torch import Tensor
 from .attention import MultiHeadAttention, attention_math
 from .masks import AttentionMask
 
-NO_BIAS = ("ALiBi adds a bias over all keys, which sparse and compressed attention do not compute; "
-           "use sinusoidal, learned or rotary positions with them")
+NO_BIAS = (
+    "ALiBi adds a bias over all keys, which sparse and compressed attention do not compute; "
+    "use sinusoidal, learned or rotary positions with them"
+)
 """The refusal of a positional bias by every kernel that does not form all the scores."""
 
 
@@ -90,8 +92,9 @@ def attend_masked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout: float 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, dropout_p=dropout).masked_fill(empty, 0.0)
 
 
-def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, padding: Tensor | None = None,
-                          compiled: bool = True) -> Tensor:
+def flex_attention_kernel(
+    q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern, padding: Tensor | None = None, compiled: bool = True
+) -> Tensor:
     """The pattern's attention through FlexAttention's block mask (``torch.nn.attention``).
 
     Compiled, FlexAttention skips the blocks the mask rules out; uncompiled (for tests) it
@@ -112,8 +115,9 @@ def flex_attention_kernel(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPat
     return attend(q, k, v, block_mask=block_mask)
 
 
-def _block_mask(make_mask: Callable, pattern: AttentionPattern, q_len: int, k_len: int, padding: Tensor | None,
-                device: torch.device):
+def _block_mask(
+    make_mask: Callable, pattern: AttentionPattern, q_len: int, k_len: int, padding: Tensor | None, device: torch.device
+):
     offset = k_len - q_len
     allowed = pattern.rule(k_len, device)
 
@@ -190,7 +194,9 @@ def _compiled_flex(device_type: str):
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    return torch.compile(create_block_mask), torch.compile(flex_attention, dynamic=False if device_type == "cpu" else None)
+    return torch.compile(create_block_mask), torch.compile(
+        flex_attention, dynamic=False if device_type == "cpu" else None
+    )
 
 
 # ---- the kernel of every sparse kind ----------------------------------------------------------
@@ -241,8 +247,16 @@ class PatternKernel:
             return "dense"
         return "flex" if device.type == "cuda" and not dropout_p else self.pattern.own_kernel
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
-                 need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        bias: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         if bias is not None:
             raise ValueError(NO_BIAS)
         if mask.explicit is not None:
@@ -260,8 +274,9 @@ class PatternKernel:
             return attend_masked(q, k, v, allowed, dropout_p), None
         if choice == "flex":
             if dropout_p:
-                raise ValueError(f"FlexAttention has no attention dropout; set kernel: {pattern.own_kernel}, "
-                                 "or dropout: 0")
+                raise ValueError(
+                    f"FlexAttention has no attention dropout; set kernel: {pattern.own_kernel}, or dropout: 0"
+                )
             return flex_attention_kernel(q, k, v, pattern, padding, compiled=True), None
         return pattern.attend(q, k, v, padding, dropout_p), None
 

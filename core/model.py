@@ -100,8 +100,10 @@ class ZooModel(nn.Module):
             )
         if format != "zoo":
             family = getattr(self.config, "family", "") or type(self).__name__
-            raise ValueError(f"format={format!r}: a {family} model saves only in the zoo's own format, format='zoo' "
-                             "(the Hugging Face layout, format='hf', is written for the bert family)")
+            raise ValueError(
+                f"format={format!r}: a {family} model saves only in the zoo's own format, format='zoo' "
+                "(the Hugging Face layout, format='hf', is written for the bert family)"
+            )
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_model(self, str(p)))
@@ -183,8 +185,14 @@ class ModelOutput:
         return len(self.keys())
 
     @classmethod
-    def of(cls, logits: Tensor, stacks: dict[str, StackOutput | None], *, need_weights: bool = False,
-           extras: dict[str, Tensor] | None = None) -> ModelOutput:
+    def of(
+        cls,
+        logits: Tensor,
+        stacks: dict[str, StackOutput | None],
+        *,
+        need_weights: bool = False,
+        extras: dict[str, Tensor] | None = None,
+    ) -> ModelOutput:
         """The output of a model whose ``stacks`` (by name, in order; None for an absent one)
         produced ``logits``: the last stack's hidden states, every stack's attention weights
         (when asked for), the sum of their auxiliary losses, and their extras prefixed by stack name."""
@@ -195,8 +203,10 @@ class ModelOutput:
             hidden=list(ran.values())[-1].hidden,
             attentions={name: out.attentions for name, out in ran.items()} if need_weights else {},
             aux_loss=sum(terms[1:], terms[0]) if terms else None,
-            extras={**{f"{name}_{key}": value for name, out in ran.items() for key, value in out.extras.items()},
-                    **(extras or {})},
+            extras={
+                **{f"{name}_{key}": value for name, out in ran.items() for key, value in out.extras.items()},
+                **(extras or {}),
+            },
         )
 
 
@@ -244,8 +254,9 @@ class EncoderDecoder(ZooModel):
             return "decoder-only"
         return "encoder-only" if self.decoder is None else "encoder-decoder"
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False,
-               starts: Tensor | None = None) -> StackOutput:
+    def encode(
+        self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False, starts: Tensor | None = None
+    ) -> StackOutput:
         """Encode ``src`` ids ``(B, S)``; ``src_mask`` ``(B, S)`` is 1 for real tokens, 0 for padding.
 
         ``starts``: in training with random position offsets, the batch's starts
@@ -257,8 +268,12 @@ class EncoderDecoder(ZooModel):
         check_token_ids(src, name="src")
         padding = as_padding_mask(src_mask, src, "src_mask")
         x = self.src_embed(src, starts=starts)
-        return self.encoder(x, self_mask=AttentionMask(padding=padding), need_weights=need_weights,
-                            **({} if starts is None else {"starts": starts}))
+        return self.encoder(
+            x,
+            self_mask=AttentionMask(padding=padding),
+            need_weights=need_weights,
+            **({} if starts is None else {"starts": starts}),
+        )
 
     def decode(
         self,
@@ -284,11 +299,15 @@ class EncoderDecoder(ZooModel):
         offset = 0 if cache is None else cache.offset
         padding = None
         if tgt_mask is not None and isinstance(offset, Tensor):
-            raise ValueError("a static cache decodes without tgt_mask (no padding among the decoded tokens); "
-                             "use the dynamic cache (DecoderCache) to pass one")
+            raise ValueError(
+                "a static cache decodes without tgt_mask (no padding among the decoded tokens); "
+                "use the dynamic cache (DecoderCache) to pass one"
+            )
         if tgt_mask is not None:
             if not isinstance(tgt_mask, Tensor):
-                raise ValueError(f"tgt_mask must be a torch.Tensor of shape (batch, seq), got {type(tgt_mask).__name__}")
+                raise ValueError(
+                    f"tgt_mask must be a torch.Tensor of shape (batch, seq), got {type(tgt_mask).__name__}"
+                )
             if tgt_mask.shape != (tgt.size(0), offset + tgt.size(1)):
                 raise ValueError(
                     f"tgt_mask has shape {tuple(tgt_mask.shape)}; expected {(tgt.size(0), offset + tgt.size(1))} "
@@ -367,8 +386,11 @@ class EncoderDecoder(ZooModel):
         dec = None
         if self.decoder is not None:
             memory = None if enc is None else enc.hidden
-            dec = self.decode(tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=need_weights,
-                              starts=starts)
+            dec = self.decode(
+                tgt, memory, src_mask=src_mask, tgt_mask=tgt_mask, need_weights=need_weights, starts=starts
+            )
         last, mask = (dec, tgt_mask) if dec is not None else (enc, src_mask)
         logits = self.head(last.hidden, None if mask is None else mask.bool())
-        return self.labelled(ModelOutput.of(logits, {"encoder": enc, "decoder": dec}, need_weights=need_weights), labels)
+        return self.labelled(
+            ModelOutput.of(logits, {"encoder": enc, "decoder": dec}, need_weights=need_weights), labels
+        )

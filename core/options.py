@@ -140,7 +140,9 @@ def _unknown_keys(keys: list[Any], allowed: list[str], options: type[Options]) -
         named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     kind, category = options.model_fields.get("kind"), getattr(options, "category", "")
     what = f"{category} kind {kind.default!r}" if kind is not None and category and kind.default else options.__name__
-    return f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(named)}; allowed keys for {what}: {', '.join(allowed)}"
+    return (
+        f"unknown key{'s' if len(keys) > 1 else ''} {', '.join(named)}; allowed keys for {what}: {', '.join(allowed)}"
+    )
 
 
 class ComponentOptions(Options):
@@ -193,11 +195,19 @@ class AttentionOptions(ComponentOptions):
     decoder's ``cross_attention`` (see :meth:`check_cross_attention`)."""
 
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
-    scale: float | None = Field(None, gt=0, description="factor on the query-key dot products; None: 1/sqrt(d_head) "
-                                "(Vaswani et al. 2017); 1.0: unscaled dot products")
-    n_kv_heads: int | None = Field(None, ge=1, le=MAX_WIDTH,
-                                   description="key/value heads, a divisor of n_heads, each shared by n_heads / "
-                                   "n_kv_heads query heads (grouped-query attention); 1: multi-query; null: n_heads")
+    scale: float | None = Field(
+        None,
+        gt=0,
+        description="factor on the query-key dot products; None: 1/sqrt(d_head) "
+        "(Vaswani et al. 2017); 1.0: unscaled dot products",
+    )
+    n_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_WIDTH,
+        description="key/value heads, a divisor of n_heads, each shared by n_heads / "
+        "n_kv_heads query heads (grouped-query attention); 1: multi-query; null: n_heads",
+    )
 
     @model_validator(mode="after")
     def _scale_is_taken(self) -> AttentionOptions:
@@ -207,8 +217,10 @@ class AttentionOptions(ComponentOptions):
     def check_scale(self) -> None:
         """Raise a ValueError if ``scale`` is set and this kind cannot apply it (``takes_scale``)."""
         if self.scale is not None and not self.takes_scale:
-            raise ValueError(f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
-                             "remove scale, or use kind: sdpa")
+            raise ValueError(
+                f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
+                "remove scale, or use kind: sdpa"
+            )
 
     def check_heads(self, n_heads: int) -> None:
         """Raise a ValueError if ``n_kv_heads`` does not divide the model's ``n_heads``."""
@@ -218,16 +230,25 @@ class AttentionOptions(ComponentOptions):
     def check_cross_attention(self) -> None:
         """Raise a ValueError if this kind cannot attend to an encoder's memory (``self_only``)."""
         if self.self_only:
-            raise ValueError(f"{self.kind} attention is for self-attention (its rule is over the positions of one "
-                             "sequence), not attention to the encoder's memory; keep cross_attention: sdpa")
+            raise ValueError(
+                f"{self.kind} attention is for self-attention (its rule is over the positions of one "
+                "sequence), not attention to the encoder's memory; keep cross_attention: sdpa"
+            )
 
     def make_kernel(self) -> Kernel:
         """The kind's kernel ``(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights)``
         (:class:`~transformer_zoo.core.attention.Kernel`); full attention on SDPA by default."""
         return sdpa_kernel
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: tuple[int, int] | None = None) -> nn.Module:
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> nn.Module:
         """The attention module.
 
         Args:
@@ -237,8 +258,16 @@ class AttentionOptions(ComponentOptions):
             grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
                 Kinds over a grid read it; the others ignore it.
         """
-        return MultiHeadAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
-                                  positional=positional, scale=self.scale, n_kv_heads=self.n_kv_heads)
+        return MultiHeadAttention(
+            d_model,
+            n_heads,
+            kernel=self.make_kernel(),
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
     def check(self, *, max_len: int) -> None:
         """Raise a ValueError if these options cannot work with sequences of up to ``max_len``."""
@@ -252,8 +281,10 @@ class AttentionOptions(ComponentOptions):
         """
         if not self.takes_bias and getattr(positional, "scores_bias", False):
             name = getattr(positional, "kind", type(positional).__name__)
-            raise ValueError(f"{self.kind} attention does not form every query-key score, so it cannot add the bias "
-                             f"{name} positions put on them; use sinusoidal, learned or rotary positions")
+            raise ValueError(
+                f"{self.kind} attention does not form every query-key score, so it cannot add the bias "
+                f"{name} positions put on them; use sinusoidal, learned or rotary positions"
+            )
 
 
 class PositionalOptions(ComponentOptions):
@@ -268,15 +299,20 @@ class PositionalOptions(ComponentOptions):
     nothing (rotary, ALiBi); such a scheme refuses ``random_offset``."""
 
     random_offset: int = Field(
-        0, ge=0, le=MAX_LENGTH, description="in training, each sequence's positions start at an offset drawn uniformly from "
-        "[0, random_offset) (Dehghani et al. 2018, section 3.3); 0: off. Built for max_len + random_offset positions"
+        0,
+        ge=0,
+        le=MAX_LENGTH,
+        description="in training, each sequence's positions start at an offset drawn uniformly from "
+        "[0, random_offset) (Dehghani et al. 2018, section 3.3); 0: off. Built for max_len + random_offset positions",
     )
 
     @model_validator(mode="after")
     def _offset_needs_absolute_positions(self) -> PositionalOptions:
         if self.random_offset and self.relative:
-            raise ValueError(f"{self.kind} positions depend only on the distance between query and key, so a random "
-                             f"offset changes no score; remove random_offset, or use sinusoidal or learned positions")
+            raise ValueError(
+                f"{self.kind} positions depend only on the distance between query and key, so a random "
+                f"offset changes no score; remove random_offset, or use sinusoidal or learned positions"
+            )
         return self
 
 
@@ -338,8 +374,10 @@ def kinds_from(context: Any) -> Kinds:
     if kinds is None and _default_kinds is not None:
         kinds = _default_kinds()
     if kinds is None:
-        raise RuntimeError("no registry to validate component kinds against: pass context={'registry': registry} "
-                           "to model_validate, or import transformer_zoo (which installs its registry)")
+        raise RuntimeError(
+            "no registry to validate component kinds against: pass context={'registry': registry} "
+            "to model_validate, or import transformer_zoo (which installs its registry)"
+        )
     return kinds
 
 
@@ -369,11 +407,22 @@ class ComponentField:
             try:
                 yield self._one(value, kinds, context)
             except ValidationError as error:
-                errors += [InitErrorDetails(type=PydanticCustomError(e["type"], e["msg"].replace("{", "{{").replace("}", "}}")),
-                                            loc=(index, *e["loc"]), input=e["input"]) for e in error.errors()]
+                errors += [
+                    InitErrorDetails(
+                        type=PydanticCustomError(e["type"], e["msg"].replace("{", "{{").replace("}", "}}")),
+                        loc=(index, *e["loc"]),
+                        input=e["input"],
+                    )
+                    for e in error.errors()
+                ]
             except ValueError as error:
-                errors.append(InitErrorDetails(type=PydanticCustomError("value_error", str(error).replace("{", "{{")
-                                                                        .replace("}", "}}")), loc=(index,), input=value))
+                errors.append(
+                    InitErrorDetails(
+                        type=PydanticCustomError("value_error", str(error).replace("{", "{{").replace("}", "}}")),
+                        loc=(index,),
+                        input=value,
+                    )
+                )
         if errors:
             raise ValidationError.from_exception_data(self.category, errors)
 
@@ -386,12 +435,16 @@ class ComponentField:
             value = {"kind": value}
         if not isinstance(value, dict):
             listing = " or a list of them" if self.many else ""
-            raise ValueError(f"expected the name of one {self.category} kind or a mapping with 'kind'{listing}, "
-                             f"got {type(value).__name__}")
+            raise ValueError(
+                f"expected the name of one {self.category} kind or a mapping with 'kind'{listing}, "
+                f"got {type(value).__name__}"
+            )
         kind = value.get("kind", kinds.default_kind(self.category))
         if not isinstance(kind, str):
-            raise ValueError(f"kind must be the name of one {self.category} kind, got {type(kind).__name__} {kind!r}; "
-                             f"registered: {', '.join(sorted(kinds.components(self.category)))}")
+            raise ValueError(
+                f"kind must be the name of one {self.category} kind, got {type(kind).__name__} {kind!r}; "
+                f"registered: {', '.join(sorted(kinds.components(self.category)))}"
+            )
         try:
             options = kinds.component(self.category, kind)
         except UnknownNameError as exc:
@@ -419,8 +472,14 @@ class ComponentField:
             branches.append(branch)
         one = [{"type": "string", "enum": sorted(kinds), "description": "a kind name, with its defaults"}, *branches]
         if self.many:
-            one.append({"type": "array", "minItems": 1, "items": {"anyOf": list(one)},
-                        "description": "a kind for each layer in turn (layer i takes item i modulo the length)"})
+            one.append(
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"anyOf": list(one)},
+                    "description": "a kind for each layer in turn (layer i takes item i modulo the length)",
+                }
+            )
         return {"anyOf": one, "description": f"a {self.category} kind: one of {', '.join(sorted(kinds))}"}
 
 
@@ -448,15 +507,17 @@ class StackOptions(ComponentOptions):
 
     layers: int = Field(6, ge=1, le=MAX_LAYERS, description="number of layer applications (depth)")
     attention: Annotated[AttentionOptions | list[AttentionOptions], ComponentField("attention", many=True)] = Field(
-        "sdpa", validate_default=True,
+        "sdpa",
+        validate_default=True,
         description="self-attention kind, or a list of kinds that layer i takes in turn (i modulo its length)",
     )
     cross_attention: AttentionField = Field(
         "sdpa", validate_default=True, description="attention to the encoder memory (decoders of encoder-decoders)"
     )
     rezero: bool = Field(
-        False, description="ReZero (Bachlechner et al. 2020): each sub-layer adds alpha * F(x), alpha a learned scalar "
-        "starting at 0, and the layers have no norms (a final norm is kept where the config asks for one)"
+        False,
+        description="ReZero (Bachlechner et al. 2020): each sub-layer adds alpha * F(x), alpha a learned scalar "
+        "starting at 0, and the layers have no norms (a final norm is kept where the config asks for one)",
     )
 
     @property
@@ -469,8 +530,9 @@ class StackOptions(ComponentOptions):
         kinds = self.attention if isinstance(self.attention, list) else [self.attention]
         return kinds[index % len(kinds)]
 
-    def build(self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int,
-              signal: nn.Module | None = None) -> nn.Module:
+    def build(
+        self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int, signal: nn.Module | None = None
+    ) -> nn.Module:
         raise NotImplementedError
 
 

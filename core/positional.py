@@ -55,8 +55,9 @@ def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
     return table.float()
 
 
-def position_starts(x: Tensor, offset: int, random_offset: int, training: bool,
-                    drawn: Tensor | None = None) -> int | Tensor:
+def position_starts(
+    x: Tensor, offset: int, random_offset: int, training: bool, drawn: Tensor | None = None
+) -> int | Tensor:
     """Where the positions of each sequence of ``x`` ``(B, T, D)`` start.
 
     ``offset`` for every sequence, unless ``training`` with ``random_offset`` K > 0: then

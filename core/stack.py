@@ -40,8 +40,13 @@ class DecoderCache:
     @property
     def nbytes(self) -> int:
         """Bytes held by every layer's keys, values and state (self- and cross-attention)."""
-        return sum(t.nbytes for caches in self.layers for cache in caches
-                   for t in (cache.key, cache.value, *cache.state.values()) if t is not None)
+        return sum(
+            t.nbytes
+            for caches in self.layers
+            for cache in caches
+            for t in (cache.key, cache.value, *cache.state.values())
+            if t is not None
+        )
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` of every cache (beam search)."""
@@ -104,9 +109,11 @@ def routing_outputs(routed: list[Routing]) -> tuple[Tensor | None, dict[str, Ten
     if not routed:
         return None, {}
     aux = sum((r.aux_loss for r in routed[1:]), routed[0].aux_loss)
-    return aux, {"moe_tokens": torch.stack([r.tokens for r in routed]),
-                 "moe_dropped": torch.stack([r.dropped for r in routed]),
-                 "moe_capacity": torch.stack([r.capacity for r in routed])}
+    return aux, {
+        "moe_tokens": torch.stack([r.tokens for r in routed]),
+        "moe_dropped": torch.stack([r.dropped for r in routed]),
+        "moe_capacity": torch.stack([r.capacity for r in routed]),
+    }
 
 
 class StandardStack(nn.Module):
@@ -161,8 +168,9 @@ class StepSignal(nn.Module):
             ``[0, random_offset)`` (:meth:`starts`); 0: off.
     """
 
-    def __init__(self, d_model: int, steps: int, positional: nn.Module | None = None, *,
-                 random_offset: int = 0) -> None:
+    def __init__(
+        self, d_model: int, steps: int, positional: nn.Module | None = None, *, random_offset: int = 0
+    ) -> None:
         super().__init__()
         self.register_buffer("timestep", sinusoid_table(steps + 1, d_model), persistent=False)  # (T + 1, D): t = 1..T
         self.positional = positional
@@ -215,8 +223,17 @@ class RecurrentStack(nn.Module):
         final_norm: a norm after the last step, or None.
     """
 
-    def __init__(self, layer: nn.Module, steps: int, *, signal: StepSignal, halting: nn.Linear | None = None,
-                 threshold: float = 0.99, ponder_weight: float = 0.01, final_norm: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        layer: nn.Module,
+        steps: int,
+        *,
+        signal: StepSignal,
+        halting: nn.Linear | None = None,
+        threshold: float = 0.99,
+        ponder_weight: float = 0.01,
+        final_norm: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.layer = layer
         self.steps = steps
@@ -232,17 +249,25 @@ class RecurrentStack(nn.Module):
         """Whether ACT can send only the running positions through the layer (:meth:`TransformerLayer.gathers`)."""
         return isinstance(self.layer, TransformerLayer) and self.layer.gathers()
 
-    def _apply_running(self, state: Tensor, signalled: Tensor, running: Tensor, memory: Tensor | None,
-                       self_mask: AttentionMask | None, memory_mask: AttentionMask | None,
-                       cross_cache: KVCache | None) -> Tensor:
+    def _apply_running(
+        self,
+        state: Tensor,
+        signalled: Tensor,
+        running: Tensor,
+        memory: Tensor | None,
+        self_mask: AttentionMask | None,
+        memory_mask: AttentionMask | None,
+        cross_cache: KVCache | None,
+    ) -> Tensor:
         """One step for the running positions only, gathered row by row (each row's running positions
         first, to the longest row's count; a shorter row's extra slots rewrite states unchanged)."""
         counts = running.sum(1)
         width = int(counts.max())
         index = torch.sort((~running).to(torch.uint8), dim=1, stable=True).indices[:, :width]  # (B, Q)
         valid = (torch.arange(width, device=state.device) < counts.unsqueeze(1)).unsqueeze(-1)  # (B, Q, 1)
-        out = self.layer.forward_at(signalled, index, memory, self_mask=self_mask, memory_mask=memory_mask,
-                                    cross_cache=cross_cache)
+        out = self.layer.forward_at(
+            signalled, index, memory, self_mask=self_mask, memory_mask=memory_mask, cross_cache=cross_cache
+        )
         expanded = index.unsqueeze(-1).expand(-1, -1, state.size(-1))
         out = torch.where(valid, out, state.gather(1, expanded))
         return state.scatter(1, expanded, out)
@@ -267,9 +292,14 @@ class RecurrentStack(nn.Module):
 
         def apply(h: Tensor, step: int, signalled: bool = False) -> Tensor:
             """The layer on ``h`` at ``step``; ``signalled``: ``h`` has the step's signal already."""
-            out, weights = self.layer(h if signalled else self.signal(h, step, offset), memory, self_mask=self_mask,
-                                      memory_mask=memory_mask, cache=None if cache is None else cache.layer(step),
-                                      need_weights=need_weights)
+            out, weights = self.layer(
+                h if signalled else self.signal(h, step, offset),
+                memory,
+                self_mask=self_mask,
+                memory_mask=memory_mask,
+                cache=None if cache is None else cache.layer(step),
+                need_weights=need_weights,
+            )
             if need_weights:
                 attentions.append(weights)
             routed.extend(routings(self.layer))
@@ -282,8 +312,9 @@ class RecurrentStack(nn.Module):
                 x = apply(x, step)
             ponder = real.to(x.dtype) * self.steps
             aux, extras = routing_outputs(routed)
-            return StackOutput(apply_norm(self.final_norm, x, padding), attentions, aux,
-                               extras={"ponder_time": ponder, **extras})
+            return StackOutput(
+                apply_norm(self.final_norm, x, padding), attentions, aux, extras={"ponder_time": ponder, **extras}
+            )
 
         running = real.clone()
         halted_sum = torch.zeros(real.shape, device=x.device)  # float32 book-keeping, whatever x's dtype
@@ -293,8 +324,12 @@ class RecurrentStack(nn.Module):
         state = x
         # An exported graph cannot branch on a tensor's values, nor can a meta tensor (shapes alone), nor a
         # compiled one without breaking: they run every step over every position, in the dense form.
-        eager = (cache is None and not torch.compiler.is_exporting() and not torch.compiler.is_compiling()
-                 and x.device.type != "meta")
+        eager = (
+            cache is None
+            and not torch.compiler.is_exporting()
+            and not torch.compiler.is_compiling()
+            and x.device.type != "meta"
+        )
         gather = eager and self.gather_running and not need_weights and self.layer_gathers
         cross_cache = KVCache() if gather and memory is not None else None  # the memory's keys, once
         for step in range(self.steps):
@@ -324,6 +359,9 @@ class RecurrentStack(nn.Module):
         moe_aux, extras = routing_outputs(routed)
         aux = self.ponder_weight * ponder.sum() / real.sum().clamp(min=1)
         aux = aux if moe_aux is None else aux + moe_aux
-        return StackOutput(apply_norm(self.final_norm, output, padding), attentions, aux_loss=aux,
-                           extras={"ponder_time": ponder, **extras})
-
+        return StackOutput(
+            apply_norm(self.final_norm, output, padding),
+            attentions,
+            aux_loss=aux,
+            extras={"ponder_time": ponder, **extras},
+        )

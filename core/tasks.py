@@ -138,8 +138,10 @@ class Task:
         kind = model_reads(config)
         if kind != "tokens":  # any other input kind is one batch key of its name (image, audio, ...)
             if kind not in batch:
-                raise ValueError(f"variant {config.variant!r} reads {_input_words(kind)}, and task {self.name!r} has "
-                                 "none; train it on a task that offers them")
+                raise ValueError(
+                    f"variant {config.variant!r} reads {_input_words(kind)}, and task {self.name!r} has "
+                    "none; train it on a task that offers them"
+                )
             return {kind: batch[kind]}
         return {k: v for k, v in batch.items() if k != "targets" and k not in self.inputs}
 
@@ -226,7 +228,12 @@ class Seq2SeqTask(Task):
         when ``beam_size`` > 1; both on the key/value cache."""
         device = next(model.parameters()).device
         ids, mask = (t.to(device) for t in pad_batch(src, self.pad_id))
-        special = {"bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id, "max_new_tokens": max_new_tokens}
+        special = {
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+            "max_new_tokens": max_new_tokens,
+        }
         if self.beam_size > 1:
             out, _ = beam_search(model, ids, mask, beam_size=self.beam_size, **special)
         else:
@@ -403,8 +410,13 @@ class LanguageModelTask(Task):
         return None
 
     def model_overrides(self, config: Any) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "encoder": None,
-                "head": {"kind": "lm"}}
+        return {
+            "vocab_size": self.vocab_size,
+            "tgt_vocab_size": None,
+            "pad_id": self.pad_id,
+            "encoder": None,
+            "head": {"kind": "lm"},
+        }
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
         tgt, tgt_mask = pad_batch([r["ids"][:-1] for r in rows], self.pad_id)
@@ -442,13 +454,25 @@ class MaskedLMTask(Task):
         return None
 
     def model_overrides(self, config: Any) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "decoder": None,
-                "head": {"kind": "lm"}}
+        return {
+            "vocab_size": self.vocab_size,
+            "tgt_vocab_size": None,
+            "pad_id": self.pad_id,
+            "decoder": None,
+            "head": {"kind": "lm"},
+        }
 
     def collate(self, rows: list[dict[str, Any]], generator: torch.Generator | None = None) -> dict[str, Tensor]:
         ids, mask = pad_batch([r["ids"] for r in rows], self.pad_id)
-        src, targets = mask_tokens(ids, mask_id=self.mask_id, vocab_size=self.vocab_size, special_ids=self.special_ids,
-                                   pad_id=self.pad_id, probability=self.mask_probability, generator=generator)
+        src, targets = mask_tokens(
+            ids,
+            mask_id=self.mask_id,
+            vocab_size=self.vocab_size,
+            special_ids=self.special_ids,
+            pad_id=self.pad_id,
+            probability=self.mask_probability,
+            generator=generator,
+        )
         return {"src": src, "src_mask": mask, "targets": targets}
 
     def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:

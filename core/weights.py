@@ -33,10 +33,21 @@ MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 MAX_LISTED = 20  # problems named in one message; the rest are counted
 
 DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U64": torch.uint64,
+    "U32": torch.uint32,
+    "U16": torch.uint16,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -101,21 +112,32 @@ def _tensor_info(path: Path, name: str, entry: Any, data_bytes: int) -> tuple[Te
     """One header entry, checked: its shape, dtype and byte range in the data."""
     name = shorten(repr(name))
     if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
-        raise _bad(path, f"the header entry of {name} is {shorten(repr(entry))}; expected dtype, shape and "
-                         "data_offsets")
+        raise _bad(
+            path, f"the header entry of {name} is {shorten(repr(entry))}; expected dtype, shape and data_offsets"
+        )
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise _bad(path, f"{name} has dtype {shorten(repr(dtype))}; the dtypes read are {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
         raise _bad(path, f"{name} has shape {shorten(repr(shape))}; expected a list of non-negative integers")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data_bytes):
-        raise _bad(path, f"{name} has data_offsets {shorten(repr(offsets))}; expected [begin, end] within the "
-                         f"{data_bytes} bytes of tensor data the file holds (truncated?)")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(n) is int for n in offsets)
+        or not 0 <= offsets[0] <= offsets[1] <= data_bytes
+    ):
+        raise _bad(
+            path,
+            f"{name} has data_offsets {shorten(repr(offsets))}; expected [begin, end] within the "
+            f"{data_bytes} bytes of tensor data the file holds (truncated?)",
+        )
     numel = math.prod(shape)
     if offsets[1] - offsets[0] != numel * DTYPES[dtype].itemsize:
-        raise _bad(path, f"{name} is {dtype} of shape {shorten(repr(shape))} ({numel * DTYPES[dtype].itemsize} bytes) "
-                         f"but its data_offsets {offsets} span {offsets[1] - offsets[0]} bytes")
+        raise _bad(
+            path,
+            f"{name} is {dtype} of shape {shorten(repr(shape))} ({numel * DTYPES[dtype].itemsize} bytes) "
+            f"but its data_offsets {offsets} span {offsets[1] - offsets[0]} bytes",
+        )
     return TensorInfo(tuple(shape), DTYPES[dtype]), offsets[0], offsets[1]
 
 
@@ -138,9 +160,15 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
                 raise _bad(path, f"it holds {size} bytes; a safetensors file starts with an 8-byte header length")
             length = int.from_bytes(prefix, "little")
             if length > min(MAX_HEADER_BYTES, size - 8):
-                raise _bad(path, f"its header length field says {length} bytes, but "
-                                 + (f"the file holds only {size - 8} after it (truncated, or not safetensors)"
-                                    if length > size - 8 else f"a header may be at most {MAX_HEADER_BYTES}"))
+                raise _bad(
+                    path,
+                    f"its header length field says {length} bytes, but "
+                    + (
+                        f"the file holds only {size - 8} after it (truncated, or not safetensors)"
+                        if length > size - 8
+                        else f"a header may be at most {MAX_HEADER_BYTES}"
+                    ),
+                )
             raw = file.read(length)
     except OSError as error:
         raise WeightsError(f"{str(path)!r} cannot be read: {error.strerror or error}") from None
@@ -162,8 +190,11 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
     end_of_last = 0
     for begin, end, name in sorted(spans):
         if begin != end_of_last:
-            raise _bad(path, f"the data of {shorten(repr(name))} starts at byte {begin}, not at {end_of_last} where "
-                             "the previous tensor's ends (tensors must be stored back to back)")
+            raise _bad(
+                path,
+                f"the data of {shorten(repr(name))} starts at byte {begin}, not at {end_of_last} where "
+                "the previous tensor's ends (tensors must be stored back to back)",
+            )
         end_of_last = end
     if end_of_last != data_bytes:
         raise _bad(path, f"the header describes {end_of_last} bytes of tensor data but the file holds {data_bytes}")
@@ -226,16 +257,21 @@ def check_against(model: nn.Module, header: dict[str, TensorInfo], path: str | o
             continue
         expected = state[name]
         if not _fits(info.shape, tuple(expected.shape)):
-            misshapen.append((-expected.numel(), f"shape mismatch {name}: file {list(info.shape)}, "
-                                                 f"model {list(expected.shape)}"))
+            misshapen.append(
+                (-expected.numel(), f"shape mismatch {name}: file {list(info.shape)}, model {list(expected.shape)}")
+            )
         elif problem := dtype_problem(name, info.dtype, expected.dtype):
             problems.append(f"dtype mismatch {problem}")
     problems += [line for _, line in sorted(misshapen)]  # the largest first: what made the model too big
     if problems:
         wanted = sum(state[names[0]].numel() for names in groups.values())
         held = sum(math.prod(info.shape) for info in header.values())
-        raise_if_any(path, problems, f"does not fit the model its config.json describes ({wanted:,} values in "
-                                     f"{len(groups)} tensors; the file holds {held:,} in {len(header)})")
+        raise_if_any(
+            path,
+            problems,
+            f"does not fit the model its config.json describes ({wanted:,} values in "
+            f"{len(groups)} tensors; the file holds {held:,} in {len(header)})",
+        )
 
 
 # ---- config.json and building ---------------------------------------------------------------
@@ -268,16 +304,20 @@ def read_config(folder: str | os.PathLike, name: str = "config.json", what: str 
     except OSError as error:
         raise ConfigError(f"{str(path)!r} cannot be read: {error.strerror or error}") from None
     if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{str(path)!r} is {size} bytes; a config.json may be at most {MAX_CONFIG_BYTES} "
-                          "(it is a small JSON object of fields)")
+        raise ConfigError(
+            f"{str(path)!r} is {size} bytes; a config.json may be at most {MAX_CONFIG_BYTES} "
+            "(it is a small JSON object of fields)"
+        )
     try:
         data = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_finite_only)
     except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, the hooks above, nesting
         reason = "it nests too deeply" if isinstance(error, RecursionError) else str(error)
         raise ConfigError(f"{str(path)!r} is not valid JSON: {reason}; expected a JSON object of {what}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{str(path)!r} holds a JSON {JSON_TYPES.get(type(data), type(data).__name__)}; expected a "
-                          f"JSON object of {what}")
+        raise ConfigError(
+            f"{str(path)!r} holds a JSON {JSON_TYPES.get(type(data), type(data).__name__)}; expected a "
+            f"JSON object of {what}"
+        )
     return data
 
 

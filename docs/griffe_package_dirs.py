@@ -46,7 +46,9 @@ class PackageDirs(griffe.Extension):
         }
 
     # ---- 1. sub-packages in other folders ------------------------------------------------------
-    def on_module_members(self, *, node: ast.AST | griffe.ObjectNode, mod: griffe.Module, agent: Any, **kwargs: Any) -> None:
+    def on_module_members(
+        self, *, node: ast.AST | griffe.ObjectNode, mod: griffe.Module, agent: Any, **kwargs: Any
+    ) -> None:
         for name, folder in self.folders.items():
             parent, _, child = name.rpartition(".")
             if parent == mod.path and child not in mod.members:

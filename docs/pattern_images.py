@@ -1,6 +1,6 @@
 """Draw each local/global attention pattern as a mask image for docs/variants/local-global.md.
 
-    python docs/pattern_images.py        # writes docs/images/pattern-*.png
+python docs/pattern_images.py        # writes docs/images/pattern-*.png
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ PATTERNS = {
     "block-local": (Pattern(block=16), "block-local, block 16"),
     "block-local-causal": (Pattern(block=16, causal=True), "block-local, causal"),
     "local-global": (Pattern(window=4, global_positions=(0,), global_every=24), "local-global, globals 0, 24, 48"),
-    "block-sparse": (Pattern(block=8, window=1, global_positions=tuple(range(8)), random_blocks=1, seed=0),
-                     "block-sparse, block 8"),
+    "block-sparse": (
+        Pattern(block=8, window=1, global_positions=tuple(range(8)), random_blocks=1, seed=0),
+        "block-sparse, block 8",
+    ),
 }
 
 

@@ -7,13 +7,21 @@ name, as it loads third-party ones, and never imports them (nor anything above t
 
 from .hookspecs import hookimpl, hookspec
 from .manager import (
-           BUILTIN_PLUGINS,
-           ENTRY_POINT_GROUP,
-           PluginWarning,
-           Registry,
-           RenamedWarning,
-           get_registry,
+    BUILTIN_PLUGINS,
+    ENTRY_POINT_GROUP,
+    PluginWarning,
+    Registry,
+    RenamedWarning,
+    get_registry,
 )
 
-__all__ = ["BUILTIN_PLUGINS", "ENTRY_POINT_GROUP", "PluginWarning", "Registry", "RenamedWarning", "get_registry",
-           "hookimpl", "hookspec"]
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "PluginWarning",
+    "Registry",
+    "RenamedWarning",
+    "get_registry",
+    "hookimpl",
+    "hookspec",
+]

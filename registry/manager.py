@@ -55,8 +55,10 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.talking-heads": "transformer_zoo.plugins.talking_heads",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
-LOAD_HINT = ("if a plugin provides it, load the plugin: --plugin MODULE (or TZOO_PLUGINS=MODULE), or install "
-             "the package that declares it as a 'transformer_zoo' entry point")
+LOAD_HINT = (
+    "if a plugin provides it, load the plugin: --plugin MODULE (or TZOO_PLUGINS=MODULE), or install "
+    "the package that declares it as a 'transformer_zoo' entry point"
+)
 """What an unknown kind or variant message adds: the name may come from a plugin not loaded."""
 
 
@@ -65,9 +67,7 @@ def kind_name(options: type[ComponentOptions]) -> str:
     field = options.model_fields.get("kind")
     args = typing.get_args(field.annotation) if field is not None else ()
     if field is None or len(args) != 1 or field.default != args[0] or not isinstance(args[0], str):
-        raise PluginLoadError(
-            f"{options.__name__} must declare kind: Literal['<name>'] = '<name>' to be registered"
-        )
+        raise PluginLoadError(f"{options.__name__} must declare kind: Literal['<name>'] = '<name>' to be registered")
     return args[0]
 
 
@@ -131,8 +131,11 @@ class Registry:
             for ep in self._entry_point_plugins():
                 if self.pm.has_plugin(ep.name):
                     where = ep.dist.name if ep.dist is not None else "an installed package"
-                    self._failed(f"{ep.name} ({where})", f"a plugin named {ep.name!r} is already registered; "
-                                 "entry-point names must be unique: rename this one")
+                    self._failed(
+                        f"{ep.name} ({where})",
+                        f"a plugin named {ep.name!r} is already registered; "
+                        "entry-point names must be unique: rename this one",
+                    )
                     continue
                 self._load_plugin(ep.name, ep.load)
             for module in plugin_modules(os.environ.get(PLUGINS_VARIABLE, "")):
@@ -187,13 +190,17 @@ class Registry:
         try:
             imported = importlib.import_module(module)
         except ImportError as exc:
-            raise PluginLoadError(f"plugin module {module!r} could not be imported ({exc}); give a module importable "
-                                  "from here (on sys.path or installed), such as my_package.zoo_plugin") from None
+            raise PluginLoadError(
+                f"plugin module {module!r} could not be imported ({exc}); give a module importable "
+                "from here (on sys.path or installed), such as my_package.zoo_plugin"
+            ) from None
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # its own code failed while importing, sys.exit() included
-            raise PluginLoadError(f"plugin module {module!r} failed while being imported: {_describe(exc)}; "
-                                  "fix the module or leave it out") from None
+            raise PluginLoadError(
+                f"plugin module {module!r} failed while being imported: {_describe(exc)}; "
+                "fix the module or leave it out"
+            ) from None
         return self.register(imported, module)
 
     def portable_plugins(self) -> tuple[list[str], list[str]]:
@@ -232,8 +239,10 @@ class Registry:
         if self.pm.is_registered(plugin):  # the same module through two routes: the first registration stands
             return self.pm.get_name(plugin)
         if name is not None and self.pm.has_plugin(name):
-            raise PluginLoadError(f"another plugin is already registered under the name {name!r} (from "
-                                  f"{_origin(self.pm.get_plugin(name))}); register this one under another name")
+            raise PluginLoadError(
+                f"another plugin is already registered under the name {name!r} (from "
+                f"{_origin(self.pm.get_plugin(name))}); register this one under another name"
+            )
         try:
             name = self.pm.register(plugin, name)
         except (ValueError, pluggy.PluginValidationError) as exc:
@@ -250,13 +259,20 @@ class Registry:
     def _warn_unmarked_hooks(self, plugin: Any, name: str) -> None:
         """Warn of ``tzoo_*`` functions without ``@hookimpl``: pluggy ignores them, so what they
         offer would silently be missing."""
-        unmarked = sorted(attr for attr in dir(plugin) if attr.startswith("tzoo_")
-                          and callable(getattr(plugin, attr, None)) and self.pm.parse_hookimpl_opts(plugin, attr) is None)
+        unmarked = sorted(
+            attr
+            for attr in dir(plugin)
+            if attr.startswith("tzoo_")
+            and callable(getattr(plugin, attr, None))
+            and self.pm.parse_hookimpl_opts(plugin, attr) is None
+        )
         if unmarked:
             one = len(unmarked) == 1
-            message = (f"{', '.join(unmarked)} {'looks like a hook implementation' if one else 'look like hook implementations'}"
-                       f" but {'lacks' if one else 'lack'} @hookimpl (from transformer_zoo import hookimpl), so "
-                       f"{'it is' if one else 'they are'} ignored")
+            message = (
+                f"{', '.join(unmarked)} {'looks like a hook implementation' if one else 'look like hook implementations'}"
+                f" but {'lacks' if one else 'lack'} @hookimpl (from transformer_zoo import hookimpl), so "
+                f"{'it is' if one else 'they are'} ignored"
+            )
             self.load_warnings.setdefault(name, []).append(message)
             warnings.warn(f"plugin {name!r}: {message}", PluginWarning, stacklevel=3)
 
@@ -265,7 +281,9 @@ class Registry:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             known = ", ".join(sorted(n for n in dir(hookspecs) if n.startswith("tzoo_")))
-            raise PluginLoadError(f"plugin {name!r} implements a hook that does not exist ({exc}); hooks are: {known}") from None
+            raise PluginLoadError(
+                f"plugin {name!r} implements a hook that does not exist ({exc}); hooks are: {known}"
+            ) from None
 
     def _collect(self, plugin: Any, name: str) -> None:
         """Ask one plugin what it offers, check it all, then add it all (or nothing)."""
@@ -286,8 +304,10 @@ class Registry:
             self._add_offer(offered, (category, kind), options, name)
             for alias in getattr(options, "aliases", ()):
                 if not isinstance(alias, str) or alias == kind:
-                    raise PluginLoadError(f"{options.__name__}.aliases must hold former names of kind {kind!r} (other "
-                                          f"strings); got {alias!r}")
+                    raise PluginLoadError(
+                        f"{options.__name__}.aliases must hold former names of kind {kind!r} (other "
+                        f"strings); got {alias!r}"
+                    )
                 self._add_offer(offered, (category, alias), _FormerName(kind), name)
         for variant in (item for batch in variants for item in batch or ()):
             if not (isinstance(variant, Variant) and issubclass(variant.config, VariantConfig)):
@@ -315,14 +335,20 @@ class Registry:
     def _add_offer(self, offered: dict, key: tuple[str, str], value: Any, name: str) -> None:
         if key in offered:
             category, item = key
-            raise DuplicateNameError(f"plugin {name!r} offers the {_what(category)} {item!r} twice; offer each name once")
+            raise DuplicateNameError(
+                f"plugin {name!r} offers the {_what(category)} {item!r} twice; offer each name once"
+            )
         offered[key] = value
 
     def _refuse_clashes(self, offered: dict, name: str) -> None:
         """Refuse the whole plugin if any name it offers is already provided, naming every clash and
         what is dropped with it (a plugin is registered whole or not at all)."""
-        clashes = [f"{_what(category)} {item!r} is provided by plugin {self._providers[(category, item)]!r} and again "
-                   f"by plugin {name!r}" for category, item in offered if (category, item) in self._providers]
+        clashes = [
+            f"{_what(category)} {item!r} is provided by plugin {self._providers[(category, item)]!r} and again "
+            f"by plugin {name!r}"
+            for category, item in offered
+            if (category, item) in self._providers
+        ]
         if not clashes:
             return
         dropped = sorted(f"{_what(c)} {i!r}" for c, i in offered if (c, i) not in self._providers)
@@ -345,8 +371,12 @@ class Registry:
         current = self._aliases[category].get(kind) if isinstance(kind, str) else None
         if current is None:
             raise UnknownNameError(f"{category} kind", str(kind), kinds, hint=LOAD_HINT)
-        warnings.warn(f"{category} kind {kind!r} is now called {current!r}; the former name still works, for now: "
-                      f"write kind: {current}", RenamedWarning, stacklevel=2)
+        warnings.warn(
+            f"{category} kind {kind!r} is now called {current!r}; the former name still works, for now: "
+            f"write kind: {current}",
+            RenamedWarning,
+            stacklevel=2,
+        )
         return kinds[current]
 
     def aliases(self, category: str) -> dict[str, str]:
@@ -381,8 +411,10 @@ class Registry:
         found = self.load().pm.hook.tzoo_tracker(run=run)
         for tracker in found:
             if not isinstance(tracker, Tracker):
-                raise PluginLoadError(f"a plugin's tzoo_tracker returned {tracker!r}; expected an object with "
-                                      "log(step, scalars) and finish(scores) (see transformer_zoo.core.tracking.Tracker)")
+                raise PluginLoadError(
+                    f"a plugin's tzoo_tracker returned {tracker!r}; expected an object with "
+                    "log(step, scalars) and finish(scores) (see transformer_zoo.core.tracking.Tracker)"
+                )
         return found
 
     def provider(self, category: str, name: str) -> str:
@@ -440,11 +472,11 @@ class Registry:
         """The entries of a :meth:`providers_of` record that nothing loaded provides now (neither a
         kind, a former name of one, nor a variant): ``"category:name"`` -> the module that did."""
         self.load()
-        return {key: module for key, module in record.items()
-                if tuple(key.split(":", 1)) not in self._providers}
+        return {key: module for key, module in record.items() if tuple(key.split(":", 1)) not in self._providers}
 
-    def missing_plugin_hint(self, record: Mapping[str, str] | None, category: str | None = None,
-                            name: str | None = None) -> str:
+    def missing_plugin_hint(
+        self, record: Mapping[str, str] | None, category: str | None = None, name: str | None = None
+    ) -> str:
         """How to load what a saved run used and this process lacks, from the run's
         :meth:`providers_of` record: one clause per missing kind or variant, such as ``task kind
         'my-task' was provided by plugin module 'my_pkg.zoo' when this run was saved; load it with
@@ -457,8 +489,10 @@ class Registry:
         clauses = []
         for key, module in missing.items():
             what, item = key.split(":", 1)
-            clauses.append(f"{_what(what)} {item!r} was provided by plugin module {module!r} when this run was saved; "
-                           f"load it with --plugin {module} or TZOO_PLUGINS={module}")
+            clauses.append(
+                f"{_what(what)} {item!r} was provided by plugin module {module!r} when this run was saved; "
+                f"load it with --plugin {module} or TZOO_PLUGINS={module}"
+            )
         return "; ".join(clauses)
 
     @contextmanager

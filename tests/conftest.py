@@ -62,7 +62,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Any
 REVERSE_RUN = {
     "model": {"variant": "transformer-tiny", "dropout": 0.0},
     "task": {"kind": "reverse", "train_lengths": [1, 16], "test_lengths": [17, 24], "test_size": 200},
-    "steps": 1000, "batch_size": 64, "lr": 3e-3, "warmup_steps": 100,
+    "steps": 1000,
+    "batch_size": 64,
+    "lr": 3e-3,
+    "warmup_steps": 100,
 }
 """transformer-tiny trained on reverse: the learning test's run, which the probes read too."""
 
@@ -74,12 +77,35 @@ def reverse_run(trained: Callable) -> tuple[Path, dict[str, Any]]:
 
 
 DIGITS_RUNS = {
-    "vit-tiny": {"model": "vit-tiny", "task": "digits", "steps": 800, "batch_size": 64, "lr": 0.002,
-                 "warmup_steps": 80, "seed": 0},
-    "sagan-classifier-tiny": {"model": "sagan-classifier-tiny", "task": "digits", "steps": 300, "batch_size": 64,
-                              "lr": 0.003, "warmup_steps": 30, "seed": 0},
-    "sagan-gan": {"model": "sagan-gan", "task": {"kind": "digits-generation"}, "steps": 800, "batch_size": 64,
-                  "lr": 4e-4, "warmup_steps": 0, "schedule": "constant", "grad_clip": None, "seed": 0},
+    "vit-tiny": {
+        "model": "vit-tiny",
+        "task": "digits",
+        "steps": 800,
+        "batch_size": 64,
+        "lr": 0.002,
+        "warmup_steps": 80,
+        "seed": 0,
+    },
+    "sagan-classifier-tiny": {
+        "model": "sagan-classifier-tiny",
+        "task": "digits",
+        "steps": 300,
+        "batch_size": 64,
+        "lr": 0.003,
+        "warmup_steps": 30,
+        "seed": 0,
+    },
+    "sagan-gan": {
+        "model": "sagan-gan",
+        "task": {"kind": "digits-generation"},
+        "steps": 800,
+        "batch_size": 64,
+        "lr": 4e-4,
+        "warmup_steps": 0,
+        "schedule": "constant",
+        "grad_clip": None,
+        "seed": 0,
+    },
 }
 """The image models trained on digits by the learning tests, whose runs the attention-map tests
 draw."""

@@ -45,8 +45,9 @@ def test_generator_builds_trains_each_phase_and_round_trips(name, tmp_path):
     assert torch.isfinite(images).all() and images.min() >= 0 and images.max() <= 1
     real = torch.rand(2, config.channels, *config.image_size)
     phases = model.phases()
-    assert sorted(id(p) for phase in phases for p in phase.parameters) == sorted(id(p) for p in model.parameters()), \
+    assert sorted(id(p) for phase in phases for p in phase.parameters) == sorted(id(p) for p in model.parameters()), (
         "the phases train every parameter exactly once"
+    )
     for phase in phases:
         model.zero_grad()
         model.adversarial_loss(real, labels, phase.name).backward()
@@ -92,8 +93,9 @@ def test_a_large_preset_builds_and_trains_a_step_on_meta(name):
         out = model(**inputs)
         assert out.logits.shape == shape
         model.loss(out, targets).backward()
-    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters() if p.requires_grad), \
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters() if p.requires_grad), (
         "every parameter gets a gradient"
+    )
 
 
 @pytest.mark.parametrize("name", [name for name in TOKEN_VARIANTS if name not in LARGE_VARIANTS])
@@ -118,6 +120,8 @@ def test_variant_builds_trains_and_round_trips(name, tmp_path):
     with torch.no_grad():
         assert torch.equal(reloaded(**inputs).logits, expected)
         labelled = reloaded(**inputs, labels=targets, output_attentions=True)  # transformers' names
-        torch.testing.assert_close(labelled.loss, reloaded.loss(reloaded(**inputs), targets))  # weights asked: the math path
+        torch.testing.assert_close(
+            labelled.loss, reloaded.loss(reloaded(**inputs), targets)
+        )  # weights asked: the math path
     assert labelled[0] is labelled.loss and labelled["loss"] is labelled.loss and labelled[1] is labelled.logits
     assert labelled.attentions, "output_attentions=True asks for the attention weights, as need_weights=True does"

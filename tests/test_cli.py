@@ -58,6 +58,7 @@ def test_schema_lists_variants_and_component_kinds(capsys):
 
 def test_schema_accepts_what_load_config_accepts_and_only_that(capsys):
     import jsonschema
+
     assert main(["schema"]) == 0
     validator = jsonschema.Draft202012Validator(json.loads(capsys.readouterr().out))
     resolved = run_json(capsys, "show", "transformer-tiny")["config"]
@@ -98,7 +99,9 @@ def test_errors_are_one_clear_message(capsys, argv, message):
 def test_console_script_reports_errors_without_traceback():
     result = subprocess.run(
         [sys.executable, "-m", "transformer_zoo", "show", "transformer-tiny", "--set", "norm=groupnorm"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 2
     assert "unknown norm kind 'groupnorm'" in result.stderr
@@ -112,8 +115,25 @@ def test_bench_lists_the_benchmarks_and_runs_one_with_a_json_record(tmp_path, ca
     listed = json.loads(capsys.readouterr().out)
     assert [row["benchmark"] for row in listed] == list(BENCHMARKS)
     out = tmp_path / "decoding.json"
-    assert main(["bench", "decoding", "--new-tokens", "8", "--d-model", "32", "--layers", "1", "--repeats", "1",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decoding",
+                "--new-tokens",
+                "8",
+                "--d-model",
+                "32",
+                "--layers",
+                "1",
+                "--repeats",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "speed-up" in capsys.readouterr().out
     record = json.loads(out.read_text())
     assert record["machine"]["torch"] and record["speedup"] > 0 and record["args"]["new_tokens"] == 8
@@ -136,8 +156,23 @@ def test_every_benchmark_module_is_listed():
     assert modules - {"__init__", "__main__", "common"} == {bench.module for bench in BENCHMARKS.values()}
 
 
-@pytest.mark.parametrize("name", ["transformer", "bert", "decoding", "robustness", "startup", "attention-kernels", "mfu",
-                                  "contention", "dense-threshold", "throughput", "ut-act", "sagan-gan"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "transformer",
+        "bert",
+        "decoding",
+        "robustness",
+        "startup",
+        "attention-kernels",
+        "mfu",
+        "contention",
+        "dense-threshold",
+        "throughput",
+        "ut-act",
+        "sagan-gan",
+    ],
+)
 def test_a_benchmarks_help_names_it_and_explains_every_option(name, capsys):
     import importlib
 
@@ -152,9 +187,11 @@ def test_a_benchmarks_help_names_it_and_explains_every_option(name, capsys):
         main(["bench", name, "--help"])
     text = capsys.readouterr().out
     assert text.startswith(f"usage: tzoo bench {name}") and module.__doc__.split("\n\n")[0] in text
-    assert all(f"(default: {a.default})" in " ".join(text.split()) for a in parser._actions
-               if a.default not in (None, False, argparse.SUPPRESS) and "default" not in a.help)
-
+    assert all(
+        f"(default: {a.default})" in " ".join(text.split())
+        for a in parser._actions
+        if a.default not in (None, False, argparse.SUPPRESS) and "default" not in a.help
+    )
 
 
 def test_ctrl_c_outside_training_is_one_line_and_exit_130(capsys, monkeypatch):
@@ -180,8 +217,10 @@ def test_errors_and_zoo_warnings_print_brackets_as_written(capsys, monkeypatch):
 
     monkeypatch.setattr(cli, "_list", warn_then_fail)
     assert main(["list"]) == 2
-    assert capsys.readouterr().err.splitlines() == ["warning: a shape [bold] of [64, 32]",
-                                                     "error: phases ['model'] and [red]"]
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: a shape [bold] of [64, 32]",
+        "error: phases ['model'] and [red]",
+    ]
 
 
 def test_a_folder_given_as_a_config_is_called_a_folder(capsys, tmp_path):
@@ -246,7 +285,9 @@ def test_list_piped_prints_one_plain_row_per_name(capsys):
 
 def test_the_benchmark_list_says_how_long_each_takes(capsys):
     assert main(["bench", "--json"]) == 0
-    assert all(re.fullmatch(r"(about|over) [0-9.]+ (s|min)", row["takes"]) for row in json.loads(capsys.readouterr().out))
+    assert all(
+        re.fullmatch(r"(about|over) [0-9.]+ (s|min)", row["takes"]) for row in json.loads(capsys.readouterr().out)
+    )
 
 
 def test_list_tasks_shows_one_task_per_job(capsys):

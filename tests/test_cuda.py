@@ -27,6 +27,7 @@ from transformer_zoo.training.trainer import train
 
 from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 from test_all_variants import example_batch, generators
+
 sys.path.insert(0, str(Path(__file__).parent / "training"))  # the torchrun helpers live beside their tests
 from test_distributed import curve, torchrun  # noqa: E402
 
@@ -83,8 +84,10 @@ def test_every_variant_takes_a_finite_training_step(name, bf16):
 
 def _qkv(length: int, dtype: torch.dtype, requires_grad: bool = True) -> list[torch.Tensor]:
     generator = torch.Generator(device=CUDA).manual_seed(0)
-    return [torch.randn(2, 2, length, 16, device=CUDA, dtype=dtype, generator=generator).requires_grad_(requires_grad)
-            for _ in range(3)]
+    return [
+        torch.randn(2, 2, length, 16, device=CUDA, dtype=dtype, generator=generator).requires_grad_(requires_grad)
+        for _ in range(3)
+    ]
 
 
 def _padding(length: int) -> torch.Tensor:
@@ -127,8 +130,11 @@ def test_chunked_kernel_equals_the_dense_reference(kind, causal, dtype, batched)
     _check(lambda *args: chunked_attention(*args, batched=batched), kind, causal, dtype)
 
 
-@pytest.mark.parametrize(("kind", "causal", "dtype"), [(kind, causal, torch.float32) for kind, causal in CASES] + [
-    (kind, False, torch.bfloat16) for kind in ("sliding-window", "local-global", "block-sparse")])
+@pytest.mark.parametrize(
+    ("kind", "causal", "dtype"),
+    [(kind, causal, torch.float32) for kind, causal in CASES]
+    + [(kind, False, torch.bfloat16) for kind in ("sliding-window", "local-global", "block-sparse")],
+)
 def test_compiled_flex_attention_equals_the_dense_reference(kind, causal, dtype):
     torch._dynamo.reset()  # each pattern compiles afresh: none falls back to the unfused path at the recompile limit
     _check(lambda *args: flex_attention_kernel(*args, compiled=True), kind, causal, dtype)
@@ -150,8 +156,9 @@ def test_a_sparse_model_on_cuda_takes_flex_attention_at_every_length_without_rec
             src = torch.randint(4, model.config.vocab_size, (2, length), device=CUDA)
             mask = torch.ones_like(src)
             mask[1, length // 2 :] = 0
-            torch.testing.assert_close(model(src=src, src_mask=mask).logits, chunked(src=src, src_mask=mask).logits,
-                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                model(src=src, src_mask=mask).logits, chunked(src=src, src_mask=mask).logits, atol=1e-4, rtol=1e-4
+            )
     graphs = counters["stats"]["unique_graphs"]
     assert 0 < graphs <= 8, f"{graphs} graphs compiled for 10 lengths"
 
@@ -166,8 +173,20 @@ def _captures(monkeypatch) -> list:
 
 def _decoder_case(positional: str) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     """A tiny untied encoder-decoder on CUDA, and a padded batch of sources with their mask."""
-    model = tz.build_model("transformer-tiny", positional=positional, vocab_size=60, d_model=32, n_heads=4, d_ff=64,
-                           dropout=0.0, head={"tie_weights": False}).to(CUDA).eval()
+    model = (
+        tz.build_model(
+            "transformer-tiny",
+            positional=positional,
+            vocab_size=60,
+            d_model=32,
+            n_heads=4,
+            d_ff=64,
+            dropout=0.0,
+            head={"tie_weights": False},
+        )
+        .to(CUDA)
+        .eval()
+    )
     src = torch.randint(3, 60, (4, 9), device=CUDA)
     src_mask = torch.ones_like(src)
     src_mask[1, 5:] = 0
@@ -197,8 +216,9 @@ def test_graphed_beam_search_equals_the_dynamic_cache(positional, monkeypatch):
     captured = _captures(monkeypatch)
     static, static_scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=4, max_new_tokens=20)
     assert len(captured) == 2, "beam search and its greedy candidate each replay a captured step"
-    dynamic, dynamic_scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=4, max_new_tokens=20,
-                                          static_cache=False)
+    dynamic, dynamic_scores = beam_search(
+        model, src, src_mask, bos_id=1, eos_id=2, beam_size=4, max_new_tokens=20, static_cache=False
+    )
     assert torch.equal(static, dynamic)
     torch.testing.assert_close(static_scores, dynamic_scores, atol=1e-4, rtol=1e-4)
 
@@ -208,8 +228,13 @@ def test_a_graphed_step_under_bf16_autocast_replays_what_it_computes_as_written(
     cache stepped as written: the same kernels, so the same logits, bit for bit."""
     from transformer_zoo.core.stack import StaticDecoderCache
 
-    model = tz.build_model("transformer-tiny", vocab_size=60, d_model=64, n_heads=4, d_ff=128, dropout=0.0,
-                           head={"tie_weights": False}).to(CUDA).eval()
+    model = (
+        tz.build_model(
+            "transformer-tiny", vocab_size=60, d_model=64, n_heads=4, d_ff=128, dropout=0.0, head={"tie_weights": False}
+        )
+        .to(CUDA)
+        .eval()
+    )
     src = torch.randint(3, 60, (8, 9), device=CUDA)
     runs = []
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -253,8 +278,18 @@ def test_flex_block_masks_are_reused_and_never_for_another_padding():
 
 RUN = {
     "model": {"variant": "transformer-tiny", "d_model": 64, "n_heads": 4, "d_ff": 128, "dropout": 0.0},
-    "task": {"kind": "reverse", "train_size": 2000, "test_size": 50, "train_lengths": [1, 10], "test_lengths": [11, 12]},
-    "batch_size": 32, "lr": 3e-3, "warmup_steps": 10, "log_every": 1, "device": "cuda",
+    "task": {
+        "kind": "reverse",
+        "train_size": 2000,
+        "test_size": 50,
+        "train_lengths": [1, 10],
+        "test_lengths": [11, 12],
+    },
+    "batch_size": 32,
+    "lr": 3e-3,
+    "warmup_steps": 10,
+    "log_every": 1,
+    "device": "cuda",
 }
 COMPILED_TOLERANCE = {"bf16": 3e-2, "fp32": 1e-3}
 """Largest relative gap allowed between a compiled and an eager run's loss at any of 50 steps:
@@ -308,12 +343,17 @@ def test_compare_runs_on_cuda_and_records_cuda_memory(tmp_path):
     from transformer_zoo.comparing.runner import compare
     from transformer_zoo.comparing.spec import load_spec
 
-    spec = load_spec({
-        "name": "cuda", "variants": ["transformer-tiny", "local-global-encoder-tiny"],
-        "tasks": [{"kind": "listops", "train_size": 200, "test_size": 20, "max_length": 32}], "steps": 4,
-        "seeds": [0, 1], "train": {"batch_size": 8, "device": "cuda"},
-        "scaling": {"lengths": [256, 1024], "repeats": 1},
-    })
+    spec = load_spec(
+        {
+            "name": "cuda",
+            "variants": ["transformer-tiny", "local-global-encoder-tiny"],
+            "tasks": [{"kind": "listops", "train_size": 200, "test_size": 20, "max_length": 32}],
+            "steps": 4,
+            "seeds": [0, 1],
+            "train": {"batch_size": 8, "device": "cuda"},
+            "scaling": {"lengths": [256, 1024], "repeats": 1},
+        }
+    )
     results = compare(spec, tmp_path / "report")
     assert results.machine["device"] == torch.cuda.get_device_name()
     assert len(results.runs) == 4
@@ -346,4 +386,3 @@ def test_a_one_gpu_torchrun_job_trains_over_nccl_resumes_and_continues_the_curve
     # and the checkpoint resumes in a plain process, on one GPU
     alone = train(load_train_config({**config, "steps": 12}), tmp_path / "alone", progress=False)
     torch.testing.assert_close(curve(alone), whole_curve, rtol=1e-3, atol=1e-4)
-

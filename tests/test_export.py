@@ -24,8 +24,18 @@ NOT_EXPORTABLE: dict[str, str] = {}
 """Variants ``torch.export`` cannot take, with the reason (docs/export.md gives the same table).
 Each one is checked to fail, so an entry that starts exporting must leave this list."""
 
-SMALL = dict(vocab_size=40, d_model=16, n_heads=2, d_ff=32, dropout=0.0, widths=[8, 16], reduction=4,
-             generator_widths=[16, 16, 8], discriminator_widths=[8, 16, 16], noise_dim=8)
+SMALL = dict(
+    vocab_size=40,
+    d_model=16,
+    n_heads=2,
+    d_ff=32,
+    dropout=0.0,
+    widths=[8, 16],
+    reduction=4,
+    generator_widths=[16, 16, 8],
+    discriminator_widths=[8, 16, 16],
+    noise_dim=8,
+)
 """Sizes that make any variant small; each variant takes the fields its config has."""
 
 BIG_BIRD = {"kind": "block-sparse", "block": 16, "window_blocks": 1, "global_blocks": 1, "random_blocks": 2}
@@ -52,8 +62,11 @@ def layers(stack: StackOptions) -> int:
 def small_config(name: str, **overrides):
     config = tz.load_config(name)
     sizes = {key: value for key, value in SMALL.items() if key in type(config).model_fields}
-    stacks = {side: {"layers": layers(stack)} for side in ("encoder", "decoder")
-              if (stack := getattr(config, side, None)) is not None}
+    stacks = {
+        side: {"layers": layers(stack)}
+        for side in ("encoder", "decoder")
+        if (stack := getattr(config, side, None)) is not None
+    }
     return tz.load_config(name, {**sizes, **stacks, **overrides})
 
 
@@ -82,7 +95,7 @@ def example(model: torch.nn.Module, batch: int, length: int) -> dict[str, torch.
     sides = ("src", "tgt") if model.architecture == "encoder-decoder" else ("src",)
     for side, size in zip(sides, (length, length - 1)):
         mask = torch.ones(batch, size, dtype=torch.long)
-        mask[0, size // 2:] = 0
+        mask[0, size // 2 :] = 0
         inputs |= {side: torch.randint(1, config.vocab_size, (batch, size)), f"{side}_mask": mask}
     return inputs
 
@@ -90,8 +103,10 @@ def example(model: torch.nn.Module, batch: int, length: int) -> dict[str, torch.
 def dynamic_shapes(inputs: dict[str, torch.Tensor]) -> dict[str, dict[int, Dim]]:
     """Every size of integer inputs dynamic (labels ``(B,)``, ids and masks ``(B, T)``), and the
     batch of float ones (images and noise keep their configured sizes)."""
-    return {key: {dim: Dim.DYNAMIC for dim in range(value.dim() if value.dtype == torch.long else 1)}
-            for key, value in inputs.items()}
+    return {
+        key: {dim: Dim.DYNAMIC for dim in range(value.dim() if value.dtype == torch.long else 1)}
+        for key, value in inputs.items()
+    }
 
 
 def assert_same(out: ModelOutput, expected: ModelOutput) -> None:

@@ -34,16 +34,33 @@ def examples(n: int, seed: int) -> list[dict[str, torch.Tensor]]:
 
 def test_a_zoo_classifier_trains_with_the_transformers_trainer(tmp_path):
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", decoder=None, vocab_size=20, d_model=32, n_heads=2, d_ff=64,
-                           dropout=0.0, head={"kind": "sequence-classification", "num_classes": 2})
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), max_steps=60, per_device_train_batch_size=32, learning_rate=3e-3,
-        lr_scheduler_type="constant", logging_steps=10, save_strategy="no", report_to="none", use_cpu=True,
-        remove_unused_columns=False,
-        disable_tqdm=True, seed=0,
+    model = tz.build_model(
+        "transformer-tiny",
+        decoder=None,
+        vocab_size=20,
+        d_model=32,
+        n_heads=2,
+        d_ff=64,
+        dropout=0.0,
+        head={"kind": "sequence-classification", "num_classes": 2},
     )
-    trainer = transformers.Trainer(model=documented_adapter()(model), args=args, train_dataset=examples(512, 0),
-                                   eval_dataset=examples(256, 1))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=60,
+        per_device_train_batch_size=32,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        logging_steps=10,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        remove_unused_columns=False,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = transformers.Trainer(
+        model=documented_adapter()(model), args=args, train_dataset=examples(512, 0), eval_dataset=examples(256, 1)
+    )
     before = trainer.evaluate()["eval_loss"]
     trainer.train()
     after = trainer.evaluate()["eval_loss"]

@@ -23,8 +23,14 @@ from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.weights import WeightsError
 
 TINY = dict(vocab_size=50, d_model=16, n_heads=2, d_ff=32, max_len=32, encoder={"layers": 1}, decoder={"layers": 1})
-BERT = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-            max_position_embeddings=64)
+BERT = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +70,15 @@ def test_the_good_folder_loads(good):
 def test_a_config_far_larger_than_its_weights_is_refused_from_the_header_before_building(good, tmp_path, monkeypatch):
     """A 4 GB embedding asked for beside a 30 kB file: refused by comparing the header with the
     model built on the meta device, before the model is built."""
+
     def build_model(*args, **kwargs):
         raise AssertionError("the model was built for real before the weights were checked")
 
     monkeypatch.setattr(tz.api, "build_model", build_model)
     folder = copy(good, tmp_path)
-    (folder / "config.json").write_text(json.dumps({**config(folder), "vocab_size": 250_000, "d_model": 4096,
-                                                    "n_heads": 8, "d_ff": 16384}))
+    (folder / "config.json").write_text(
+        json.dumps({**config(folder), "vocab_size": 250_000, "d_model": 4096, "n_heads": 8, "d_ff": 16384})
+    )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     with pytest.raises(WeightsError) as error:
@@ -80,14 +88,16 @@ def test_a_config_far_larger_than_its_weights_is_refused_from_the_header_before_
     message = str(error.value)
     assert str(folder / "model.safetensors") in message
     assert "does not fit the model its config.json describes" in message
-    assert re.search(r"\n  shape mismatch (\S+)\.weight: file \[50, 16\], model \[250000, 4096\]\n", message), \
+    assert re.search(r"\n  shape mismatch (\S+)\.weight: file \[50, 16\], model \[250000, 4096\]\n", message), (
         "the embedding, the largest mismatch, comes first"
+    )
 
 
 def test_a_config_asking_for_terabytes_is_refused_at_once(good, tmp_path):
     folder = copy(good, tmp_path)
-    (folder / "config.json").write_text(json.dumps({**config(folder), "vocab_size": 10**9, "d_model": 1024,
-                                                    "n_heads": 8}))
+    (folder / "config.json").write_text(
+        json.dumps({**config(folder), "vocab_size": 10**9, "d_model": 1024, "n_heads": 8})
+    )
     start = time.perf_counter()
     with pytest.raises(ConfigError):  # by the header check, or by a bound on the config's sizes
         tz.from_pretrained(folder)
@@ -100,11 +110,11 @@ def test_a_header_claiming_more_data_than_the_file_holds_is_refused(good, tmp_pa
     path = folder / "model.safetensors"
     raw = path.read_bytes()
     length = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + length])
+    header = json.loads(raw[8 : 8 + length])
     embedding = next(name for name, entry in header.items() if name != "__metadata__" and entry["shape"] == [50, 16])
     header[embedding]["shape"] = [10**9, 16]
     text = json.dumps(header).encode()
-    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length :])
     with pytest.raises(WeightsError, match=rf"'{embedding}' is F32 of shape \[1000000000, 16\]"):
         tz.from_pretrained(folder)
 
@@ -119,8 +129,11 @@ def save_changed(folder: Path, change) -> None:
 def test_a_weight_of_the_wrong_shape_is_named(good, tmp_path):
     folder = copy(good, tmp_path)
     save_changed(folder, lambda s: s.update({"encoder.layers.0.ffn.linear1.weight": torch.zeros(33, 16)}))
-    with pytest.raises(WeightsError, match=r"shape mismatch encoder.layers.0.ffn.linear1.weight: file \[33, 16\], "
-                                           r"model \[32, 16\]"):
+    with pytest.raises(
+        WeightsError,
+        match=r"shape mismatch encoder.layers.0.ffn.linear1.weight: file \[33, 16\], "
+        r"model \[32, 16\]",
+    ):
         tz.from_pretrained(folder)
 
 
@@ -137,8 +150,11 @@ def test_missing_and_unexpected_weights_are_named(good, tmp_path):
 def test_weights_of_a_non_float_dtype_are_refused(good, tmp_path, dtype):
     folder = copy(good, tmp_path)
     save_changed(folder, lambda s: s.update({k: v.to(dtype) for k, v in s.items()}))
-    with pytest.raises(WeightsError, match=rf"dtype mismatch .*: the file holds {dtype}, the model torch.float32; "
-                                           "this tensor must be floating point"):
+    with pytest.raises(
+        WeightsError,
+        match=rf"dtype mismatch .*: the file holds {dtype}, the model torch.float32; "
+        "this tensor must be floating point",
+    ):
         tz.from_pretrained(folder)
 
 
@@ -164,19 +180,25 @@ def damage(folder: Path, how: str) -> None:
         path.write_bytes((len(raw) * 4).to_bytes(8, "little") + raw[8:])
     elif how == "header-not-json":
         length = int.from_bytes(raw[:8], "little")
-        path.write_bytes(raw[:8] + b"{" * length + raw[8 + length:])
+        path.write_bytes(raw[:8] + b"{" * length + raw[8 + length :])
     elif how == "extra-bytes":
         path.write_bytes(raw + b"\0" * 16)
 
 
-@pytest.mark.parametrize("how, message", [
-    ("empty", "it holds 0 bytes; a safetensors file starts with an 8-byte header length"),
-    ("truncated", r"within the \d+ bytes of tensor data the file holds \(truncated\?\)"),
-    ("garbage", "its header length field says"),
-    ("header-length-beyond-the-file", r"its header length field says \d+ bytes, but the file holds only \d+ after it"),
-    ("header-not-json", "its header is not JSON"),
-    ("extra-bytes", r"the header describes \d+ bytes of tensor data but the file holds \d+"),
-])
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("empty", "it holds 0 bytes; a safetensors file starts with an 8-byte header length"),
+        ("truncated", r"within the \d+ bytes of tensor data the file holds \(truncated\?\)"),
+        ("garbage", "its header length field says"),
+        (
+            "header-length-beyond-the-file",
+            r"its header length field says \d+ bytes, but the file holds only \d+ after it",
+        ),
+        ("header-not-json", "its header is not JSON"),
+        ("extra-bytes", r"the header describes \d+ bytes of tensor data but the file holds \d+"),
+    ],
+)
 def test_a_corrupt_weights_file_is_named(good, tmp_path, how, message):
     folder = copy(good, tmp_path)
     damage(folder, how)
@@ -186,18 +208,21 @@ def test_a_corrupt_weights_file_is_named(good, tmp_path, how, message):
 
 
 # ---- config.json ----------------------------------------------------------------------------
-@pytest.mark.parametrize("text, message", [
-    ("[1, 2]", "holds a JSON array; expected a JSON object of config fields"),
-    ('"transformer-tiny"', "holds a JSON string; expected a JSON object"),
-    ("null", "holds a JSON null; expected a JSON object"),
-    ("3", "holds a JSON number; expected a JSON object"),
-    ("{variant: transformer-tiny", "is not valid JSON"),
-    ("", "is not valid JSON"),
-    ('{"variant": "transformer-tiny", "dropout": NaN}', "NaN is not a JSON number"),
-    ('{"variant": "transformer-tiny", "variant": "bert-tiny"}', "the key 'variant' appears more than once"),
-    ("\udcff", "is not valid JSON"),
-    ("[" * 100_000 + "]" * 100_000, "is not valid JSON: it nests too deeply"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[1, 2]", "holds a JSON array; expected a JSON object of config fields"),
+        ('"transformer-tiny"', "holds a JSON string; expected a JSON object"),
+        ("null", "holds a JSON null; expected a JSON object"),
+        ("3", "holds a JSON number; expected a JSON object"),
+        ("{variant: transformer-tiny", "is not valid JSON"),
+        ("", "is not valid JSON"),
+        ('{"variant": "transformer-tiny", "dropout": NaN}', "NaN is not a JSON number"),
+        ('{"variant": "transformer-tiny", "variant": "bert-tiny"}', "the key 'variant' appears more than once"),
+        ("\udcff", "is not valid JSON"),
+        ("[" * 100_000 + "]" * 100_000, "is not valid JSON: it nests too deeply"),
+    ],
+)
 def test_a_config_json_that_is_not_an_object_of_fields_is_named(good, tmp_path, text, message):
     folder = copy(good, tmp_path)
     (folder / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))
@@ -206,12 +231,19 @@ def test_a_config_json_that_is_not_an_object_of_fields_is_named(good, tmp_path, 
     assert str(folder / "config.json") in str(error.value)
 
 
-@pytest.mark.parametrize(("edit", "error", "message"), [
-    ({"variant": "nope"}, tz.UnknownNameError, "unknown variant 'nope'"),
-    ({"bogus": 1}, ConfigError, "unknown key 'bogus'"),
-    ({"encoder": {"layers": 10**12}}, ConfigError, "encoder.layers: Input should be less than or equal to 1024"),
-    ({"positional": "rotary", "d_model": 12, "n_heads": 4}, ConfigError, "rotary positions need an even head width"),
-])
+@pytest.mark.parametrize(
+    ("edit", "error", "message"),
+    [
+        ({"variant": "nope"}, tz.UnknownNameError, "unknown variant 'nope'"),
+        ({"bogus": 1}, ConfigError, "unknown key 'bogus'"),
+        ({"encoder": {"layers": 10**12}}, ConfigError, "encoder.layers: Input should be less than or equal to 1024"),
+        (
+            {"positional": "rotary", "d_model": 12, "n_heads": 4},
+            ConfigError,
+            "rotary positions need an even head width",
+        ),
+    ],
+)
 def test_a_config_json_of_bad_fields_is_named_with_the_field(good, tmp_path, edit, error, message):
     folder = copy(good, tmp_path)
     (folder / "config.json").write_text(json.dumps({**config(folder), **edit}))
@@ -251,11 +283,14 @@ def test_a_shard_index_naming_an_absolute_path_is_refused(bert_shards, tmp_path)
         tz.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("weight_map, message", [
-    (None, "'weight_map' must map each tensor name to the name of its shard file"),
-    ({"a": 3}, "'weight_map' must map each tensor name"),
-    ({"a": "missing.safetensors"}, "names shards that are not there"),
-])
+@pytest.mark.parametrize(
+    "weight_map, message",
+    [
+        (None, "'weight_map' must map each tensor name to the name of its shard file"),
+        ({"a": 3}, "'weight_map' must map each tensor name"),
+        ({"a": "missing.safetensors"}, "names shards that are not there"),
+    ],
+)
 def test_a_broken_shard_index_is_named(bert_shards, tmp_path, weight_map, message):
     folder = copy(bert_shards, tmp_path, "bert")
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
@@ -272,8 +307,9 @@ def test_the_sharded_folder_loads(bert_shards):
         torch.testing.assert_close(model.encode(ids), reference(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("source", "name"), [("good", "model.safetensors"), ("good", "config.json"),
-                                            ("bert_shards", "model-*.safetensors")])
+@pytest.mark.parametrize(
+    ("source", "name"), [("good", "model.safetensors"), ("good", "config.json"), ("bert_shards", "model-*.safetensors")]
+)
 def test_a_file_linked_from_outside_the_folder_is_refused(request, tmp_path, source, name):
     folder = copy(request.getfixturevalue(source), tmp_path, "bert" if source == "bert_shards" else "copy")
     linked = sorted(folder.glob(name))[0]
@@ -341,8 +377,14 @@ def test_a_corrupt_pytorch_bin_is_named(bert_bin, tmp_path, how):
     raw = path.read_bytes()
     for seed in range(40 if "garbage" in how else 1):
         junk = random.Random(seed).randbytes(2000)
-        path.write_bytes({"garbage": junk, "pickle-like garbage": b"\x80\x02" + junk, "truncated": raw[: len(raw) // 2],
-                          "empty": b""}[how])
+        path.write_bytes(
+            {
+                "garbage": junk,
+                "pickle-like garbage": b"\x80\x02" + junk,
+                "truncated": raw[: len(raw) // 2],
+                "empty": b"",
+            }[how]
+        )
         with pytest.raises(WeightsError, match="is not a readable PyTorch state dict") as error:
             tz.from_pretrained(folder)
         assert str(path) in str(error.value)
@@ -371,8 +413,17 @@ def test_integer_bert_weights_are_refused(bert_bin, tmp_path):
 
 def test_a_bert_config_larger_than_its_weights_is_refused_before_building(bert_shards, tmp_path):
     folder = copy(bert_shards, tmp_path, "bert")
-    (folder / "config.json").write_text(json.dumps({**config(folder), "vocab_size": 250_000, "hidden_size": 4096,
-                                                    "num_attention_heads": 8, "intermediate_size": 16384}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                **config(folder),
+                "vocab_size": 250_000,
+                "hidden_size": 4096,
+                "num_attention_heads": 8,
+                "intermediate_size": 16384,
+            }
+        )
+    )
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="shape mismatch"):
         tz.from_pretrained(folder)
@@ -382,6 +433,7 @@ def test_a_bert_config_larger_than_its_weights_is_refused_before_building(bert_s
 def test_a_builder_that_cannot_run_on_meta_is_checked_after_building_instead(good, tmp_path, monkeypatch):
     """A plugin's builder may read tensor values while building, which the meta device cannot
     give: its folder still loads, checked against the real model before the weights are copied."""
+
     def reads_values():
         torch.zeros(1).item()
         return torch.nn.Linear(1, 1)
@@ -406,7 +458,12 @@ def test_a_header_nested_too_deeply_is_named(tmp_path):
 
 def test_read_header_gives_every_shape_and_dtype_without_reading_the_data(tmp_path):
     path = tmp_path / "t.safetensors"
-    safetensors.torch.save_file({"a": torch.zeros(2, 3), "b": torch.zeros(4, dtype=torch.bfloat16),
-                                 "c": torch.zeros((), dtype=torch.int64)}, str(path))
+    safetensors.torch.save_file(
+        {"a": torch.zeros(2, 3), "b": torch.zeros(4, dtype=torch.bfloat16), "c": torch.zeros((), dtype=torch.int64)},
+        str(path),
+    )
     assert weights.read_header(path) == {
-        "a": ((2, 3), torch.float32), "b": ((4,), torch.bfloat16), "c": ((), torch.int64)}
+        "a": ((2, 3), torch.float32),
+        "b": ((4,), torch.bfloat16),
+        "c": ((), torch.int64),
+    }

@@ -13,8 +13,12 @@ import pytest
 from transformer_zoo._moved import MOVED
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = {"transformer_zoo": ROOT / "transformer_zoo", "transformer_zoo.core": ROOT / "core",
-           "transformer_zoo.registry": ROOT / "registry", "transformer_zoo.plugins": ROOT / "plugins"}
+FOLDERS = {
+    "transformer_zoo": ROOT / "transformer_zoo",
+    "transformer_zoo.core": ROOT / "core",
+    "transformer_zoo.registry": ROOT / "registry",
+    "transformer_zoo.plugins": ROOT / "plugins",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -90,9 +94,14 @@ def _circles() -> list[list[str]]:
 
 
 def test_the_graph_is_read_from_every_room():
-    for expected in ("transformer_zoo.training.trainer", "transformer_zoo.comparing.records", "transformer_zoo.cli",
-                     "transformer_zoo.core.attention", "transformer_zoo.registry.manager",
-                     "transformer_zoo.plugins.bert.hf"):
+    for expected in (
+        "transformer_zoo.training.trainer",
+        "transformer_zoo.comparing.records",
+        "transformer_zoo.cli",
+        "transformer_zoo.core.attention",
+        "transformer_zoo.registry.manager",
+        "transformer_zoo.plugins.bert.hf",
+    ):
         assert expected in GRAPH
     assert "transformer_zoo.comparing.records" in GRAPH["transformer_zoo.comparing.report"]
     assert "transformer_zoo.training.distributed" in GRAPH["transformer_zoo.cli"]  # a lazy import counts
@@ -113,9 +122,15 @@ def test_the_circle_finder_finds_a_circle():
 
 
 # what each layer may not import: everything above it
-LAYERS = ["transformer_zoo.core", "transformer_zoo.registry", "transformer_zoo.plugins", "transformer_zoo.training",
-          "transformer_zoo.comparing", "transformer_zoo.cli"]
-ABOVE = {layer: LAYERS[i + 1:] for i, layer in enumerate(LAYERS)}
+LAYERS = [
+    "transformer_zoo.core",
+    "transformer_zoo.registry",
+    "transformer_zoo.plugins",
+    "transformer_zoo.training",
+    "transformer_zoo.comparing",
+    "transformer_zoo.cli",
+]
+ABOVE = {layer: LAYERS[i + 1 :] for i, layer in enumerate(LAYERS)}
 ABOVE["transformer_zoo.plugins"] = ["transformer_zoo.training", "transformer_zoo.comparing", "transformer_zoo.cli"]
 
 
@@ -125,21 +140,34 @@ def _in(module: str, layer: str) -> bool:
 
 @pytest.mark.parametrize("layer", LAYERS[:-1])
 def test_a_layer_imports_nothing_above_it(layer):
-    wrong = sorted(f"{module} imports {target}" for module, targets in GRAPH.items() if _in(module, layer)
-                   for target in targets if any(_in(target, above) for above in ABOVE[layer]))
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if _in(module, layer)
+        for target in targets
+        if any(_in(target, above) for above in ABOVE[layer])
+    )
     assert not wrong, "\n".join(wrong)
 
 
 def test_core_imports_no_module_outside_core():
-    wrong = sorted(f"{module} imports {target}" for module, targets in GRAPH.items()
-                   if _in(module, "transformer_zoo.core") for target in targets
-                   if not _in(target, "transformer_zoo.core"))
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        if _in(module, "transformer_zoo.core")
+        for target in targets
+        if not _in(target, "transformer_zoo.core")
+    )
     assert not wrong, "\n".join(wrong)
 
 
 def test_records_import_none_of_their_readers():
-    readers = {"transformer_zoo.comparing.summary", "transformer_zoo.comparing.report",
-               "transformer_zoo.comparing.plots", "transformer_zoo.comparing.runner"}
+    readers = {
+        "transformer_zoo.comparing.summary",
+        "transformer_zoo.comparing.report",
+        "transformer_zoo.comparing.plots",
+        "transformer_zoo.comparing.runner",
+    }
     assert not GRAPH["transformer_zoo.comparing.records"] & readers
 
 
@@ -162,8 +190,10 @@ def test_an_old_import_path_still_works_and_names_the_new_one(old):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         module = importlib.import_module(old)
-    assert any(issubclass(w.category, DeprecationWarning) and MOVED[old][0].rpartition(".")[0] in str(w.message)
-               for w in caught), [str(w.message) for w in caught]
+    assert any(
+        issubclass(w.category, DeprecationWarning) and MOVED[old][0].rpartition(".")[0] in str(w.message)
+        for w in caught
+    ), [str(w.message) for w in caught]
     home = importlib.import_module(MOVED[old][0])
     public = [n for n in vars(home) if not n.startswith("_") and getattr(home, n).__class__.__module__ != "builtins"]
     for attr in public[:20]:

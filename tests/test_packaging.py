@@ -41,9 +41,11 @@ def test_help_and_version_start_without_torch(argv):
 
 def test_the_registry_loads_without_the_optional_packages():
     """Listing every variant and kind (``tzoo list``, ``tzoo schema``) needs torch and nothing heavier."""
-    code = ("from transformer_zoo.cli import main\n"
-            "assert main(['list', '--json']) == 0\nassert main(['list', '--kind', 'task', '--json']) == 0\n"
-            "assert main(['schema']) == 0")
+    code = (
+        "from transformer_zoo.cli import main\n"
+        "assert main(['list', '--json']) == 0\nassert main(['list', '--kind', 'task', '--json']) == 0\n"
+        "assert main(['schema']) == 0"
+    )
     assert _imported_after(code) == ["torch"]
 
 
@@ -63,9 +65,23 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             (work / "src").mkdir(exist_ok=True)
             shutil.copy(source, work / "src" / name)
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-index",
-         "--no-build-isolation", "--wheel-dir", str(work / "dist"), str(work / "src")],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-index",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(work / "dist"),
+            str(work / "src"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, f"pip wheel failed:\n{done.stdout}\n{done.stderr}"
     (path,) = (work / "dist").glob("transformer_zoo-*.whl")
@@ -80,11 +96,15 @@ def _metadata(wheel: Path) -> str:
 
 def test_the_wheel_carries_its_data_and_licence(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for path in ("transformer_zoo/py.typed", "transformer_zoo/specs/default.yaml",
-                 "transformer_zoo/plugins/tasks/digits.safetensors",
-                 "transformer_zoo/plugins/tasks/digits_classifier.safetensors",
-                 "transformer_zoo/registry/manager.py", "transformer_zoo/training/trainer.py",
-                 "transformer_zoo/comparing/records.py"):
+    for path in (
+        "transformer_zoo/py.typed",
+        "transformer_zoo/specs/default.yaml",
+        "transformer_zoo/plugins/tasks/digits.safetensors",
+        "transformer_zoo/plugins/tasks/digits_classifier.safetensors",
+        "transformer_zoo/registry/manager.py",
+        "transformer_zoo/training/trainer.py",
+        "transformer_zoo/comparing/records.py",
+    ):
         assert path in names, f"{path} is missing from the wheel"
     assert any(n.startswith("transformer_zoo/studies/") and n.endswith(".yaml") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
@@ -125,14 +145,21 @@ def test_the_wheel_declares_every_package_it_imports_and_not_scikit_learn(wheel)
             if not name.endswith(".py"):
                 continue
             for node in ast.walk(ast.parse(archive.read(name))):
-                modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                           else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+                modules = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.level == 0
+                    else []
+                )
                 for module in modules:
                     top = module.split(".")[0]
                     if top in stdlib or top == "transformer_zoo":
                         continue
-                    dists = {re.sub(r"[-_.]+", "-", d).lower()
-                             for d in ([provided[top]] if top in provided else distributions.get(top, [top]))}
+                    dists = {
+                        re.sub(r"[-_.]+", "-", d).lower()
+                        for d in ([provided[top]] if top in provided else distributions.get(top, [top]))
+                    }
                     if not dists & runtime:
                         undeclared.setdefault(top, name)
     assert undeclared == {}, f"imported but not declared (module: a file importing it): {undeclared}"
@@ -143,9 +170,22 @@ def test_the_installed_wheel_runs_without_scikit_learn(wheel, tmp_path):
     command line starts, and the digits load from the package data."""
     target = tmp_path / "site"
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--no-index",
-         "--target", str(target), str(wheel)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     env = {**os.environ, "PYTHONPATH": str(target)}  # found before the editable install of the checkout
@@ -168,8 +208,11 @@ def test_a_text_task_without_the_text_extra_says_how_to_install_it(monkeypatch, 
     (tmp_path / "a.txt").write_text("some words to read\n" * 20)
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if not installed
     monkeypatch.setitem(sys.modules, "sacrebleu", None)
-    with pytest.raises(ConfigError, match=r"the language-modeling task \(its tokenizer\) needs tokenizers, which is not "
-                                          r"installed; install it with pip install 'transformer-zoo\[text\]'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the language-modeling task \(its tokenizer\) needs tokenizers, which is not "
+        r"installed; install it with pip install 'transformer-zoo\[text\]'",
+    ):
         get_registry().component("task", "language-modeling")(files=str(tmp_path / "a.txt")).build()
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("a b\tc d\n" * 20)

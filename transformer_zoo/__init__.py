@@ -27,8 +27,14 @@ except PackageNotFoundError:  # run from a source tree that was never installed
 
 _install_moved_modules()  # transformer_zoo.train and the other 0.1 paths, with a warning
 
-_LAZY = {"build_model": ".api", "from_pretrained": ".api", "list_variants": ".api", "load_config": ".api",
-         "get_registry": ".registry", "hookimpl": ".registry"}
+_LAZY = {
+    "build_model": ".api",
+    "from_pretrained": ".api",
+    "list_variants": ".api",
+    "load_config": ".api",
+    "get_registry": ".registry",
+    "hookimpl": ".registry",
+}
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: the names that need torch, imported when first read

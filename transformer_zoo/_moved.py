@@ -17,14 +17,21 @@ from types import ModuleType
 from typing import Any
 
 MOVED: dict[str, tuple[str, ...]] = {  # old module -> the modules its names now live in
-    "transformer_zoo.train": ("transformer_zoo.training.trainer", "transformer_zoo.training.config",
-                              "transformer_zoo.training.step", "transformer_zoo.training.placement",
-                              "transformer_zoo.training.interrupts"),
+    "transformer_zoo.train": (
+        "transformer_zoo.training.trainer",
+        "transformer_zoo.training.config",
+        "transformer_zoo.training.step",
+        "transformer_zoo.training.placement",
+        "transformer_zoo.training.interrupts",
+    ),
     "transformer_zoo.train_config": ("transformer_zoo.training.config",),
     "transformer_zoo.checkpoints": ("transformer_zoo.training.checkpoints",),
     "transformer_zoo.distributed": ("transformer_zoo.training.distributed",),
-    "transformer_zoo.compare": ("transformer_zoo.comparing.spec", "transformer_zoo.comparing.records",
-                                "transformer_zoo.comparing.runner"),
+    "transformer_zoo.compare": (
+        "transformer_zoo.comparing.spec",
+        "transformer_zoo.comparing.records",
+        "transformer_zoo.comparing.runner",
+    ),
     "transformer_zoo.summary": ("transformer_zoo.comparing.summary", "transformer_zoo.comparing.records"),
     "transformer_zoo.report": ("transformer_zoo.comparing.report",),
     "transformer_zoo.plots": ("transformer_zoo.comparing.plots",),
@@ -49,8 +56,11 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         homes = [importlib.import_module(home) for home in MOVED[module.__name__]]
         where = new_place(module.__name__)
-        warnings.warn(f"{module.__name__} has moved to {where}; import from there (the old path goes in 0.3)",
-                      DeprecationWarning, stacklevel=2)  # importlib's own frames are skipped
+        warnings.warn(
+            f"{module.__name__} has moved to {where}; import from there (the old path goes in 0.3)",
+            DeprecationWarning,
+            stacklevel=2,
+        )  # importlib's own frames are skipped
 
         def __getattr__(name: str) -> Any:
             for home in homes:

@@ -197,7 +197,9 @@ def from_pretrained(directory: str | os.PathLike) -> nn.Module:
             return _import(directory, data)
     path = weights.inside(directory, WEIGHTS_NAME)
     if not path.is_file():
-        raise FileNotFoundError(f"{str(directory / WEIGHTS_NAME)!r} not found; save_pretrained writes it beside {CONFIG_NAME}")
+        raise FileNotFoundError(
+            f"{str(directory / WEIGHTS_NAME)!r} not found; save_pretrained writes it beside {CONFIG_NAME}"
+        )
     header = weights.read_header(path)
     where = repr(str(directory / CONFIG_NAME))
     with naming(where):

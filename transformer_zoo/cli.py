@@ -120,8 +120,10 @@ def _attention(args: argparse.Namespace) -> Any:
     from .comparing.attention_maps import attention_maps, parse_query
 
     queries = [parse_query(q) for q in args.query]
-    return [str(p) for p in attention_maps(args.run_dir, text=args.input, example=args.example, out=args.out,
-                                           queries=queries)]
+    return [
+        str(p)
+        for p in attention_maps(args.run_dir, text=args.input, example=args.example, out=args.out, queries=queries)
+    ]
 
 
 def _trials(text: str) -> int | str:
@@ -141,8 +143,15 @@ def _compare(args: argparse.Namespace) -> Any:
     from .training.distributed import job, world
 
     spec = load_spec(args.spec, seeds=args.seeds)
-    given = {key: value for key, value in (("executor", args.executor), ("address", args.address),
-                                           ("cache", args.cache and str(args.cache))) if value is not None}
+    given = {
+        key: value
+        for key, value in (
+            ("executor", args.executor),
+            ("address", args.address),
+            ("cache", args.cache and str(args.cache)),
+        )
+        if value is not None
+    }
     if args.address is not None:
         given.setdefault("executor", "ray")
     if args.tune == "off":
@@ -174,8 +183,10 @@ def _reproduce(args: argparse.Namespace) -> Any:
 def _bench(args: argparse.Namespace) -> Any:
     benchmarks = _benchmarks()
     if args.name is None:
-        return [{"benchmark": name, "measures": bench.measures, "takes": bench.takes}
-                for name, bench in benchmarks.BENCHMARKS.items()]
+        return [
+            {"benchmark": name, "measures": bench.measures, "takes": bench.takes}
+            for name, bench in benchmarks.BENCHMARKS.items()
+        ]
     benchmarks.run(args.name, args.args)
     return None
 
@@ -191,9 +202,11 @@ def _benchmarks() -> Any:
             if str(root) not in sys.path:
                 sys.path.insert(0, str(root))
             return importlib.import_module("benchmarks")
-    raise ZooError("the benchmarks are not part of the installed package; they live in the benchmarks/ folder of "
-                   "a checkout of transformer-zoo: install it with pip install -e . and run tzoo bench from there "
-                   "(or python -m benchmarks NAME in its root)")
+    raise ZooError(
+        "the benchmarks are not part of the installed package; they live in the benchmarks/ folder of "
+        "a checkout of transformer-zoo: install it with pip install -e . and run tzoo bench from there "
+        "(or python -m benchmarks NAME in its root)"
+    )
 
 
 def _plain(text: str) -> str:
@@ -244,19 +257,23 @@ def _seeds(text: str) -> list[int]:
     except ValueError:
         seeds = []
     if not seeds:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a list of seeds; give whole numbers separated by commas, "
-                                         "such as 0,1,2")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of seeds; give whole numbers separated by commas, such as 0,1,2"
+        )
     return seeds
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tzoo", description="A zoo of Transformer variants.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    plugin_help = ("also register the plugin in this importable module (repeatable; as does the TZOO_PLUGINS "
-                   "variable, comma-separated); compare's workers register it too")
+    plugin_help = (
+        "also register the plugin in this importable module (repeatable; as does the TZOO_PLUGINS "
+        "variable, comma-separated); compare's workers register it too"
+    )
     # before the command (tzoo --plugin M list) or after it (tzoo list --plugin M): both are kept, in that order
-    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE", dest="plugins_first",
-                        help=plugin_help)
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE", dest="plugins_first", help=plugin_help
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--plugin", action="append", default=[], metavar="MODULE", help=plugin_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -280,8 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="a YAML or JSON training config (model, task, steps, ...)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (repeatable)")
     p.add_argument("--out", type=Path, help="run folder (default: runs/<config name>)")
-    p.add_argument("--restart", action="store_true",
-                   help="start over from step 0: the run folder's checkpoints are removed and train.json rewritten")
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start over from step 0: the run folder's checkpoints are removed and train.json rewritten",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=_train)
 
@@ -290,13 +310,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_evaluate)
 
-    p = command("attention", help="attention maps of a trained run on one example: grids of heads, or overlays on an image")
+    p = command(
+        "attention", help="attention maps of a trained run on one example: grids of heads, or overlays on an image"
+    )
     p.add_argument("run_dir", type=Path, help="a run folder written by tzoo train")
     p.add_argument("--input", help="the example as text, in the task's notation (e.g. '3 1 4' for reverse)")
     p.add_argument("--example", metavar="SPLIT:INDEX", help="an example of the task's data instead, e.g. test:0")
     p.add_argument("--out", type=Path, help="folder for the PNGs (default: RUN_DIR/attention)")
-    p.add_argument("--query", action="append", default=[], metavar="ROW,COL",
-                   help="image models: a query pixel whose attention to draw over the image (repeatable)")
+    p.add_argument(
+        "--query",
+        action="append",
+        default=[],
+        metavar="ROW,COL",
+        help="image models: a query pixel whose attention to draw over the image (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="print the written paths as JSON")
     p.set_defaults(run=_attention)
 
@@ -304,43 +331,76 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", nargs="?", help="a YAML or JSON spec (default: the built-in comparison)")
     p.add_argument("--out", type=Path, help="report folder (default: reports/<spec name>)")
     p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the spec's, e.g. 0,1,2")
-    p.add_argument("--executor", choices=("local", "ray"),
-                   help="where runs train: local worker processes, one per device (default), or Ray tasks (the [ray] "
-                        "extra); overrides the spec's executor")
-    p.add_argument("--address", metavar="ADDRESS",
-                   help="join this Ray cluster (auto, or ray://HOST:PORT; implies --executor ray) instead of starting "
-                        "Ray on this machine")
-    p.add_argument("--cache", type=Path, metavar="DIR",
-                   help="the run cache, a folder of finished runs that specs share (default: the report's runs/)")
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        help="where runs train: local worker processes, one per device (default), or Ray tasks (the [ray] "
+        "extra); overrides the spec's executor",
+    )
+    p.add_argument(
+        "--address",
+        metavar="ADDRESS",
+        help="join this Ray cluster (auto, or ray://HOST:PORT; implies --executor ray) instead of starting "
+        "Ray on this machine",
+    )
+    p.add_argument(
+        "--cache",
+        type=Path,
+        metavar="DIR",
+        help="the run cache, a folder of finished runs that specs share (default: the report's runs/)",
+    )
     p.add_argument("--rerun", action="store_true", help="train every run again, ignoring finished runs in the cache")
-    p.add_argument("--tune", type=_trials, metavar="TRIALS|off",
-                   help="tune every variant with this many trials before comparing (the spec's tune: section, or the "
-                        "learning rate on a log scale; the [tune] extra), or off: compare at the spec's own settings")
+    p.add_argument(
+        "--tune",
+        type=_trials,
+        metavar="TRIALS|off",
+        help="tune every variant with this many trials before comparing (the spec's tune: section, or the "
+        "learning rate on a log scale; the [tune] extra), or off: compare at the spec's own settings",
+    )
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 
-    p = command("reproduce", help="run studies of the papers' claims and judge each (no name: list them)",
-                description="Run studies: each is a comparison over seeds and the claims it tests, judged holds, "
-                            "does not hold or inconclusive from the 95%% intervals. NAME is a built-in study or a "
-                            "study's YAML file.")
-    p.add_argument("names", nargs="*", metavar="NAME",
-                   help="studies to run (default: list the built-in ones, or run them all when --scale, --out, "
-                        "--seeds or --steps is given)")
-    p.add_argument("--out", type=Path, help="report folder (default: reports/reproduce); each study in a folder of its own")
-    p.add_argument("--scale", choices=("cpu", "gpu", "paper"),
-                   help="cpu: each study in about ten minutes on 2 cores (default); gpu: every study together in about "
-                        "eight minutes on one H100/H200; paper: the papers' own settings, hours on one GPU")
-    p.add_argument("--at-once", type=_count, metavar="N",
-                   help="studies run at the same time, each in a process of its own with its log in its folder "
-                        "(default: all of them at the gpu scale on a machine with CUDA, else 1)")
+    p = command(
+        "reproduce",
+        help="run studies of the papers' claims and judge each (no name: list them)",
+        description="Run studies: each is a comparison over seeds and the claims it tests, judged holds, "
+        "does not hold or inconclusive from the 95%% intervals. NAME is a built-in study or a "
+        "study's YAML file.",
+    )
+    p.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="studies to run (default: list the built-in ones, or run them all when --scale, --out, "
+        "--seeds or --steps is given)",
+    )
+    p.add_argument(
+        "--out", type=Path, help="report folder (default: reports/reproduce); each study in a folder of its own"
+    )
+    p.add_argument(
+        "--scale",
+        choices=("cpu", "gpu", "paper"),
+        help="cpu: each study in about ten minutes on 2 cores (default); gpu: every study together in about "
+        "eight minutes on one H100/H200; paper: the papers' own settings, hours on one GPU",
+    )
+    p.add_argument(
+        "--at-once",
+        type=_count,
+        metavar="N",
+        help="studies run at the same time, each in a process of its own with its log in its folder "
+        "(default: all of them at the gpu scale on a machine with CUDA, else 1)",
+    )
     p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the study's")
     p.add_argument("--steps", type=int, metavar="N", help="train every run this many steps instead (a quick look)")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(run=_reproduce)
 
-    p = command("bench", help="run a benchmark against its reference (no name: list them)",
-                       description="Run a benchmark: it prints a table, and writes JSON with --json PATH. "
-                                   "Arguments after the name go to the benchmark (tzoo bench NAME --help).")
+    p = command(
+        "bench",
+        help="run a benchmark against its reference (no name: list them)",
+        description="Run a benchmark: it prints a table, and writes JSON with --json PATH. "
+        "Arguments after the name go to the benchmark (tzoo bench NAME --help).",
+    )
     p.add_argument("name", nargs="?", help="the benchmark (default: list them)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.add_argument("--json", action="store_true", help="list as JSON")
@@ -424,7 +484,11 @@ def _main(argv: Sequence[str] | None) -> int:
     elif args.command in ("train", "evaluate"):
         metrics = result["metrics"] if args.command == "train" else result
         rows = [{"split": split, **{k: f"{v:.4f}" for k, v in values.items()}} for split, values in metrics.items()]
-        _print_rows(console, rows, f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}")
+        _print_rows(
+            console,
+            rows,
+            f"{args.command}: {result.get('run_dir', args.run_dir if args.command == 'evaluate' else '')}",
+        )
     elif args.command == "compare":
         console.print(f"report: {result['report']}")
     elif args.command == "reproduce":
@@ -440,8 +504,13 @@ def _main(argv: Sequence[str] | None) -> int:
         print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
         print(f"# parameters: {result['parameters']:,}")
     if args.command == "compare" and result.get("failed"):
-        err.print(f"[bold red]error:[/] {len(result['failed'])} run(s) failed (the report lists them and their errors; "
-                  "the others are summarized without them); fix the cause and run the same command again to train "
-                  "only those", highlight=False, markup=True, soft_wrap=True)
+        err.print(
+            f"[bold red]error:[/] {len(result['failed'])} run(s) failed (the report lists them and their errors; "
+            "the others are summarized without them); fix the cause and run the same command again to train "
+            "only those",
+            highlight=False,
+            markup=True,
+            soft_wrap=True,
+        )
         return 1
     return 0

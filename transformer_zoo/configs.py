@@ -37,7 +37,11 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
         old = out.get(key)
         if isinstance(old, Mapping) and isinstance(value, str) and "kind" in old:
             value = {"kind": value}  # a bare kind name: keep the options given so far if the kind is unchanged
-        if isinstance(old, Mapping) and isinstance(value, Mapping) and value.get("kind", old.get("kind")) == old.get("kind"):
+        if (
+            isinstance(old, Mapping)
+            and isinstance(value, Mapping)
+            and value.get("kind", old.get("kind")) == old.get("kind")
+        ):
             out[key] = merge(old, value)
         else:
             out[key] = copy.deepcopy(value)
@@ -61,8 +65,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 continue
             if first is not key_node:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is set twice (first on line {first.start_mark.line + 1}); keep one",
-                    key_node.start_mark)
+                    None,
+                    None,
+                    f"key {key!r} is set twice (first on line {first.start_mark.line + 1}); keep one",
+                    key_node.start_mark,
+                )
         return super().construct_mapping(node, deep)
 
 
@@ -149,7 +156,9 @@ def read_config(source: ConfigSource) -> dict[str, Any]:
     try:
         data = load_json(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text(), str(path))
     except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: bad JSON, a repeated key, not UTF-8
-        raise ConfigError(f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of fields, got {type(data).__name__}")
     return data

@@ -40,8 +40,15 @@ from .inputs import TOKEN_MODELS, inputs
 from .processes import concurrency, plugins
 
 CATEGORIES: dict[str, Callable[[Context], list[Result]]] = {
-    "configs": configs, "files": files, "training": training, "inputs": inputs, "checkpoints": checkpoints,
-    "pretrained": pretrained, "plugins": plugins, "concurrency": concurrency}
+    "configs": configs,
+    "files": files,
+    "training": training,
+    "inputs": inputs,
+    "checkpoints": checkpoints,
+    "pretrained": pretrained,
+    "plugins": plugins,
+    "concurrency": concurrency,
+}
 
 
 def controls_of_worker(ctx: Context) -> None:
@@ -51,8 +58,13 @@ def controls_of_worker(ctx: Context) -> None:
     for name, data in (("a small run trains", TRAIN_BASE), ("a GAN run trains", GAN_BASE)):
         answer = ctx.sandbox.run("train", (data, str(ctx.root / "control" / name.replace(" ", "-"))), 120.0)
         ctx.control("training", name, answer["status"] == "returned", answer.get("message", ""))
-    for variant, where in [*((v, "src") for v in TOKEN_MODELS), ("vit-tiny", "image"), ("image-transformer-tiny", "image"),
-                           ("sagan-classifier-tiny", "image"), ("sagan-gan", "labels")]:
+    for variant, where in [
+        *((v, "src") for v in TOKEN_MODELS),
+        ("vit-tiny", "image"),
+        ("image-transformer-tiny", "image"),
+        ("sagan-classifier-tiny", "image"),
+        ("sagan-gan", "labels"),
+    ]:
         answer = ctx.sandbox.run("input", (variant, where, ""), 60.0)
         ok = answer["status"] == "returned" and answer["finite"]
         ctx.control("inputs", f"{variant} takes a valid input", ok, answer.get("message", ""))
@@ -64,8 +76,13 @@ def summarise(results: list[Result]) -> dict[str, dict[str, Any]]:
         mine = [r for r in results if r.category == category]
         if mine:
             counts = Counter(r.outcome for r in mine)
-            table[category] = {"title": TITLES[category], "cases": len(mine), "held": counts[GOOD[category]],
-                               "good": GOOD[category], "outcomes": dict(counts.most_common())}
+            table[category] = {
+                "title": TITLES[category],
+                "cases": len(mine),
+                "held": counts[GOOD[category]],
+                "good": GOOD[category],
+                "outcomes": dict(counts.most_common()),
+            }
     return table
 
 
@@ -73,9 +90,17 @@ def markdown(table: dict[str, dict[str, Any]], results: list[Result], header: st
     lines = [header, "", "| category | cases | held | how they ended |", "|---|---:|---:|---|"]
     for row in table.values():
         ended = " · ".join(f"{k} {v}" for k, v in row["outcomes"].items())
-        lines.append(f"| {row['title']} | {row['cases']} | {row['held']} ({row['held'] / row['cases']:.0%}) | {ended} |")
-    lines += ["", "Held: a clear refusal (the error names the field, file or plugin), or for runtime inputs a "
-              "ValueError, or a clean recovery.", "", "## Cases that did not hold", ""]
+        lines.append(
+            f"| {row['title']} | {row['cases']} | {row['held']} ({row['held'] / row['cases']:.0%}) | {ended} |"
+        )
+    lines += [
+        "",
+        "Held: a clear refusal (the error names the field, file or plugin), or for runtime inputs a "
+        "ValueError, or a clean recovery.",
+        "",
+        "## Cases that did not hold",
+        "",
+    ]
     for category, row in table.items():
         failed = [r for r in results if r.category == category and r.outcome != row["good"]]
         if failed:
@@ -119,8 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     (root / "cwd").mkdir()
     (root / "cwd" / "corpus.txt").write_text("the cat sat on the mat\n" * 40)
     (root / "small.json").write_text(json.dumps(TRAIN_BASE))
-    os.environ.update({"TZOO_CACHE": str(root / "cache"), "HF_HOME": str(root / "hf"), "HF_DATASETS_OFFLINE": "1",
-                       "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    os.environ.update(
+        {
+            "TZOO_CACHE": str(root / "cache"),
+            "HF_HOME": str(root / "hf"),
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        }
+    )
     os.environ.pop("TZOO_PLUGINS", None)
     started = time.monotonic()
     sandbox = Sandbox(int(args.memory_gb * 2**30), root / "worker.log", root / "cwd")
@@ -138,22 +170,32 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     seconds = time.monotonic() - started
-    header = (f"transformer_zoo {getattr(transformer_zoo, '__version__', '?')} from "
-              f"{Path(transformer_zoo.__file__).parent}; model-config sample seed {args.seed}; {seconds:.0f} s")
+    header = (
+        f"transformer_zoo {getattr(transformer_zoo, '__version__', '?')} from "
+        f"{Path(transformer_zoo.__file__).parent}; model-config sample seed {args.seed}; {seconds:.0f} s"
+    )
     table = summarise(results)
     shown = Table(title=header, title_justify="left")
     for column in ("category", "cases", "held", "how they ended"):
         shown.add_column(column, justify="right" if column in ("cases", "held") else "left")
     for row in table.values():
-        shown.add_row(row["title"], str(row["cases"]), f"{row['held']} ({row['held'] / row['cases']:.0%})",
-                      " · ".join(f"{k} {v}" for k, v in row["outcomes"].items()))
+        shown.add_row(
+            row["title"],
+            str(row["cases"]),
+            f"{row['held']} ({row['held'] / row['cases']:.0%})",
+            " · ".join(f"{k} {v}" for k, v in row["outcomes"].items()),
+        )
     console.print(shown)
     failed = [c for c in ctx.controls if not c[2]]
     for category, name, _, detail in failed:
         console.print(f"[red]control failed[/] ({category}) {name}: {detail}", highlight=False)
-    document = {"header": header, "seconds": seconds, "table": table,
-                "controls": [{"category": c, "name": n, "ok": ok, "detail": d} for c, n, ok, d in ctx.controls],
-                "cases": [r.__dict__ for r in results]}
+    document = {
+        "header": header,
+        "seconds": seconds,
+        "table": table,
+        "controls": [{"category": c, "name": n, "ok": ok, "detail": d} for c, n, ok, d in ctx.controls],
+        "cases": [r.__dict__ for r in results],
+    }
     if args.json:
         args.json.write_text(json.dumps(document, indent=2, default=str))
     if args.markdown:

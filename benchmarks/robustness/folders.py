@@ -16,6 +16,7 @@ from typing import Any
 from .configs import TRAIN_BASE
 from .harness import NAN, Context, Result, cli, refusal, names_one
 
+
 # ---- 4. checkpoint manipulations -------------------------------------------------------------------
 def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -29,6 +30,7 @@ def _state(edit: Callable[[dict], Any]) -> Callable[[Path], None]:
     def damage(checkpoint: Path) -> None:
         state = json.loads((checkpoint / "state.json").read_text())
         (checkpoint / "state.json").write_text(json.dumps(edit(state)))
+
     return damage
 
 
@@ -38,6 +40,7 @@ def _tensors(edit: Callable[[dict], dict]) -> Callable[[Path], None]:
 
         path = str(checkpoint / "model.safetensors")
         safetensors.torch.save_file(edit(safetensors.torch.load_file(path)), path)
+
     return damage
 
 
@@ -52,6 +55,7 @@ def _keep_old(damage: Callable[[Path], None]) -> Callable[[Path], None]:
     def both(checkpoint: Path) -> None:
         shutil.copytree(checkpoint, checkpoint.parent / ".checkpoint.old")
         damage(checkpoint)
+
     return both
 
 
@@ -81,16 +85,23 @@ CHECKPOINT_CASES: list[tuple[str, Callable[[Path], Any], bool]] = [  # (case, da
     ("checkpoint/ gone, .checkpoint.old intact", lambda c: os.replace(c, c.parent / ".checkpoint.old"), True),
     ("train.json garbage", lambda c: (c.parent / "train.json").write_text("{"), True),
 ]
-MAKE_RUN = ("import sys\nfrom transformer_zoo.training import load_train_config, train\n"
-            "train(load_train_config(sys.argv[1], ['checkpoint_every=1']), sys.argv[2], progress=False, stop_after=2)\n")
+MAKE_RUN = (
+    "import sys\nfrom transformer_zoo.training import load_train_config, train\n"
+    "train(load_train_config(sys.argv[1], ['checkpoint_every=1']), sys.argv[2], progress=False, stop_after=2)\n"
+)
 
 
 def checkpoints(ctx: Context) -> list[Result]:
     """An interrupted run (4 steps, stopped after 2 with a checkpoint each step), damaged, then resumed."""
     config, base = ctx.root / "checkpoint.json", ctx.root / "interrupted"
     config.write_text(json.dumps({**TRAIN_BASE, "steps": 4}))
-    made = subprocess.run([sys.executable, "-c", MAKE_RUN, str(config), str(base)], cwd=ctx.root,
-                          capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [sys.executable, "-c", MAKE_RUN, str(config), str(base)],
+        cwd=ctx.root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if made.returncode != 0 or not (base / "checkpoint" / "state.json").is_file():
         ctx.control("checkpoints", "an interrupted run to damage", False, made.stderr[-300:])
         return []
@@ -100,8 +111,9 @@ def checkpoints(ctx: Context) -> list[Result]:
         shutil.copytree(base, run)
         damage(run / "checkpoint")
         extra = ["--set", "model.d_model=48"] if "d_model" in name else []
-        proc = cli(["train", str(config), "--out", str(run), "--set", "checkpoint_every=1", "--json", *extra],
-                   ctx.root, 180)
+        proc = cli(
+            ["train", str(config), "--out", str(run), "--set", "checkpoint_every=1", "--json", *extra], ctx.root, 180
+        )
         if proc is None:
             return "hang", "timed out"
         err = proc.stderr.strip()
@@ -115,14 +127,26 @@ def checkpoints(ctx: Context) -> list[Result]:
 
     control = resume("control", lambda c: None, True)
     ctx.control("checkpoints", "an intact checkpoint resumes", control[0] == "clean", control[1])
-    return [Result("checkpoints", name, *resume(name, damage, fallback))
-            for name, damage, fallback in ctx.track(CHECKPOINT_CASES, "checkpoints")]
+    return [
+        Result("checkpoints", name, *resume(name, damage, fallback))
+        for name, damage, fallback in ctx.track(CHECKPOINT_CASES, "checkpoints")
+    ]
 
 
 # ---- 5. hostile from_pretrained folders -------------------------------------------------------------
-HF_CONFIG = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 50, "hidden_size": 16,
-             "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32,
-             "type_vocab_size": 2, "hidden_act": "gelu", "layer_norm_eps": 1e-12}
+HF_CONFIG = {
+    "model_type": "bert",
+    "architectures": ["BertModel"],
+    "vocab_size": 50,
+    "hidden_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 32,
+    "type_vocab_size": 2,
+    "hidden_act": "gelu",
+    "layer_norm_eps": 1e-12,
+}
 
 
 def hf_bert_weights(config: dict[str, Any]) -> dict[str, Any]:
@@ -130,14 +154,24 @@ def hf_bert_weights(config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     h, f = config["hidden_size"], config["intermediate_size"]
-    shapes = {"embeddings.word_embeddings.weight": (config["vocab_size"], h),
-              "embeddings.position_embeddings.weight": (config["max_position_embeddings"], h),
-              "embeddings.token_type_embeddings.weight": (config["type_vocab_size"], h),
-              "embeddings.LayerNorm.weight": (h,), "embeddings.LayerNorm.bias": (h,)}
+    shapes = {
+        "embeddings.word_embeddings.weight": (config["vocab_size"], h),
+        "embeddings.position_embeddings.weight": (config["max_position_embeddings"], h),
+        "embeddings.token_type_embeddings.weight": (config["type_vocab_size"], h),
+        "embeddings.LayerNorm.weight": (h,),
+        "embeddings.LayerNorm.bias": (h,),
+    }
     for i in range(config["num_hidden_layers"]):
-        layer = {"attention.self.query": (h, h), "attention.self.key": (h, h), "attention.self.value": (h, h),
-                 "attention.output.dense": (h, h), "intermediate.dense": (f, h), "output.dense": (h, f),
-                 "attention.output.LayerNorm": None, "output.LayerNorm": None}
+        layer = {
+            "attention.self.query": (h, h),
+            "attention.self.key": (h, h),
+            "attention.self.value": (h, h),
+            "attention.output.dense": (h, h),
+            "intermediate.dense": (f, h),
+            "output.dense": (h, f),
+            "attention.output.LayerNorm": None,
+            "output.LayerNorm": None,
+        }
         for name, shape in layer.items():
             rows = h if shape is None else shape[0]
             shapes[f"encoder.layer.{i}.{name}.weight"] = (rows,) if shape is None else shape
@@ -159,6 +193,7 @@ class Payload:
 def _edit_json(name: str, edit: Callable[[Any], Any]) -> Callable[[Path], None]:
     def change(folder: Path) -> None:
         (folder / name).write_text(json.dumps(edit(json.loads((folder / name).read_text()))))
+
     return change
 
 
@@ -167,11 +202,13 @@ def _weights(edit: Callable[[dict], dict], name: str = "model.safetensors") -> C
         import safetensors.torch
 
         safetensors.torch.save_file(edit(safetensors.torch.load_file(str(folder / name))), str(folder / name))
+
     return change
 
 
 def _sharded(target: Callable[[Path], str]) -> Callable[[Path], None]:
     """model.safetensors moved to where ``target(folder)`` says, and an index naming it by that path."""
+
     def change(folder: Path) -> None:
         import safetensors.torch
 
@@ -183,6 +220,7 @@ def _sharded(target: Callable[[Path], str]) -> Callable[[Path], None]:
         safetensors.torch.save_file(weights, str(destination))
         index = {"metadata": {}, "weight_map": {k: shard for k in weights}}
         (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
     return change
 
 
@@ -205,8 +243,10 @@ def _huge_zoo(config: dict) -> dict:
 ints = lambda tensors: {k: (v * 1000).long() for k, v in tensors.items()}  # noqa: E731
 ZOO_FOLDERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("config.json asks for ~100 GB, tiny weights", _edit_json("config.json", _huge_zoo)),
-    ("config.json asks for 10**12 layers", _edit_json("config.json", lambda c: {**c, "encoder": {**c["encoder"],
-                                                                                                 "layers": 10**12}})),
+    (
+        "config.json asks for 10**12 layers",
+        _edit_json("config.json", lambda c: {**c, "encoder": {**c["encoder"], "layers": 10**12}}),
+    ),
     ("config.json a list", lambda f: (f / "config.json").write_text("[1, 2]")),
     ("config.json a string", lambda f: (f / "config.json").write_text('"transformer-tiny"')),
     ("config.json null", lambda f: (f / "config.json").write_text("null")),
@@ -215,7 +255,10 @@ ZOO_FOLDERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("config.json names no variant", lambda f: (f / "config.json").write_text('{"d_model": 32}')),
     ("config.json names an unknown variant", _edit_json("config.json", lambda c: {**c, "variant": "nope"})),
     ("config.json with an unknown key", _edit_json("config.json", lambda c: {**c, "bogus": 1})),
-    ("config.json with a NaN eps", _edit_json("config.json", lambda c: {**c, "norm": {"kind": "layernorm", "eps": NAN}})),
+    (
+        "config.json with a NaN eps",
+        _edit_json("config.json", lambda c: {**c, "norm": {"kind": "layernorm", "eps": NAN}}),
+    ),
     ("model.safetensors truncated", lambda f: _truncate(f / "model.safetensors")),
     ("model.safetensors garbage", lambda f: _garbage(f / "model.safetensors")),
     ("model.safetensors empty", lambda f: (f / "model.safetensors").write_bytes(b"")),
@@ -227,13 +270,24 @@ ZOO_FOLDERS: list[tuple[str, Callable[[Path], Any]]] = [
 HF_FOLDERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("shard index pointing at ../outside.safetensors", _sharded(lambda f: "../outside.safetensors")),
     ("shard index with an absolute path", _sharded(lambda f: str(f.parent / "elsewhere" / "shard.safetensors"))),
-    ("shard index garbage", lambda f: (_sharded(lambda _: "shard.safetensors")(f),
-                                       (f / "model.safetensors.index.json").write_text("{"))),
-    ("shard index without weight_map", lambda f: (_sharded(lambda _: "shard.safetensors")(f),
-                                                  (f / "model.safetensors.index.json").write_text('{"metadata": {}}'))),
+    (
+        "shard index garbage",
+        lambda f: (_sharded(lambda _: "shard.safetensors")(f), (f / "model.safetensors.index.json").write_text("{")),
+    ),
+    (
+        "shard index without weight_map",
+        lambda f: (
+            _sharded(lambda _: "shard.safetensors")(f),
+            (f / "model.safetensors.index.json").write_text('{"metadata": {}}'),
+        ),
+    ),
     ("shard index naming a missing shard", _sharded(lambda f: "shard.safetensors")),  # then removed below
-    ("HF config asks for ~100 GB", _edit_json("config.json", lambda c: {**c, "vocab_size": 10**6, "hidden_size": 2**15,
-                                                                         "intermediate_size": 2**15})),
+    (
+        "HF config asks for ~100 GB",
+        _edit_json(
+            "config.json", lambda c: {**c, "vocab_size": 10**6, "hidden_size": 2**15, "intermediate_size": 2**15}
+        ),
+    ),
     ("HF config asks for 10**12 layers", _edit_json("config.json", lambda c: {**c, "num_hidden_layers": 10**12})),
     ("HF hidden_size as a string", _edit_json("config.json", lambda c: {**c, "hidden_size": "16"})),
     ("HF config a list", lambda f: (f / "config.json").write_text('[{"model_type": "bert"}]')),
@@ -264,8 +318,11 @@ def pretrained(ctx: Context) -> list[Result]:
             (folder / "shard.safetensors").unlink()
         return folder
 
-    for source, name, change in (("zoo", "control zoo", lambda f: None), ("hf", "control hf", lambda f: None),
-                                 ("hf", "control hf sharded", _sharded(lambda f: "shard.safetensors"))):
+    for source, name, change in (
+        ("zoo", "control zoo", lambda f: None),
+        ("hf", "control hf", lambda f: None),
+        ("hf", "control hf sharded", _sharded(lambda f: "shard.safetensors")),
+    ):
         answer = ctx.sandbox.run("pretrained", str(prepared(source, name, change)), 30.0)
         ctx.control("pretrained", f"{name} folder loads", answer["status"] == "returned", answer.get("message", ""))
     results = []
@@ -273,8 +330,15 @@ def pretrained(ctx: Context) -> list[Result]:
     for source, name, change in ctx.track(cases, "pretrained"):
         folder = prepared(source, name, change)
         answer = ctx.sandbox.run("pretrained", str(folder), 10.0)
-        names = [folder.name, "config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "outside.safetensors", "shard.safetensors"]
+        names = [
+            folder.name,
+            "config.json",
+            "model.safetensors",
+            "model.safetensors.index.json",
+            "pytorch_model.bin",
+            "outside.safetensors",
+            "shard.safetensors",
+        ]
         outcome, detail = refusal(answer, names)
         if answer.get("not_found") and outcome == "traceback":
             outcome = "clear" if names_one(answer["message"], names) else "unclear"
@@ -284,4 +348,3 @@ def pretrained(ctx: Context) -> list[Result]:
             detail = ("the payload ran; " if ran else "") + detail
         results.append(Result("pretrained", name, outcome, detail))
     return results
-

@@ -18,12 +18,26 @@ from typing import Any
 
 
 NAN, INF = float("nan"), float("inf")
-GOOD = {"configs": "clear", "files": "clear", "training": "clear", "inputs": "ValueError", "checkpoints": "clean",
-        "pretrained": "clear", "plugins": "clean", "concurrency": "clean"}
-TITLES = {"configs": "bad model configs", "files": "config files and --set", "training": "bad training configs",
-          "inputs": "runtime inputs", "checkpoints": "checkpoint manipulations",
-          "pretrained": "hostile from_pretrained folders", "plugins": "plugins",
-          "concurrency": "concurrency and interruption"}
+GOOD = {
+    "configs": "clear",
+    "files": "clear",
+    "training": "clear",
+    "inputs": "ValueError",
+    "checkpoints": "clean",
+    "pretrained": "clear",
+    "plugins": "clean",
+    "concurrency": "clean",
+}
+TITLES = {
+    "configs": "bad model configs",
+    "files": "config files and --set",
+    "training": "bad training configs",
+    "inputs": "runtime inputs",
+    "checkpoints": "checkpoint manipulations",
+    "pretrained": "hostile from_pretrained folders",
+    "plugins": "plugins",
+    "concurrency": "concurrency and interruption",
+}
 
 
 @dataclass
@@ -32,7 +46,6 @@ class Result:
     case: str
     outcome: str
     detail: str = ""
-
 
 
 # ---- the worker: a process with a memory and time limit ---------------------------------------
@@ -51,9 +64,18 @@ def _vm_size() -> int:
     return 0
 
 
-WARMUP_VARIANTS = ["transformer-tiny", "bert-tiny", "universal-transformer-tiny", "universal-transformer-encoder-tiny",
-                   "local-global-encoder-tiny", "transformer-dmca-tiny", "vit-tiny", "image-transformer-tiny",
-                   "sagan-classifier-tiny", "sagan-gan"]
+WARMUP_VARIANTS = [
+    "transformer-tiny",
+    "bert-tiny",
+    "universal-transformer-tiny",
+    "universal-transformer-encoder-tiny",
+    "local-global-encoder-tiny",
+    "transformer-dmca-tiny",
+    "vit-tiny",
+    "image-transformer-tiny",
+    "sagan-classifier-tiny",
+    "sagan-gan",
+]
 
 
 def worker_main(conn: Any, extra_bytes: int, log: str, cwd: str) -> None:
@@ -90,10 +112,15 @@ def _describe(exc: BaseException) -> dict[str, Any]:
     from transformer_zoo import ZooError
 
     message = str(exc)
-    return {"status": "raised", "type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message[:2000],
-            "zoo": isinstance(exc, ZooError), "value": isinstance(exc, ValueError),
-            "not_found": isinstance(exc, FileNotFoundError),
-            "memory": isinstance(exc, MemoryError) or "can't allocate memory" in message}
+    return {
+        "status": "raised",
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": message[:2000],
+        "zoo": isinstance(exc, ZooError),
+        "value": isinstance(exc, ValueError),
+        "not_found": isinstance(exc, FileNotFoundError),
+        "memory": isinstance(exc, MemoryError) or "can't allocate memory" in message,
+    }
 
 
 def run_build(payload: tuple) -> None:
@@ -154,8 +181,12 @@ def _finite(out: Any) -> bool:
     return _finite([getattr(out, "logits", None), getattr(out, "hidden", None)]) if hasattr(out, "logits") else True
 
 
-RUNNERS: dict[str, Callable[[Any], Any]] = {"build": run_build, "train": run_train, "pretrained": run_pretrained,
-                                            "input": run_input}
+RUNNERS: dict[str, Callable[[Any], Any]] = {
+    "build": run_build,
+    "train": run_train,
+    "pretrained": run_pretrained,
+    "input": run_input,
+}
 
 
 class Sandbox:
@@ -168,8 +199,9 @@ class Sandbox:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")  # a fresh interpreter: the parent's state is not the worker's
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child, self.extra_bytes, str(self.log), str(self.cwd)),
-                                daemon=True)
+        self.proc = ctx.Process(
+            target=worker_main, args=(child, self.extra_bytes, str(self.log), str(self.cwd)), daemon=True
+        )
         self.proc.start()
         child.close()
 
@@ -229,14 +261,21 @@ def cli_refusal(proc: subprocess.CompletedProcess | None, names: list[str]) -> t
     return "crashed", f"exit {proc.returncode}: {err[-200:]}"
 
 
-def cli(args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess | None:
+def cli(
+    args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess | None:
     """``python -m transformer_zoo ARGS``: the CLI of whatever ``transformer_zoo`` the path finds."""
     try:
-        return subprocess.run([sys.executable, "-m", "transformer_zoo", *args], cwd=cwd, env=env or os.environ.copy(),
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "transformer_zoo", *args],
+            cwd=cwd,
+            env=env or os.environ.copy(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return None
-
 
 
 @dataclass
@@ -259,4 +298,3 @@ class Context:
     def control(self, category: str, name: str, ok: bool, detail: str) -> None:
         """A case that must work, so that a bad case's ending is the zoo's doing, not the harness's."""
         self.controls.append((category, name, ok, detail.strip()[-300:]))
-

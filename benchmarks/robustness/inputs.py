@@ -9,24 +9,81 @@ from typing import Any
 from .harness import NAN, INF, Context, Result
 
 # ---- 3. runtime inputs ---------------------------------------------------------------------------
-TOKEN_DEFECTS = ["uint8 ids", "int16 ids", "float32 ids", "float64 ids", "bool ids", "python list", "numpy array",
-                 "empty batch", "empty sequence", "rank-1 ids", "rank-3 ids", "0-d ids", "id = vocab_size",
-                 "negative id", "longer than max_len"]
-TGT_DEFECTS = ["uint8 ids", "float32 ids", "python list", "empty sequence", "rank-1 ids", "id = vocab_size",
-               "negative id", "longer than max_len"]
+TOKEN_DEFECTS = [
+    "uint8 ids",
+    "int16 ids",
+    "float32 ids",
+    "float64 ids",
+    "bool ids",
+    "python list",
+    "numpy array",
+    "empty batch",
+    "empty sequence",
+    "rank-1 ids",
+    "rank-3 ids",
+    "0-d ids",
+    "id = vocab_size",
+    "negative id",
+    "longer than max_len",
+]
+TGT_DEFECTS = [
+    "uint8 ids",
+    "float32 ids",
+    "python list",
+    "empty sequence",
+    "rank-1 ids",
+    "id = vocab_size",
+    "negative id",
+    "longer than max_len",
+]
 MASK_DEFECTS = ["mask of the wrong length", "3-D mask", "mask as a list"]
-DECODE_DEFECTS = ["max_new_tokens=-1", "max_new_tokens=2.5", "start token = vocab_size", "negative start token",
-                  "uint8 source or prompt", "empty source or prompt"]
-IMAGE_DEFECTS = ["float64 image", "float16 image", "uint8 image", "int64 image", "bool image", "NaN pixel",
-                 "inf pixel", "3 channels", "16x16 image", "7x7 image", "rank-3 image", "rank-5 image", "empty batch",
-                 "python list", "numpy array"]
-TOKEN_MODELS = {"transformer-tiny": "encoder-decoder", "universal-transformer-tiny": "encoder-decoder",
-                "bert-tiny": "encoder", "universal-transformer-encoder-tiny": "encoder",
-                "local-global-encoder-tiny": "encoder", "transformer-dmca-tiny": "decoder"}
-GAN_DEFECTS = {"labels": ["float labels", "2-D labels", "label = num_classes", "negative label", "empty labels",
-                          "python list", "numpy array", "int32 labels"],
-               "noise": ["noise of the wrong width", "NaN noise", "float64 noise", "noise as a list"],
-               "discriminate": ["float64 images", "NaN image", "3-channel images", "more labels than images"]}
+DECODE_DEFECTS = [
+    "max_new_tokens=-1",
+    "max_new_tokens=2.5",
+    "start token = vocab_size",
+    "negative start token",
+    "uint8 source or prompt",
+    "empty source or prompt",
+]
+IMAGE_DEFECTS = [
+    "float64 image",
+    "float16 image",
+    "uint8 image",
+    "int64 image",
+    "bool image",
+    "NaN pixel",
+    "inf pixel",
+    "3 channels",
+    "16x16 image",
+    "7x7 image",
+    "rank-3 image",
+    "rank-5 image",
+    "empty batch",
+    "python list",
+    "numpy array",
+]
+TOKEN_MODELS = {
+    "transformer-tiny": "encoder-decoder",
+    "universal-transformer-tiny": "encoder-decoder",
+    "bert-tiny": "encoder",
+    "universal-transformer-encoder-tiny": "encoder",
+    "local-global-encoder-tiny": "encoder",
+    "transformer-dmca-tiny": "decoder",
+}
+GAN_DEFECTS = {
+    "labels": [
+        "float labels",
+        "2-D labels",
+        "label = num_classes",
+        "negative label",
+        "empty labels",
+        "python list",
+        "numpy array",
+        "int32 labels",
+    ],
+    "noise": ["noise of the wrong width", "NaN noise", "float64 noise", "noise as a list"],
+    "discriminate": ["float64 images", "NaN image", "3-channel images", "more labels than images"],
+}
 
 
 def input_cases() -> list[tuple[str, str, str]]:
@@ -38,8 +95,12 @@ def input_cases() -> list[tuple[str, str, str]]:
             cases += [(variant, "decode", d) for d in [*DECODE_DEFECTS, "beam_size=0", "beam max_new_tokens=-1"]]
         if arch == "decoder":
             cases += [(variant, "decode", d) for d in DECODE_DEFECTS]
-    cases += [("bert-tiny", "token types", d) for d in ("token type = type_vocab_size", "token types of the wrong shape")]
-    cases += [(v, "image", d) for v in ("vit-tiny", "image-transformer-tiny", "sagan-classifier-tiny") for d in IMAGE_DEFECTS]
+    cases += [
+        ("bert-tiny", "token types", d) for d in ("token type = type_vocab_size", "token types of the wrong shape")
+    ]
+    cases += [
+        (v, "image", d) for v in ("vit-tiny", "image-transformer-tiny", "sagan-classifier-tiny") for d in IMAGE_DEFECTS
+    ]
     return cases + [("sagan-gan", where, d) for where, defects in GAN_DEFECTS.items() for d in defects]
 
 
@@ -51,11 +112,24 @@ def _ids(model: Any, defect: str = "", batch: int = 2) -> Any:
     good = torch.randint(1, vocab, (batch, 5), generator=torch.Generator().manual_seed(0))
     edited = good.clone()
     edited[0, 1] = vocab if defect == "id = vocab_size" else -1
-    return {"": good, "uint8 ids": good.to(torch.uint8), "int16 ids": good.to(torch.int16), "float32 ids": good.float(),
-            "float64 ids": good.double(), "bool ids": good > 0, "python list": good.tolist(), "numpy array": good.numpy(),
-            "empty batch": good[:0], "empty sequence": good[:, :0], "rank-1 ids": good[0], "rank-3 ids": good[..., None],
-            "0-d ids": good[0, 0], "id = vocab_size": edited, "negative id": edited,
-            "longer than max_len": torch.ones(batch, max_len + 1, dtype=torch.long)}[defect]
+    return {
+        "": good,
+        "uint8 ids": good.to(torch.uint8),
+        "int16 ids": good.to(torch.int16),
+        "float32 ids": good.float(),
+        "float64 ids": good.double(),
+        "bool ids": good > 0,
+        "python list": good.tolist(),
+        "numpy array": good.numpy(),
+        "empty batch": good[:0],
+        "empty sequence": good[:, :0],
+        "rank-1 ids": good[0],
+        "rank-3 ids": good[..., None],
+        "0-d ids": good[0, 0],
+        "id = vocab_size": edited,
+        "negative id": edited,
+        "longer than max_len": torch.ones(batch, max_len + 1, dtype=torch.long),
+    }[defect]
 
 
 def _call(model: Any, ids: Any, *, tgt: Any = None, **masks: Any) -> Any:
@@ -74,8 +148,9 @@ def _decode(model: Any, defect: str) -> Any:
     given = {"uint8 source or prompt": good.to(torch.uint8), "empty source or prompt": good[:, :0]}.get(defect, good)
     steps = {"max_new_tokens=-1": -1, "max_new_tokens=2.5": 2.5, "beam max_new_tokens=-1": -1}.get(defect, 2)
     if defect.startswith("beam"):
-        return beam_search(model, good, bos_id=1, eos_id=2, beam_size=0 if defect == "beam_size=0" else 2,
-                           max_new_tokens=steps)
+        return beam_search(
+            model, good, bos_id=1, eos_id=2, beam_size=0 if defect == "beam_size=0" else 2, max_new_tokens=steps
+        )
     if model.encoder is not None:
         return greedy_decode(model, given, bos_id=start, max_new_tokens=steps)
     prompt = torch.full((2, 1), start, dtype=torch.long) if "start token" in defect else given
@@ -89,13 +164,28 @@ def _image(model: Any, defect: str) -> Any:
     good = torch.rand(2, channels, height, width, generator=torch.Generator().manual_seed(0))
     poisoned = good.clone()
     poisoned[0, 0, 0, 0] = NAN if defect.startswith("NaN") else INF
-    return {"": good, "float64 image": good.double(), "float16 image": good.half(), "uint8 image": (good * 255).to(torch.uint8),
-            "int64 image": good.long(), "bool image": good > 0.5, "NaN pixel": poisoned, "inf pixel": poisoned,
-            "3 channels": torch.rand(2, 3, height, width), "16x16 image": torch.rand(2, channels, 16, 16),
-            "7x7 image": torch.rand(2, channels, 7, 7), "rank-3 image": good[0], "rank-5 image": good[None],
-            "empty batch": good[:0], "python list": good.tolist(), "numpy array": good.numpy(),
-            "float64 images": good.double(), "NaN image": poisoned, "3-channel images": torch.rand(2, 3, height, width),
-            "more labels than images": good}[defect]
+    return {
+        "": good,
+        "float64 image": good.double(),
+        "float16 image": good.half(),
+        "uint8 image": (good * 255).to(torch.uint8),
+        "int64 image": good.long(),
+        "bool image": good > 0.5,
+        "NaN pixel": poisoned,
+        "inf pixel": poisoned,
+        "3 channels": torch.rand(2, 3, height, width),
+        "16x16 image": torch.rand(2, channels, 16, 16),
+        "7x7 image": torch.rand(2, channels, 7, 7),
+        "rank-3 image": good[0],
+        "rank-5 image": good[None],
+        "empty batch": good[:0],
+        "python list": good.tolist(),
+        "numpy array": good.numpy(),
+        "float64 images": good.double(),
+        "NaN image": poisoned,
+        "3-channel images": torch.rand(2, 3, height, width),
+        "more labels than images": good,
+    }[defect]
 
 
 def _gan(model: Any, where: str, defect: str) -> Any:
@@ -103,15 +193,27 @@ def _gan(model: Any, where: str, defect: str) -> Any:
 
     labels, noise = torch.tensor([1, 2]), torch.randn(2, model.config.noise_dim)
     if where == "labels":
-        bad = {"": labels, "float labels": labels.float(), "2-D labels": labels[:, None], "label = num_classes": torch.tensor([10, 1]),
-               "negative label": torch.tensor([-1, 1]), "empty labels": labels[:0], "python list": [1, 2],
-               "numpy array": labels.numpy(), "int32 labels": labels.int()}[defect]
+        bad = {
+            "": labels,
+            "float labels": labels.float(),
+            "2-D labels": labels[:, None],
+            "label = num_classes": torch.tensor([10, 1]),
+            "negative label": torch.tensor([-1, 1]),
+            "empty labels": labels[:0],
+            "python list": [1, 2],
+            "numpy array": labels.numpy(),
+            "int32 labels": labels.int(),
+        }[defect]
         return model(bad)
     if where == "noise":
         nan_noise = noise.clone()
         nan_noise[0, 0] = NAN
-        bad = {"noise of the wrong width": torch.randn(2, model.config.noise_dim - 1), "NaN noise": nan_noise,
-               "float64 noise": noise.double(), "noise as a list": noise.tolist()}[defect]
+        bad = {
+            "noise of the wrong width": torch.randn(2, model.config.noise_dim - 1),
+            "NaN noise": nan_noise,
+            "float64 noise": noise.double(),
+            "noise as a list": noise.tolist(),
+        }[defect]
         return model(labels, noise=bad)
     return model.discriminate(_image(model, defect), torch.tensor([1, 2, 3]) if defect.startswith("more") else labels)
 
@@ -119,8 +221,11 @@ def _gan(model: Any, where: str, defect: str) -> Any:
 def _mask(model: Any, defect: str) -> Any:
     import torch
 
-    mask = {"mask of the wrong length": torch.ones(2, 6), "3-D mask": torch.ones(2, 5, 1),
-            "mask as a list": [[1] * 5] * 2}[defect]
+    mask = {
+        "mask of the wrong length": torch.ones(2, 6),
+        "3-D mask": torch.ones(2, 5, 1),
+        "mask as a list": [[1] * 5] * 2,
+    }[defect]
     return _call(model, _ids(model), **{"tgt_mask" if model.encoder is None else "src_mask": mask})
 
 
@@ -136,10 +241,16 @@ def _token_types(model: Any, defect: str) -> Any:
 
 
 INPUT_CALLS: dict[str, Callable[[Any, str], Any]] = {
-    "src": lambda m, d: _call(m, _ids(m, d)), "tgt": _tgt, "mask": _mask, "token types": _token_types,
-    "pair": lambda m, d: _call(m, _ids(m), tgt=_ids(m, batch=3)), "decode": _decode,
-    "image": lambda m, d: m(_image(m, d)), "labels": lambda m, d: _gan(m, "labels", d),
-    "noise": lambda m, d: _gan(m, "noise", d), "discriminate": lambda m, d: _gan(m, "discriminate", d),
+    "src": lambda m, d: _call(m, _ids(m, d)),
+    "tgt": _tgt,
+    "mask": _mask,
+    "token types": _token_types,
+    "pair": lambda m, d: _call(m, _ids(m), tgt=_ids(m, batch=3)),
+    "decode": _decode,
+    "image": lambda m, d: m(_image(m, d)),
+    "labels": lambda m, d: _gan(m, "labels", d),
+    "noise": lambda m, d: _gan(m, "noise", d),
+    "discriminate": lambda m, d: _gan(m, "discriminate", d),
 }
 
 
@@ -156,4 +267,3 @@ def inputs(ctx: Context) -> list[Result]:
             outcome, detail = answer["status"], answer.get("message", "")
         results.append(Result("inputs", f"{variant} {where}: {defect}", outcome, detail))
     return results
-

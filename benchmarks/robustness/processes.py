@@ -15,7 +15,7 @@ from .configs import TRAIN_BASE
 from .harness import Context, Result, cli
 
 # ---- 6. plugins -------------------------------------------------------------------------------------
-CLASH = '''from typing import Literal
+CLASH = """from typing import Literal
 from transformer_zoo import hookimpl
 from transformer_zoo.core.options import NormOptions
 
@@ -31,20 +31,28 @@ class Extra(NormOptions):
 @hookimpl
 def tzoo_components():
     return [Clash, Extra]
-'''
+"""
 PLUGINS: list[tuple[str, str | None, list[str]]] = [  # (case, module source or None for no module, names to report)
     ("sys.exit() at import", "import sys\nsys.exit(3)\n", []),
     ("raises at import", "raise RuntimeError('this plugin is broken')\n", []),
     ("tzoo_* function without @hookimpl", "def tzoo_variants():\n    return []\n", ["tzoo_variants"]),
-    ("misspelt hook", "from transformer_zoo import hookimpl\n\n\n@hookimpl\ndef tzoo_variantz():\n    return []\n",
-     ["tzoo_variantz"]),
+    (
+        "misspelt hook",
+        "from transformer_zoo import hookimpl\n\n\n@hookimpl\ndef tzoo_variantz():\n    return []\n",
+        ["tzoo_variantz"],
+    ),
     ("clashes with a built-in name", CLASH, ["layernorm"]),
-    ("offers a string as a component",
-     "from transformer_zoo import hookimpl\n\n\n@hookimpl\ndef tzoo_components():\n    return ['norm']\n", []),
+    (
+        "offers a string as a component",
+        "from transformer_zoo import hookimpl\n\n\n@hookimpl\ndef tzoo_components():\n    return ['norm']\n",
+        [],
+    ),
     ("module that does not exist", None, []),
 ]
-PYTHON_API = ("import transformer_zoo as tz\ntz.list_variants()\nerrors = getattr(tz, 'plugin_errors', None)\n"
-              "print(errors() if errors else '')\n")
+PYTHON_API = (
+    "import transformer_zoo as tz\ntz.list_variants()\nerrors = getattr(tz, 'plugin_errors', None)\n"
+    "print(errors() if errors else '')\n"
+)
 
 
 def plugins(ctx: Context) -> list[Result]:
@@ -64,7 +72,9 @@ def plugins(ctx: Context) -> list[Result]:
     good = "tzoo_rb_good"
     (folder / f"{good}.py").write_text(CLASH.replace('"layernorm"', '"rb-good-norm"'))
     proc = cli(["list", "--kind", "norm", "--json"], ctx.root, 120, env(good))
-    ctx.control("plugins", "a good plugin is loaded", "rb-good-norm" in listed(proc), "" if proc is None else proc.stderr)
+    ctx.control(
+        "plugins", "a good plugin is loaded", "rb-good-norm" in listed(proc), "" if proc is None else proc.stderr
+    )
     results = []
     for i, (name, source, names) in enumerate(ctx.track(PLUGINS, "plugins")):
         module = f"tzoo_rb_plugin{i}"
@@ -80,8 +90,14 @@ def plugins(ctx: Context) -> list[Result]:
         results.append(Result("plugins", name, "clean" if works and reported else "broken", detail))
     (folder / "tzoo_rb_api.py").write_text("raise RuntimeError('this plugin is broken')\n")
     try:
-        proc = subprocess.run([sys.executable, "-c", PYTHON_API], cwd=ctx.root, env=env("tzoo_rb_api"),
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", PYTHON_API],
+            cwd=ctx.root,
+            env=env("tzoo_rb_api"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         seen = proc.returncode == 0 and "tzoo_rb_api" in proc.stdout + proc.stderr
         detail = f"exit {proc.returncode}; {(proc.stdout + proc.stderr).strip()[-300:] or '(nothing reported)'}"
     except subprocess.TimeoutExpired:
@@ -92,8 +108,17 @@ def plugins(ctx: Context) -> list[Result]:
 
 # ---- 7. concurrency and interruption ------------------------------------------------------------------
 def _train_cmd(config: Path, out: Path, *sets: str) -> list[str]:
-    return [sys.executable, "-m", "transformer_zoo", "train", str(config), "--out", str(out),
-            *[x for s in sets for x in ("--set", s)], "--json"]
+    return [
+        sys.executable,
+        "-m",
+        "transformer_zoo",
+        "train",
+        str(config),
+        "--out",
+        str(out),
+        *[x for s in sets for x in ("--set", s)],
+        "--json",
+    ]
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int | None, str]:
@@ -112,8 +137,16 @@ def _wait_for(path: Path, proc: subprocess.Popen, seconds: float) -> None:
 
 
 def _two_at_once(config: Path, out: Path) -> tuple[str, str]:
-    procs = [subprocess.Popen(_train_cmd(config, out, "steps=60", "checkpoint_every=5"), cwd=config.parent,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            _train_cmd(config, out, "steps=60", "checkpoint_every=5"),
+            cwd=config.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     ended = [_finish(p, 300) for p in procs]
     codes = sorted(code if code is not None else -1 for code, _ in ended)
     if any("Traceback" in err for _, err in ended):
@@ -124,8 +157,13 @@ def _two_at_once(config: Path, out: Path) -> tuple[str, str]:
 
 
 def _interrupt(config: Path, out: Path) -> tuple[str, str]:
-    proc = subprocess.Popen(_train_cmd(config, out, "steps=1000000"), cwd=config.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _train_cmd(config, out, "steps=1000000"),
+        cwd=config.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(out / "train.json", proc, 120)
     time.sleep(1.5)
     proc.send_signal(signal.SIGINT)
@@ -163,16 +201,29 @@ def concurrency(ctx: Context) -> list[Result]:
 
     config = ctx.root / "concurrency.json"
     config.write_text(json.dumps({**TRAIN_BASE, "batch_size": 8}))
-    solo = subprocess.run(_train_cmd(config, ctx.root / "solo", "steps=40", "checkpoint_every=1"), cwd=ctx.root,
-                          capture_output=True, text=True, timeout=300)
+    solo = subprocess.run(
+        _train_cmd(config, ctx.root / "solo", "steps=40", "checkpoint_every=1"),
+        cwd=ctx.root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     ok = solo.returncode == 0
     ctx.control("concurrency", "a run never stopped", ok, solo.stderr[-300:])
     reference = safetensors.torch.load_file(str(ctx.root / "solo" / "model" / "model.safetensors")) if ok else {}
     trials: list[tuple[str, Callable[[Path], tuple[str, str]]]] = [
         *[(f"two tzoo train on one --out, trial {i + 1}", lambda out: _two_at_once(config, out)) for i in range(2)],
         *[(f"Ctrl-C during tzoo train, trial {i + 1}", lambda out: _interrupt(config, out)) for i in range(2)],
-        *[(f"kill -9 after {d:g} s and resume, trial {i + 1}", lambda out, d=d: _kill_and_resume(config, out, reference, d))
-          for i, d in enumerate((0.0, 0.7)) if ok]]
-    return [Result("concurrency", name, *trial(ctx.root / f"concurrent-{i}"))
-            for i, (name, trial) in enumerate(ctx.track(trials, "concurrency"))]
-
+        *[
+            (
+                f"kill -9 after {d:g} s and resume, trial {i + 1}",
+                lambda out, d=d: _kill_and_resume(config, out, reference, d),
+            )
+            for i, d in enumerate((0.0, 0.7))
+            if ok
+        ],
+    ]
+    return [
+        Result("concurrency", name, *trial(ctx.root / f"concurrent-{i}"))
+        for i, (name, trial) in enumerate(ctx.track(trials, "concurrency"))
+    ]

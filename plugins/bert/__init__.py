@@ -60,8 +60,16 @@ class BertEmbeddings(nn.Module):
             ``[0, random_offset)`` (:func:`~transformer_zoo.core.positional.position_starts`); 0: off.
     """
 
-    def __init__(self, token: nn.Embedding, token_type: nn.Embedding | None, positional: nn.Module | None,
-                 norm: nn.Module, *, dropout: float = 0.0, random_offset: int = 0) -> None:
+    def __init__(
+        self,
+        token: nn.Embedding,
+        token_type: nn.Embedding | None,
+        positional: nn.Module | None,
+        norm: nn.Module,
+        *,
+        dropout: float = 0.0,
+        random_offset: int = 0,
+    ) -> None:
         super().__init__()
         self.token = token
         self.token_type = token_type
@@ -78,8 +86,10 @@ class BertEmbeddings(nn.Module):
                 token_type_ids = torch.zeros_like(ids)
             check_tensor(token_type_ids, "token_type_ids", "of shape (batch, seq)")
             if token_type_ids.shape != ids.shape:
-                raise ValueError(f"token_type_ids has shape {tuple(token_type_ids.shape)}; expected {tuple(ids.shape)}, "
-                                 "one segment id per token")
+                raise ValueError(
+                    f"token_type_ids has shape {tuple(token_type_ids.shape)}; expected {tuple(ids.shape)}, "
+                    "one segment id per token"
+                )
             check_token_ids(token_type_ids, self.token_type.num_embeddings, "token_type_ids")
             x = x + self.token_type(token_type_ids)
         elif token_type_ids is not None:
@@ -144,22 +154,34 @@ class Bert(EncoderDecoder):
     output; :meth:`encode` returns the final hidden states and :meth:`pool` the pooled vector.
     """
 
-    def __init__(self, *, embed: BertEmbeddings, encoder: nn.Module, pooler: BertPooler | None, head: nn.Module) -> None:
+    def __init__(
+        self, *, embed: BertEmbeddings, encoder: nn.Module, pooler: BertPooler | None, head: nn.Module
+    ) -> None:
         super().__init__(head=head, encoder=encoder, src_embed=embed)
         self.pooler = pooler
         if getattr(head, "reads_pooled", False) and pooler is None:
             raise ValueError("a head on the pooled output needs the pooler; set pooler: true")
 
-    def encode_stack(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                     token_type_ids: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
+    def encode_stack(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+    ) -> StackOutput:
         """The encoder's output (hidden states and, if asked, attention weights)."""
         check_token_ids(input_ids, name="input_ids")
         padding = as_padding_mask(attention_mask, input_ids, "attention_mask")
         x = self.src_embed(input_ids, token_type_ids)
         return self.encoder(x, self_mask=AttentionMask(padding=padding), need_weights=need_weights)
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,  # type: ignore[override]
-               token_type_ids: Tensor | None = None) -> Tensor:
+    def encode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,  # type: ignore[override]
+        token_type_ids: Tensor | None = None,
+    ) -> Tensor:
         """Final hidden states ``(B, T, D)`` of ``input_ids`` ``(B, T)``; ``attention_mask`` is 1
         for real tokens and 0 for padding; ``token_type_ids`` are segment ids (default 0)."""
         return self.encode_stack(input_ids, attention_mask, token_type_ids).hidden
@@ -167,13 +189,23 @@ class Bert(EncoderDecoder):
     def pool(self, hidden: Tensor) -> Tensor:
         """The pooled sentence vector ``(B, D)`` of final hidden states ``(B, T, D)``."""
         if self.pooler is None:
-            raise ValueError("this model has no pooler; build it with pooler: true (a masked-LM model has none by default)")
+            raise ValueError(
+                "this model has no pooler; build it with pooler: true (a masked-LM model has none by default)"
+            )
         return self.pooler(hidden)
 
-    def forward(self, src: Tensor | None = None, src_mask: Tensor | None = None,  # type: ignore[override]
-                token_type_ids: Tensor | None = None, *, input_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, need_weights: bool = False, labels: Tensor | None = None,
-                output_attentions: bool | None = None) -> ModelOutput:
+    def forward(
+        self,
+        src: Tensor | None = None,
+        src_mask: Tensor | None = None,  # type: ignore[override]
+        token_type_ids: Tensor | None = None,
+        *,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        need_weights: bool = False,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+    ) -> ModelOutput:
         """Logits for a batch; ids as ``src`` or ``input_ids``, the mask as ``src_mask`` or ``attention_mask``.
         With ``labels`` (token ids, -100 where unscored, for the masked-LM head; one class per
         sequence for a classifier), ``out.loss`` is set; ``output_attentions`` is ``need_weights``."""
@@ -188,11 +220,19 @@ class Bert(EncoderDecoder):
             logits = self.head(pooled)
         else:
             logits = self.head(out.hidden, None if mask is None else mask.bool())
-        return self.labelled(ModelOutput.of(logits, {"encoder": out}, need_weights=need_weights,
-                                            extras=None if pooled is None else {"pooled": pooled}), labels)
+        return self.labelled(
+            ModelOutput.of(
+                logits,
+                {"encoder": out},
+                need_weights=need_weights,
+                extras=None if pooled is None else {"pooled": pooled},
+            ),
+            labels,
+        )
 
-    def save_pretrained(self, directory: str | os.PathLike, *, format: Literal["zoo", "hf"] = "zoo",
-                        architecture: str | None = None) -> Path:
+    def save_pretrained(
+        self, directory: str | os.PathLike, *, format: Literal["zoo", "hf"] = "zoo", architecture: str | None = None
+    ) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory``, each atomically.
 
         ``format="zoo"`` (the default) keeps every option of the config. ``format="hf"`` writes
@@ -201,8 +241,10 @@ class Bert(EncoderDecoder):
         released can express; ``architecture`` picks the class (:func:`~.hf_save.save_hf`).
         """
         if format not in ("zoo", "hf"):
-            raise ValueError(f"format={format!r}; a bert model saves as 'zoo' (every option, the default) or 'hf' "
-                             "(the layout of Hugging Face transformers)")
+            raise ValueError(
+                f"format={format!r}; a bert model saves as 'zoo' (every option, the default) or 'hf' "
+                "(the layout of Hugging Face transformers)"
+            )
         if format == "hf":
             return save_hf(self, directory, architecture)
         if architecture is not None:
@@ -229,8 +271,9 @@ class BertConfig(EncoderDecoderConfig):
     family: ClassVar[str] = "bert"
 
     variant: str = Field("bert", description="the registered variant this config started from")
-    vocab_size: int = Field(30522, ge=1, le=MAX_VOCAB,
-                            description="WordPiece vocabulary (30522 in the released English models)")
+    vocab_size: int = Field(
+        30522, ge=1, le=MAX_VOCAB, description="WordPiece vocabulary (30522 in the released English models)"
+    )
     d_model: int = Field(768, ge=1, le=MAX_WIDTH, description="hidden size H")
     n_heads: int = Field(12, ge=1, le=MAX_WIDTH, description="attention heads A")
     d_ff: int = Field(3072, ge=1, le=MAX_WIDTH, description="feed-forward width (4H)")
@@ -242,13 +285,21 @@ class BertConfig(EncoderDecoderConfig):
     init_std: float = Field(0.02, gt=0, description="standard deviation of the normal initialisation")
     scale_embeddings: bool = Field(False, description="BERT does not scale its embeddings")
     positional: PositionalField = Field("learned", validate_default=True, description="learned absolute positions")
-    norm: NormField = Field({"kind": "layernorm", "eps": 1e-12}, validate_default=True, description="layer norm, eps 1e-12")
-    ffn: FFNField = Field({"kind": "mlp", "activation": "gelu", "inner_dropout": False}, validate_default=True,
-                     description="GELU feed-forward network, no dropout inside")
+    norm: NormField = Field(
+        {"kind": "layernorm", "eps": 1e-12}, validate_default=True, description="layer norm, eps 1e-12"
+    )
+    ffn: FFNField = Field(
+        {"kind": "mlp", "activation": "gelu", "inner_dropout": False},
+        validate_default=True,
+        description="GELU feed-forward network, no dropout inside",
+    )
     encoder: StackField | None = Field({"layers": 12}, validate_default=True, description="the encoder stack")
     decoder: StackField | None = Field(None, description="BERT has no decoder; leave null")
-    head: HeadField = Field({"kind": "lm", "bias": True}, validate_default=True,
-                       description="lm: the masked-LM head; sequence-classification (cls pooling): on the pooler")
+    head: HeadField = Field(
+        {"kind": "lm", "bias": True},
+        validate_default=True,
+        description="lm: the masked-LM head; sequence-classification (cls pooling): on the pooler",
+    )
 
     @model_validator(mode="after")
     def _bert(self) -> BertConfig:
@@ -268,8 +319,12 @@ class BertConfig(EncoderDecoderConfig):
             random_offset=self.positional.random_offset,
         )
         encoder = self.stack(self.encoder, cross=False, in_attention=in_attention, final_norm=False)
-        model = Bert(embed=embed, encoder=encoder, pooler=BertPooler(self.d_model) if self._pooled else None,
-                     head=self._head(token))
+        model = Bert(
+            embed=embed,
+            encoder=encoder,
+            pooler=BertPooler(self.d_model) if self._pooled else None,
+            head=self._head(token),
+        )
         model.apply(lambda module: _init_weights(module, self.init_std))
         nn.init.zeros_(token.weight[self.pad_id])  # after the tied decoder's init, which shares this matrix
         return model
@@ -287,14 +342,20 @@ class BertConfig(EncoderDecoderConfig):
     def _head(self, token: nn.Embedding) -> nn.Module:
         kind = self.head.kind
         if kind == "lm":
-            decoder = self.head.build(d_model=self.d_model, vocab_size=self.vocab_size, embedding=token,
-                                      pad_id=self.pad_id, dropout=self.dropout)
+            decoder = self.head.build(
+                d_model=self.d_model,
+                vocab_size=self.vocab_size,
+                embedding=token,
+                pad_id=self.pad_id,
+                dropout=self.dropout,
+            )
             activation = getattr(self.ffn, "activation", "gelu")
             return MaskedLMHead(self.d_model, activation, self.norm.build(d_model=self.d_model), decoder)
         if self._pooled_head:
             return PooledClassificationHead(self.d_model, self.head.num_classes, dropout=self.dropout)
-        return self.head.build(d_model=self.d_model, vocab_size=self.vocab_size, embedding=token,
-                               pad_id=self.pad_id, dropout=self.dropout)
+        return self.head.build(
+            d_model=self.d_model, vocab_size=self.vocab_size, embedding=token, pad_id=self.pad_id, dropout=self.dropout
+        )
 
 
 # ---- presets --------------------------------------------------------------------------------
@@ -307,11 +368,30 @@ def _preset(layers: int, width: int, heads: int) -> dict:
 def tzoo_variants():
     return [
         Variant(name="bert", config=BertConfig, description="Devlin et al. 2018, BERT-base defaults"),
-        Variant(name="bert-base", config=BertConfig, defaults=_preset(12, 768, 12),
-                description="base: 12 layers, d 768, 12 heads, 110M parameters"),
-        Variant(name="bert-small", config=BertConfig, defaults=_preset(4, 512, 8), description="small: 4 layers, d 512, 8 heads"),
-        Variant(name="bert-mini", config=BertConfig, defaults=_preset(4, 256, 4), description="mini: 4 layers, d 256, 4 heads"),
-        Variant(name="bert-tiny", config=BertConfig, defaults=_preset(2, 128, 2), description="tiny: 2 layers, d 128, 2 heads"),
+        Variant(
+            name="bert-base",
+            config=BertConfig,
+            defaults=_preset(12, 768, 12),
+            description="base: 12 layers, d 768, 12 heads, 110M parameters",
+        ),
+        Variant(
+            name="bert-small",
+            config=BertConfig,
+            defaults=_preset(4, 512, 8),
+            description="small: 4 layers, d 512, 8 heads",
+        ),
+        Variant(
+            name="bert-mini",
+            config=BertConfig,
+            defaults=_preset(4, 256, 4),
+            description="mini: 4 layers, d 256, 4 heads",
+        ),
+        Variant(
+            name="bert-tiny",
+            config=BertConfig,
+            defaults=_preset(2, 128, 2),
+            description="tiny: 2 layers, d 128, 2 heads",
+        ),
     ]
 
 

@@ -75,11 +75,15 @@ def is_bert(config: dict[str, Any]) -> bool:
 def bert_config(hf: dict[str, Any], checkpoint: dict[str, Tensor], source: str) -> dict[str, Any]:
     """Our BERT config for a Hugging Face one (``config.json``), or a ConfigError saying what differs."""
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ConfigError(f"{source}: position_embedding_type={hf['position_embedding_type']!r}; only 'absolute' "
-                          "positions (the original BERT's) are supported")
+        raise ConfigError(
+            f"{source}: position_embedding_type={hf['position_embedding_type']!r}; only 'absolute' "
+            "positions (the original BERT's) are supported"
+        )
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
-        raise ConfigError(f"{source}: a BERT used as a decoder (is_decoder / add_cross_attention) is not supported; "
-                          "load an encoder checkpoint")
+        raise ConfigError(
+            f"{source}: a BERT used as a decoder (is_decoder / add_cross_attention) is not supported; "
+            "load an encoder checkpoint"
+        )
     activation = hf.get("hidden_act", "gelu")
     if activation not in ("gelu", "relu", "silu"):
         raise ConfigError(f"{source}: hidden_act={activation!r}; supported activations are gelu, relu and silu")
@@ -94,14 +98,21 @@ def bert_config(hf: dict[str, Any], checkpoint: dict[str, Tensor], source: str) 
     if head["kind"] == "sequence-classification" and problem not in (None, "single_label_classification"):
         raise ConfigError(f"{source}: problem_type={problem!r}; only single-label classification is supported")
     if head["kind"] != "lm" and head["num_classes"] < 2:
-        raise ConfigError(f"{source}: num_labels={head['num_classes']} (regression) is not supported; "
-                          "a classification head needs 2 or more labels")
+        raise ConfigError(
+            f"{source}: num_labels={head['num_classes']} (regression) is not supported; "
+            "a classification head needs 2 or more labels"
+        )
     dropout = hf.get("hidden_dropout_prob", 0.1)
-    others = {k: hf[k] for k in ("attention_probs_dropout_prob", "classifier_dropout") if hf.get(k) not in (None, dropout)}
+    others = {
+        k: hf[k] for k in ("attention_probs_dropout_prob", "classifier_dropout") if hf.get(k) not in (None, dropout)
+    }
     if others:
-        warnings.warn(f"{source}: the zoo uses one dropout rate, hidden_dropout_prob={dropout}; "
-                      f"{', '.join(f'{k}={v}' for k, v in others.items())} are replaced by it (this matters only "
-                      "in training)", stacklevel=4)
+        warnings.warn(
+            f"{source}: the zoo uses one dropout rate, hidden_dropout_prob={dropout}; "
+            f"{', '.join(f'{k}={v}' for k, v in others.items())} are replaced by it (this matters only "
+            "in training)",
+            stacklevel=4,
+        )
     try:
         return {
             "variant": "bert",
@@ -130,8 +141,10 @@ def _shards(directory: Path) -> list[Path]:
     index = weights.read_config(directory, INDEX_NAME, "tensor names by shard file (a weight_map)")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
-        raise WeightsError(f"{str(directory / INDEX_NAME)!r}: 'weight_map' must map each tensor name to the name of "
-                           f"its shard file, got {weights.shorten(repr(weight_map))}")
+        raise WeightsError(
+            f"{str(directory / INDEX_NAME)!r}: 'weight_map' must map each tensor name to the name of "
+            f"its shard file, got {weights.shorten(repr(weight_map))}"
+        )
     shards = [weights.inside(directory, name) for name in sorted(set(weight_map.values()))]
     absent = [str(path) for path in shards if not path.is_file()]
     if absent:
@@ -156,8 +169,10 @@ def read_headers(files: list[Path]) -> dict[str, TensorInfo]:
     for path in files:
         for name, info in weights.read_header(path).items():
             if name in header:
-                raise WeightsError(f"{weights.shorten(repr(name))} is in both {str(where[name])!r} and "
-                                   f"{str(path)!r}; each tensor must be in one shard")
+                raise WeightsError(
+                    f"{weights.shorten(repr(name))} is in both {str(where[name])!r} and "
+                    f"{str(path)!r}; each tensor must be in one shard"
+                )
             header[name], where[name] = info, path
     return header
 
@@ -176,8 +191,10 @@ def read_bin(path: Path) -> dict[str, Tensor]:
                 state = torch.load(path, map_location="cpu", weights_only=True)  # the pre-1.6 format cannot be mapped
     except Exception as error:  # a damaged file can fail anywhere in torch's unpickler (IndexError, KeyError, ...)
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise WeightsError(f"{str(path)!r} is not a readable PyTorch state dict (only tensors are read, no code): "
-                           f"{weights.shorten(reason, 300)}") from None
+        raise WeightsError(
+            f"{str(path)!r} is not a readable PyTorch state dict (only tensors are read, no code): "
+            f"{weights.shorten(reason, 300)}"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
         raise WeightsError(f"{str(path)!r} holds a {type(state).__name__}; expected a state dict of tensors by name")
     return state
@@ -185,8 +202,9 @@ def read_bin(path: Path) -> dict[str, Tensor]:
 
 def _bin_path(directory: Path) -> Path:
     if not (directory / BIN_NAME).is_file():
-        raise FileNotFoundError(f"{str(directory)!r} holds no weights: expected {WEIGHTS_NAME}, {INDEX_NAME} or "
-                                f"{BIN_NAME}")
+        raise FileNotFoundError(
+            f"{str(directory)!r} holds no weights: expected {WEIGHTS_NAME}, {INDEX_NAME} or {BIN_NAME}"
+        )
     return weights.inside(directory, BIN_NAME)
 
 
@@ -209,7 +227,9 @@ def map_weights(checkpoint: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[
             continue
         if match := re.fullmatch(r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)", prefix):
             fused.setdefault((int(match[1]), param), {})[match[2]] = tensor
-            sources[f"encoder.layers.{match[1]}.self_attn.in_proj.{param}"] = original.replace(f".{match[2]}.", ".query|key|value.")
+            sources[f"encoder.layers.{match[1]}.self_attn.in_proj.{param}"] = original.replace(
+                f".{match[2]}.", ".query|key|value."
+            )
             continue
         if match := re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)", prefix):
             ours = f"encoder.layers.{match[1]}.{LAYER[match[2]]}.{param}" if match[2] in LAYER else None
@@ -246,10 +266,16 @@ def fit(model: ZooModel, checkpoint: dict[str, Tensor], source: str) -> tuple[di
     mismatched shape, weight of a non-float dtype, body weight with no place and missing weight."""
     mapped, sources, unplaced = map_weights(checkpoint)
     ours = model.state_dict()
-    mistyped = [problem for name, tensor in checkpoint.items() if not _is_position_ids(name)
-                and (problem := weights.dtype_problem(name, tensor.dtype, torch.float32))]
-    wrong = [f"{sources[k]} -> {k}: checkpoint {tuple(v.shape)}, model {tuple(ours[k].shape)}"
-             for k, v in mapped.items() if k in ours and v.shape != ours[k].shape]
+    mistyped = [
+        problem
+        for name, tensor in checkpoint.items()
+        if not _is_position_ids(name) and (problem := weights.dtype_problem(name, tensor.dtype, torch.float32))
+    ]
+    wrong = [
+        f"{sources[k]} -> {k}: checkpoint {tuple(v.shape)}, model {tuple(ours[k].shape)}"
+        for k, v in mapped.items()
+        if k in ours and v.shape != ours[k].shape
+    ]
     unplaced += [sources[k] for k in mapped if k not in ours]
     body = [k for k in unplaced if _normalise(k).startswith(BODY)]
     missing = [k for k in ours if k not in mapped and not k.startswith("head.")]
@@ -294,19 +320,25 @@ def load_bert(directory: Path, hf_config: dict[str, Any]) -> ZooModel:
     if model.config.head.kind == "lm" and model.config.head.tie_weights:
         tied = mapped.pop("head.decoder.proj.weight", None)
         if tied is not None and not torch.equal(tied, mapped["src_embed.token.weight"]):
-            unplaced.append("cls.predictions.decoder.weight (differs from the word embeddings, but the config "
-                            "ties them: tie_word_embeddings is true)")
+            unplaced.append(
+                "cls.predictions.decoder.weight (differs from the word embeddings, but the config "
+                "ties them: tie_word_embeddings is true)"
+            )
     model.load_state_dict(mapped, strict=False)
     ours = model.state_dict()
     decoder = getattr(model.head, "decoder", None)
     tied = decoder is not None and decoder.proj.weight is model.src_embed.token.weight
-    fresh = [k for k in ours if k.startswith("head.") and k not in mapped and not (tied and k == "head.decoder.proj.weight")]
+    fresh = [
+        k for k in ours if k.startswith("head.") and k not in mapped and not (tied and k == "head.decoder.proj.weight")
+    ]
     if unplaced:
-        warnings.warn(f"{source}: weights with no place in the model, left out: {', '.join(sorted(unplaced))}",
-                      stacklevel=4)
+        warnings.warn(
+            f"{source}: weights with no place in the model, left out: {', '.join(sorted(unplaced))}", stacklevel=4
+        )
     if fresh:
-        warnings.warn(f"{source}: the checkpoint has no weights for the head; newly initialised: "
-                      f"{', '.join(fresh)}", stacklevel=4)
+        warnings.warn(
+            f"{source}: the checkpoint has no weights for the head; newly initialised: {', '.join(fresh)}", stacklevel=4
+        )
     return model.eval()
 
 

@@ -41,8 +41,10 @@ def hf_architecture(config: Any, architecture: str | None) -> str:
         return chosen
     allowed = " or ".join(repr(a) for a in (own, "BertModel") if a)
     heads = ", ".join(ARCHITECTURES)
-    raise ConfigError(f"architecture={architecture!r}: a bert model with a {kind!r} head saves as {allowed} (the "
-                      f"encoder and pooler, without the head); transformers has a class for the heads {heads}")
+    raise ConfigError(
+        f"architecture={architecture!r}: a bert model with a {kind!r} head saves as {allowed} (the "
+        f"encoder and pooler, without the head); transformers has a class for the heads {heads}"
+    )
 
 
 def hf_config(config: Any, architecture: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -74,8 +76,11 @@ def hf_config(config: Any, architecture: str, dtype: torch.dtype) -> dict[str, A
     }
     if head.kind != "lm":
         labels = [f"LABEL_{i}" for i in range(head.num_classes)]
-        hf |= {"num_labels": head.num_classes, "id2label": dict(enumerate(labels)),
-               "label2id": {label: i for i, label in enumerate(labels)}}
+        hf |= {
+            "num_labels": head.num_classes,
+            "id2label": dict(enumerate(labels)),
+            "label2id": {label: i for i, label in enumerate(labels)},
+        }
     if head.kind == "sequence-classification":
         hf["problem_type"] = "single_label_classification"
     return hf
@@ -100,17 +105,23 @@ def check_expressible(model: ZooModel, hf: dict[str, Any], architecture: str) ->
     ours = config.model_dump(mode="json")
     back = load_config(bert_config(hf, {}, "format='hf'")).model_dump(mode="json")
     ignored = {"variant", "pooler"} | ({"head"} if architecture == "BertModel" else set())  # the pooler: below
-    problems = [line for key in ours if key not in ignored
-                for line in _differences(ours[key], back.get(key), f"{key}.")]
+    problems = [
+        line for key in ours if key not in ignored for line in _differences(ours[key], back.get(key), f"{key}.")
+    ]
     if config.type_vocab_size == 0:
-        problems.append("type_vocab_size is 0; transformers' BERT always adds token-type embeddings, so it needs "
-                        "1 or more")
+        problems.append(
+            "type_vocab_size is 0; transformers' BERT always adds token-type embeddings, so it needs 1 or more"
+        )
     if model.pooler is None and architecture in ("BertModel", "BertForSequenceClassification"):
-        problems.append(f"the model has no pooler (pooler is {config.pooler!r}); {architecture} has one: set pooler: true")
+        problems.append(
+            f"the model has no pooler (pooler is {config.pooler!r}); {architecture} has one: set pooler: true"
+        )
     if problems:
-        raise ConfigError(f"this model cannot be saved with format='hf' as transformers' {architecture}:\n"
-                          + "\n".join(f"  {line}" for line in problems)
-                          + "\nchange these fields, or save with format='zoo' (the default), which keeps every option")
+        raise ConfigError(
+            f"this model cannot be saved with format='hf' as transformers' {architecture}:\n"
+            + "\n".join(f"  {line}" for line in problems)
+            + "\nchange these fields, or save with format='zoo' (the default), which keeps every option"
+        )
 
 
 def _hf_names(ours: str, tied: bool) -> list[str] | None:
@@ -170,8 +181,10 @@ def save_hf(model: ZooModel, directory: str | Path, architecture: str | None = N
             with the value it would need), or ``architecture`` does not fit the head.
     """
     if model.config is None:
-        raise ValueError(f"this {type(model).__name__} has no config: it was built by hand; build it with "
-                         "transformer_zoo.build_model(...) to be able to save it")
+        raise ValueError(
+            f"this {type(model).__name__} has no config: it was built by hand; build it with "
+            "transformer_zoo.build_model(...) to be able to save it"
+        )
     architecture = hf_architecture(model.config, architecture)
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     hf = hf_config(model.config, architecture, dtype)

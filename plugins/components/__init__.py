@@ -52,10 +52,24 @@ class MathAttentionOptions(AttentionOptions):
     def make_kernel(self) -> Kernel:
         return math_kernel
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: tuple[int, int] | None = None) -> nn.Module:
-        return MathAttention(d_model, n_heads, dropout=dropout, bias=self.bias, positional=positional, scale=self.scale,
-                                  n_kv_heads=self.n_kv_heads)
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> nn.Module:
+        return MathAttention(
+            d_model,
+            n_heads,
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
 
 # ---- positional ---------------------------------------------------------------------------
@@ -142,7 +156,9 @@ class MLP(FFNOptions):
 
     kind: Literal["mlp"] = "mlp"
     activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity")
-    inner_dropout: bool = Field(True, description="dropout between the two projections (nn.Transformer has it, BERT not)")
+    inner_dropout: bool = Field(
+        True, description="dropout between the two projections (nn.Transformer has it, BERT not)"
+    )
 
     def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
         return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout if self.inner_dropout else 0.0)
@@ -167,10 +183,17 @@ class MoE(FFNOptions):
     kind: Literal["moe"] = "moe"
     experts: int = Field(8, ge=1, le=MAX_EXPERTS, description="number of experts, each an MLP of width d_ff")
     top_k: int = Field(1, ge=1, le=2, description="experts per token: 1 (Switch) or 2 (GShard)")
-    capacity_factor: float = Field(1.25, gt=0.0, description="expert capacity ceil(capacity_factor * tokens * top_k / "
-                                   "experts); assignments past it are dropped (the token passes through the residual)")
-    aux_loss_weight: float = Field(0.01, ge=0.0, description="alpha of the load-balancing loss "
-                                   "alpha * experts * sum_i f_i P_i added to the model's loss")
+    capacity_factor: float = Field(
+        1.25,
+        gt=0.0,
+        description="expert capacity ceil(capacity_factor * tokens * top_k / "
+        "experts); assignments past it are dropped (the token passes through the residual)",
+    )
+    aux_loss_weight: float = Field(
+        0.01,
+        ge=0.0,
+        description="alpha of the load-balancing loss alpha * experts * sum_i f_i P_i added to the model's loss",
+    )
     activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity of the experts")
 
     @model_validator(mode="after")
@@ -181,8 +204,13 @@ class MoE(FFNOptions):
 
     def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
         experts = [FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout) for _ in range(self.experts)]
-        return MixtureOfExperts(experts, d_model=d_model, top_k=self.top_k, capacity_factor=self.capacity_factor,
-                                aux_loss_weight=self.aux_loss_weight)
+        return MixtureOfExperts(
+            experts,
+            d_model=d_model,
+            top_k=self.top_k,
+            capacity_factor=self.capacity_factor,
+            aux_loss_weight=self.aux_loss_weight,
+        )
 
 
 # ---- stacks -------------------------------------------------------------------------------
@@ -191,8 +219,9 @@ class Standard(StackOptions):
 
     kind: Literal["standard"] = "standard"
 
-    def build(self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int,
-              signal: nn.Module | None = None) -> nn.Module:
+    def build(
+        self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int, signal: nn.Module | None = None
+    ) -> nn.Module:
         return StandardStack(layers, final_norm=final_norm)
 
 
@@ -203,8 +232,12 @@ class Recurrent(StackOptions):
     kind: Literal["recurrent"] = "recurrent"
     recurrent: ClassVar[bool] = True
     act: bool = Field(True, description="adaptive computation time: each position decides how many steps it takes")
-    threshold: float = Field(0.99, gt=0.0, lt=1.0, description="ACT halts a position when its summed halting "
-                             "probability would pass this (1 - epsilon)")
+    threshold: float = Field(
+        0.99,
+        gt=0.0,
+        lt=1.0,
+        description="ACT halts a position when its summed halting probability would pass this (1 - epsilon)",
+    )
     ponder_weight: float = Field(0.01, ge=0.0, description="weight of the ponder cost (steps taken) in the loss")
     halting_bias: float = Field(1.0, description="initial bias of the halting unit (higher: halt sooner at first)")
 
@@ -215,12 +248,21 @@ class Recurrent(StackOptions):
             raise ValueError("a recurrent stack shares one layer: give one attention kind, not a list")
         return attention
 
-    def build(self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int,
-              signal: nn.Module | None = None) -> nn.Module:
+    def build(
+        self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int, signal: nn.Module | None = None
+    ) -> nn.Module:
         (layer,) = layers
-        return recurrent_stack(layer, steps=self.layers, d_model=d_model, signal=signal, act=self.act,
-                               threshold=self.threshold, ponder_weight=self.ponder_weight,
-                               halting_bias=self.halting_bias, final_norm=final_norm)
+        return recurrent_stack(
+            layer,
+            steps=self.layers,
+            d_model=d_model,
+            signal=signal,
+            act=self.act,
+            threshold=self.threshold,
+            ponder_weight=self.ponder_weight,
+            halting_bias=self.halting_bias,
+            final_norm=final_norm,
+        )
 
 
 # ---- heads --------------------------------------------------------------------------------
@@ -232,7 +274,9 @@ class LM(HeadOptions):
     bias: bool = Field(False, description="bias on the output projection")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the cross-entropy")
 
-    def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
+    def build(
+        self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float
+    ) -> nn.Module:
         return LMHead(
             d_model,
             vocab_size,
@@ -250,7 +294,9 @@ class SequenceClassification(HeadOptions):
     num_classes: int = Field(2, ge=2, le=MAX_VOCAB, description="number of labels")
     pooling: Literal["cls", "mean"] = Field("cls", description="first token (cls) or mean over real tokens")
 
-    def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
+    def build(
+        self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float
+    ) -> nn.Module:
         return SequenceClassificationHead(d_model, self.num_classes, pooling=self.pooling, dropout=dropout)
 
 
@@ -260,7 +306,9 @@ class TokenClassification(HeadOptions):
     kind: Literal["token-classification"] = "token-classification"
     num_classes: int = Field(2, ge=2, le=MAX_VOCAB, description="number of labels")
 
-    def build(self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float) -> nn.Module:
+    def build(
+        self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float
+    ) -> nn.Module:
         return TokenClassificationHead(d_model, self.num_classes, dropout=dropout)
 
 

@@ -46,14 +46,31 @@ class _Recurrent(AttentionOptions):
         are summed as they come, so no later call could rotate them."""
         super().check_positional(positional)
         if positional.relative:
-            raise ValueError(f"{self.kind} attention keeps running sums over keys, not the keys, so it cannot apply "
-                             f"{positional.kind} positions to them; use sinusoidal or learned positions")
+            raise ValueError(
+                f"{self.kind} attention keeps running sums over keys, not the keys, so it cannot apply "
+                f"{positional.kind} positions to them; use sinusoidal or learned positions"
+            )
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: tuple[int, int] | None = None) -> nn.Module:
-        return RecurrentAttention(d_model, n_heads, features=self.feature_map(d_model // n_heads), kind=self.kind,
-                                  dropout=dropout, bias=self.bias, positional=positional, scale=self.scale,
-                                  n_kv_heads=self.n_kv_heads)
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> nn.Module:
+        return RecurrentAttention(
+            d_model,
+            n_heads,
+            features=self.feature_map(d_model // n_heads),
+            kind=self.kind,
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
 
 class LinearAttention(_Recurrent):
@@ -70,8 +87,12 @@ class Performer(_Recurrent):
     """FAVOR+ (Choromanski et al. 2021): positive orthogonal random features estimating softmax attention."""
 
     kind: Literal["performer"] = "performer"
-    features: int = Field(256, ge=1, le=MAX_WIDTH,
-                          description="random features per head (m); more estimate softmax attention more closely")
+    features: int = Field(
+        256,
+        ge=1,
+        le=MAX_WIDTH,
+        description="random features per head (m); more estimate softmax attention more closely",
+    )
     seed: int = Field(0, description="seed of the random projection, drawn once and saved with the model (not redrawn)")
 
     def feature_map(self, d_head: int) -> nn.Module:
@@ -86,23 +107,47 @@ class Linformer(AttentionOptions):
     self_only: ClassVar[bool] = True
     kind: Literal["linformer"] = "linformer"
     projected_length: int = Field(64, ge=1, le=MAX_LENGTH, description="rows keys and values are projected to (k)")
-    seq_len: int = Field(512, ge=1, le=MAX_LENGTH, description="columns of the projections E and F (n): the longest "
-                         "sequence they take; at least the model's max_len")
+    seq_len: int = Field(
+        512,
+        ge=1,
+        le=MAX_LENGTH,
+        description="columns of the projections E and F (n): the longest "
+        "sequence they take; at least the model's max_len",
+    )
 
     def check(self, *, max_len: int) -> None:
         if self.seq_len < max_len:
-            raise ValueError(f"linformer seq_len={self.seq_len} is below max_len={max_len}: its projections would not "
-                             f"cover the longest sequence; set seq_len: {max_len}")
+            raise ValueError(
+                f"linformer seq_len={self.seq_len} is below max_len={max_len}: its projections would not "
+                f"cover the longest sequence; set seq_len: {max_len}"
+            )
         if self.projected_length >= max_len:
-            raise ValueError(f"linformer projected_length={self.projected_length} is not below max_len={max_len}: "
-                             "nothing is compressed; use kind: sdpa, or a projected_length below max_len")
+            raise ValueError(
+                f"linformer projected_length={self.projected_length} is not below max_len={max_len}: "
+                "nothing is compressed; use kind: sdpa, or a projected_length below max_len"
+            )
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: tuple[int, int] | None = None) -> nn.Module:
-        return LinformerAttention(d_model, n_heads, projected_length=self.projected_length, seq_len=self.seq_len,
-                                  kernel=self.make_kernel(), dropout=dropout, bias=self.bias, positional=positional,
-                                  scale=self.scale,
-                                  n_kv_heads=self.n_kv_heads)
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> nn.Module:
+        return LinformerAttention(
+            d_model,
+            n_heads,
+            projected_length=self.projected_length,
+            seq_len=self.seq_len,
+            kernel=self.make_kernel(),
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
 
 @hookimpl

@@ -31,12 +31,15 @@ made, across chunks the running sums carry the earlier keys."""
 
 def _no_bias(kind: str, bias: Tensor | None) -> None:
     if bias is not None:
-        raise ValueError(f"{kind} attention does not form every query-key score, so it cannot add a positional "
-                         "bias to them (ALiBi); use sinusoidal or learned positions")
+        raise ValueError(
+            f"{kind} attention does not form every query-key score, so it cannot add a positional "
+            "bias to them (ALiBi); use sinusoidal or learned positions"
+        )
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool,
-                     state: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, state: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Linear attention on features: each query's output is ``phi(q) S / phi(q) z`` with
     ``S = sum_j phi(k_j) v_j^T`` and ``z = sum_j phi(k_j)`` over the keys it sees.
 
@@ -136,8 +139,16 @@ class FeatureKernel(nn.Module):
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}"
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        bias: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         _no_bias(self.kind, bias)
         if mask.explicit is not None:
             raise ValueError(f"{self.kind} attention takes a padding or causal mask, not an explicit one")
@@ -167,15 +178,32 @@ class RecurrentAttention(MultiHeadAttention):
     later call could rotate them or bias their scores.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, features: nn.Module, kind: str,
-                 positional: AttentionPositional | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        features: nn.Module,
+        kind: str,
+        positional: AttentionPositional | None = None,
+        **kwargs,
+    ) -> None:
         if positional is not None:
-            raise ValueError(f"{kind} attention keeps running sums over keys, not the keys, so it takes no "
-                             f"in-attention positions ({type(positional).__name__}); use sinusoidal or learned")
+            raise ValueError(
+                f"{kind} attention keeps running sums over keys, not the keys, so it takes no "
+                f"in-attention positions ({type(positional).__name__}); use sinusoidal or learned"
+            )
         super().__init__(d_model, n_heads, kernel=FeatureKernel(features, kind), **kwargs)
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: AttentionMask | None = None,
-                cache: KVCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: AttentionMask | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         if cache is None or memory is not None:
             return super().forward(x, memory, mask=mask, cache=cache, need_weights=need_weights)
         q, k, v = self.self_heads(x)  # the new tokens only
@@ -185,7 +213,7 @@ class RecurrentAttention(MultiHeadAttention):
         q, k = self.kernel.features(q), self.kernel.features(k)
         padding = None if mask is None else mask.padding  # over every key so far; these are the last
         if padding is not None:
-            k = k * padding[:, None, -k.size(-2):, None].to(k.dtype)
+            k = k * padding[:, None, -k.size(-2) :, None].to(k.dtype)
         state = (cache.state["kv"], cache.state["z"]) if cache.state else None
         out, (cache.state["kv"], cache.state["z"]) = linear_attention(q, k, v, causal=True, state=state)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, Tq, D)
@@ -213,17 +241,22 @@ class LinformerAttention(MultiHeadAttention):
         self.project_k = nn.Parameter(torch.randn(projected_length, seq_len) / math.sqrt(projected_length))  # E
         self.project_v = nn.Parameter(torch.randn(projected_length, seq_len) / math.sqrt(projected_length))  # F
 
-    def kernel_inputs(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None,
-                      cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
+    def kernel_inputs(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
         """Keys and values ``(B, H, n, Dh)`` projected to ``(B, H, k, Dh)``; every query sees them all."""
         _no_bias("linformer", bias)
         if mask.causal or mask.explicit is not None:
-            raise ValueError("linformer attention is for encoders: each projected key mixes every position, later "
-                             "ones included, so it cannot be causal; use sdpa or linear attention in a decoder")
+            raise ValueError(
+                "linformer attention is for encoders: each projected key mixes every position, later "
+                "ones included, so it cannot be causal; use sdpa or linear attention in a decoder"
+            )
         n = k.size(-2)
         if n > self.seq_len:
-            raise ValueError(f"linformer attention got {n} keys, more than its seq_len={self.seq_len} "
-                             "(the columns of its projections); use shorter inputs or a larger seq_len")
+            raise ValueError(
+                f"linformer attention got {n} keys, more than its seq_len={self.seq_len} "
+                "(the columns of its projections); use shorter inputs or a larger seq_len"
+            )
         if mask.padding is not None:
             real = mask.padding[:, None, :, None].to(k.dtype)  # (B, 1, n, 1)
             k, v = k * real, v * real

@@ -72,55 +72,93 @@ class Local2dOptions(AttentionOptions):
     kind: Literal["local-2d"] = "local-2d"
     query_block: tuple[Side, Side] = Field((2, 2), description="rows and columns of a query block")
     memory: tuple[Reach, Reach] = Field(
-        (1, 1), description="rows and columns the memory block extends its query block by, each side")
+        (1, 1), description="rows and columns the memory block extends its query block by, each side"
+    )
     # Kept, though deprecated: model folders saved by the earlier 0.x release hold "grid": null here
     # (tests/data/checkpoints/image-transformer-tiny/config.json), and from_pretrained must load them.
     # Remove it with a loader that upgrades old config.json files, not before.
     grid: tuple[Side, Side] | None = Field(
-        None, exclude=True, description="deprecated, leave it out: the image model gives the grid when it builds; "
-        "configs written before may hold null or the model's own grid, which are accepted and dropped")
+        None,
+        exclude=True,
+        description="deprecated, leave it out: the image model gives the grid when it builds; "
+        "configs written before may hold null or the model's own grid, which are accepted and dropped",
+    )
     kernel: Literal["auto", "blocked", "flex", "dense"] = Field(
-        "auto", description="auto: dense up to 256 positions, then compiled FlexAttention on CUDA (no dropout), "
-        "else blocked")
+        "auto",
+        description="auto: dense up to 256 positions, then compiled FlexAttention on CUDA (no dropout), else blocked",
+    )
 
     def check(self, *, max_len: int) -> None:  # called for token models only
-        raise ValueError("local-2d attention runs over a grid of image patches: use it in an image model "
-                         "(vit-tiny, image-transformer-tiny), which knows the grid")
+        raise ValueError(
+            "local-2d attention runs over a grid of image patches: use it in an image model "
+            "(vit-tiny, image-transformer-tiny), which knows the grid"
+        )
 
     def pattern(self, grid: Pair) -> Local2dPattern:
         """The pattern over a ``(rows, columns)`` grid of tokens; a ValueError if the query block
         does not fit it (or a deprecated ``grid`` field names another grid)."""
         if self.grid is not None and tuple(self.grid) != tuple(grid):
-            raise ValueError(f"grid {list(self.grid)} is not the patch grid {list(grid)}; leave grid out "
-                             "(deprecated): the model gives its grid")
+            raise ValueError(
+                f"grid {list(self.grid)} is not the patch grid {list(grid)}; leave grid out "
+                "(deprecated): the model gives its grid"
+            )
         return Local2dPattern(grid=tuple(grid), query_block=tuple(self.query_block), memory=tuple(self.memory))
 
     def make_kernel(self) -> Kernel:
         raise ValueError("local-2d attention needs the token grid: build it with grid=, as image models do")
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: Pair | None = None) -> nn.Module:
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: Pair | None = None,
+    ) -> nn.Module:
         if grid is None:
-            raise ValueError("local-2d attention needs the token grid (rows, columns): use it in an image model, "
-                             "which gives it")
-        return Local2dAttention(d_model, n_heads, kernel=PatternKernel(self.pattern(grid), self.kernel), dropout=dropout,
-                                bias=self.bias, positional=positional, scale=self.scale,
-                                  n_kv_heads=self.n_kv_heads)
+            raise ValueError(
+                "local-2d attention needs the token grid (rows, columns): use it in an image model, which gives it"
+            )
+        return Local2dAttention(
+            d_model,
+            n_heads,
+            kernel=PatternKernel(self.pattern(grid), self.kernel),
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------
 class ImageEncoder(ZooModel):
     """Patches to tokens, 2-D positions, a Transformer encoder, and a classification head."""
 
-    def __init__(self, *, patches: PatchEmbedding, positional: nn.Module, encoder: nn.Module,
-                 head: SequenceClassificationHead, cls_token: bool, dropout: float) -> None:
+    def __init__(
+        self,
+        *,
+        patches: PatchEmbedding,
+        positional: nn.Module,
+        encoder: nn.Module,
+        head: SequenceClassificationHead,
+        cls_token: bool,
+        dropout: float,
+    ) -> None:
         super().__init__()
         self.patches, self.positional, self.encoder, self.head = patches, positional, encoder, head
         self.cls = nn.Parameter(torch.zeros(1, 1, patches.proj.out_channels)) if cls_token else None
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, image: Tensor, *, need_weights: bool = False, labels: Tensor | None = None,
-                output_attentions: bool | None = None) -> ModelOutput:
+    def forward(
+        self,
+        image: Tensor,
+        *,
+        need_weights: bool = False,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+    ) -> ModelOutput:
         """``image`` ``(B, C, H, W)``, floats of the model's dtype, to class logits ``(B, num_classes)``
         (and ``out.loss``, given ``labels`` ``(B,)``; ``output_attentions`` is ``need_weights``).
 
@@ -146,10 +184,14 @@ class ImageEncoderConfig(ImageConfig):
     d_ff: int = Field(256, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
     positional: Literal["learned-2d", "sinusoidal-2d"] = Field("learned-2d", description="2-D positions of the patches")
-    pooling: Literal["cls", "mean"] = Field("cls", description="classify from a class token, or the mean of the patches")
+    pooling: Literal["cls", "mean"] = Field(
+        "cls", description="classify from a class token, or the mean of the patches"
+    )
     norm: NormField = Field("layernorm", validate_default=True, description="normalisation layer")
     norm_placement: Literal["pre", "post"] = Field("pre", description="norm before each sub-layer (ViT) or after")
-    ffn: FFNField = Field({"kind": "mlp", "activation": "gelu"}, validate_default=True, description="feed-forward network")
+    ffn: FFNField = Field(
+        {"kind": "mlp", "activation": "gelu"}, validate_default=True, description="feed-forward network"
+    )
     encoder: StackField = Field({"layers": 4}, validate_default=True, description="the encoder stack")
 
     @property
@@ -159,8 +201,10 @@ class ImageEncoderConfig(ImageConfig):
     @model_validator(mode="after")
     def _check(self) -> ImageEncoderConfig:
         if self.image_size[0] % self.patch or self.image_size[1] % self.patch:
-            raise ValueError(f"patch={self.patch} does not divide image_size={list(self.image_size)}; "
-                             "use a patch that divides both sides")
+            raise ValueError(
+                f"patch={self.patch} does not divide image_size={list(self.image_size)}; "
+                "use a patch that divides both sides"
+            )
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         if self.positional == "sinusoidal-2d" and self.d_model % 4:
@@ -181,12 +225,15 @@ class ImageEncoderConfig(ImageConfig):
                     raise ValueError(f"encoder.attention: {error}") from None
             else:
                 if self.pooling == "cls":
-                    raise ValueError("local-2d attention runs over the patch grid, which a class token is not on; "
-                                     "use pooling: mean")
+                    raise ValueError(
+                        "local-2d attention runs over the patch grid, which a class token is not on; use pooling: mean"
+                    )
                 if attention.grid is not None and tuple(attention.grid) != self.grid:
-                    raise ValueError(f"encoder.attention.grid {list(attention.grid)} is not the patch grid "
-                                     f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}; "
-                                     "leave grid out (deprecated): the model gives its grid")
+                    raise ValueError(
+                        f"encoder.attention.grid {list(attention.grid)} is not the patch grid "
+                        f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}; "
+                        "leave grid out (deprecated): the model gives its grid"
+                    )
                 try:
                     attention.pattern(self.grid)
                 except ValueError as error:
@@ -196,9 +243,18 @@ class ImageEncoderConfig(ImageConfig):
     def build(self) -> ImageEncoder:
         positional = (Learned2d if self.positional == "learned-2d" else Sinusoidal2d)(self.grid, self.d_model)
         patches = PatchEmbedding(self.image_size, self.channels, self.patch, self.d_model)
-        encoder = builders.stack(self.encoder, d_model=self.d_model, n_heads=self.n_heads, d_ff=self.d_ff,
-                                 dropout=self.dropout, ffn=self.ffn, norm=self.norm, pre_norm=self.norm_placement == "pre",
-                                 final_norm=self.norm_placement == "pre", grid=self.grid)
+        encoder = builders.stack(
+            self.encoder,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            ffn=self.ffn,
+            norm=self.norm,
+            pre_norm=self.norm_placement == "pre",
+            final_norm=self.norm_placement == "pre",
+            grid=self.grid,
+        )
         return ImageEncoder(
             patches=patches,
             positional=positional,
@@ -214,22 +270,41 @@ class SaganClassifier(ZooModel):
     """Convolution stages (3x3 conv, batch norm, ReLU; the later ones halve the size), a SAGAN
     block after the chosen stages, global average pooling and a linear classifier."""
 
-    def __init__(self, *, channels: int, widths: list[int], attention_at: list[int], reduction: int,
-                 num_classes: int, image_size: Pair) -> None:
+    def __init__(
+        self,
+        *,
+        channels: int,
+        widths: list[int],
+        attention_at: list[int],
+        reduction: int,
+        num_classes: int,
+        image_size: Pair,
+    ) -> None:
         super().__init__()
         self.channels, self.image_size = channels, tuple(image_size)
         stages, attention = [], {}
         for i, width in enumerate(widths):
-            stages.append(nn.Sequential(nn.Conv2d(widths[i - 1] if i else channels, width, 3, stride=1 if i == 0 else 2,
-                                                  padding=1), nn.BatchNorm2d(width), nn.ReLU()))
+            stages.append(
+                nn.Sequential(
+                    nn.Conv2d(widths[i - 1] if i else channels, width, 3, stride=1 if i == 0 else 2, padding=1),
+                    nn.BatchNorm2d(width),
+                    nn.ReLU(),
+                )
+            )
             if i in attention_at:
                 attention[str(i)] = SelfAttention2d(width, reduction)
         self.stages = nn.ModuleList(stages)
         self.attention = nn.ModuleDict(attention)
         self.classifier = nn.Linear(widths[-1], num_classes)
 
-    def forward(self, image: Tensor, *, need_weights: bool = False, labels: Tensor | None = None,
-                output_attentions: bool | None = None) -> ModelOutput:
+    def forward(
+        self,
+        image: Tensor,
+        *,
+        need_weights: bool = False,
+        labels: Tensor | None = None,
+        output_attentions: bool | None = None,
+    ) -> ModelOutput:
         """``image`` ``(B, C, H, W)``, floats of the model's dtype, to class logits; with
         ``need_weights`` (or ``output_attentions``), each SAGAN block's weights ``(B, h*w, h*w)``
         over its feature map, by stage; with ``labels`` ``(B,)``, ``out.loss``.
@@ -248,8 +323,11 @@ class SaganClassifier(ZooModel):
                 if need_weights:
                     maps[f"stage{i}"] = weights
         pooled = x.mean(dim=(2, 3))  # (B, C)
-        out = ModelOutput(logits=self.classifier(pooled), hidden=pooled[:, None],
-                          attentions={name: [{"self": w[:, None]}] for name, w in maps.items()})
+        out = ModelOutput(
+            logits=self.classifier(pooled),
+            hidden=pooled[:, None],
+            attentions={name: [{"self": w[:, None]}] for name, w in maps.items()},
+        )
         return self.labelled(out, labels)
 
     def loss(self, output: ModelOutput, targets: Tensor) -> Tensor:
@@ -262,7 +340,9 @@ class SaganClassifierConfig(ImageConfig):
     variant: str = Field("sagan-classifier-tiny", description="the registered variant this config started from")
     widths: list[Width] = Field([32, 64], min_length=1, description="channels of each convolution stage")
     attention_at: list[int] = Field([0, 1], description="stages followed by a SAGAN block (0 is the first)")
-    reduction: int = Field(8, ge=1, le=MAX_WIDTH, description="query/key/value channels are width / reduction (8 in the paper)")
+    reduction: int = Field(
+        8, ge=1, le=MAX_WIDTH, description="query/key/value channels are width / reduction (8 in the paper)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SaganClassifierConfig:
@@ -275,8 +355,14 @@ class SaganClassifierConfig(ImageConfig):
         return self
 
     def build(self) -> SaganClassifier:
-        return SaganClassifier(channels=self.channels, widths=self.widths, attention_at=self.attention_at,
-                               reduction=self.reduction, num_classes=self.num_classes, image_size=self.image_size)
+        return SaganClassifier(
+            channels=self.channels,
+            widths=self.widths,
+            attention_at=self.attention_at,
+            reduction=self.reduction,
+            num_classes=self.num_classes,
+            image_size=self.image_size,
+        )
 
 
 @hookimpl
@@ -288,15 +374,31 @@ def tzoo_components():
 def tzoo_variants():
 
     return [
-        Variant(name="vit-tiny", config=ImageEncoderConfig, defaults={},
-                description="ViT for 8x8 images: 2x2 patches, 4 pre-norm layers, d 64, class token, learned 2-D positions"),
-        Variant(name="image-transformer-tiny", config=ImageEncoderConfig,
-                defaults={"patch": 1, "pooling": "mean", "positional": "sinusoidal-2d",
-                          "encoder": {"layers": 4, "attention": {"kind": "local-2d", "query_block": (2, 2),
-                                                                 "memory": (2, 2)}}},
-                description="Image Transformer encoder for 8x8 images: every pixel a token, local 2-D attention"),
-        Variant(name="sagan-classifier-tiny", config=SaganClassifierConfig,
-                description="convolutional classifier for 8x8 images with a SAGAN block after each of 2 stages"),
-        Variant(name="sagan-gan", config=SaganGanConfig,
-                description="class-conditional SAGAN for 8x8 images: spectral norm, hinge loss, attention in G and D"),
+        Variant(
+            name="vit-tiny",
+            config=ImageEncoderConfig,
+            defaults={},
+            description="ViT for 8x8 images: 2x2 patches, 4 pre-norm layers, d 64, class token, learned 2-D positions",
+        ),
+        Variant(
+            name="image-transformer-tiny",
+            config=ImageEncoderConfig,
+            defaults={
+                "patch": 1,
+                "pooling": "mean",
+                "positional": "sinusoidal-2d",
+                "encoder": {"layers": 4, "attention": {"kind": "local-2d", "query_block": (2, 2), "memory": (2, 2)}},
+            },
+            description="Image Transformer encoder for 8x8 images: every pixel a token, local 2-D attention",
+        ),
+        Variant(
+            name="sagan-classifier-tiny",
+            config=SaganClassifierConfig,
+            description="convolutional classifier for 8x8 images with a SAGAN block after each of 2 stages",
+        ),
+        Variant(
+            name="sagan-gan",
+            config=SaganGanConfig,
+            description="class-conditional SAGAN for 8x8 images: spectral norm, hinge loss, attention in G and D",
+        ),
     ]

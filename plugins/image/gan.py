@@ -90,8 +90,17 @@ class Generator(nn.Module):
     """Noise and a class to an image in [0, 1]: a linear map to the smallest feature map, up-
     sampling blocks, SAGAN blocks after the chosen ones, then norm, ReLU, 3x3 conv and tanh."""
 
-    def __init__(self, *, noise_dim: int, num_classes: int, channels: int, widths: list[int],
-                 start: tuple[int, int], attention_at: list[int], reduction: int) -> None:
+    def __init__(
+        self,
+        *,
+        noise_dim: int,
+        num_classes: int,
+        channels: int,
+        widths: list[int],
+        start: tuple[int, int],
+        attention_at: list[int],
+        reduction: int,
+    ) -> None:
         super().__init__()
         self.start, self.widths = start, widths
         self.linear = nn.Linear(noise_dim, widths[0] * start[0] * start[1])
@@ -117,12 +126,14 @@ class Discriminator(nn.Module):
     """An image and a class to a score (higher: real): down-sampling blocks (the first keeps the
     size), SAGAN blocks after the chosen ones, ReLU, sum pooling and a projection head."""
 
-    def __init__(self, *, num_classes: int, channels: int, widths: list[int], attention_at: list[int],
-                 reduction: int) -> None:
+    def __init__(
+        self, *, num_classes: int, channels: int, widths: list[int], attention_at: list[int], reduction: int
+    ) -> None:
         super().__init__()
         ins = [channels, *widths[:-1]]
-        self.blocks = nn.ModuleList(DiscriminatorBlock(a, b, down=i > 0, first=i == 0)
-                                    for i, (a, b) in enumerate(zip(ins, widths)))
+        self.blocks = nn.ModuleList(
+            DiscriminatorBlock(a, b, down=i > 0, first=i == 0) for i, (a, b) in enumerate(zip(ins, widths))
+        )
         self.attention = nn.ModuleDict({str(i): SelfAttention2d(widths[i], reduction) for i in attention_at})
         self.linear = nn.Linear(widths[-1], 1)
         self.embed = nn.Embedding(num_classes, widths[-1])
@@ -158,9 +169,18 @@ class SaganGan(ZooModel):
     with its attention maps when asked).
     """
 
-    def __init__(self, *, generator: Generator, discriminator: Discriminator, noise_dim: int, channels: int,
-                 image_size: tuple[int, int], num_classes: int, generator_lr_scale: float,
-                 betas: tuple[float, float]) -> None:
+    def __init__(
+        self,
+        *,
+        generator: Generator,
+        discriminator: Discriminator,
+        noise_dim: int,
+        channels: int,
+        image_size: tuple[int, int],
+        num_classes: int,
+        generator_lr_scale: float,
+        betas: tuple[float, float],
+    ) -> None:
         super().__init__()
         self.generator, self.discriminator = generator, discriminator
         self.noise_dim, self.channels, self.image_size, self.num_classes = noise_dim, channels, image_size, num_classes
@@ -168,15 +188,18 @@ class SaganGan(ZooModel):
 
     def phases(self) -> list[Phase]:
         """A discriminator step, then a generator step: Adam without weight decay, two time-scales."""
-        return [Phase("discriminator", tuple(self.discriminator.parameters()), 1.0, self.betas, 0.0),
-                Phase("generator", tuple(self.generator.parameters()), self.generator_lr_scale, self.betas, 0.0)]
+        return [
+            Phase("discriminator", tuple(self.discriminator.parameters()), 1.0, self.betas, 0.0),
+            Phase("generator", tuple(self.generator.parameters()), self.generator_lr_scale, self.betas, 0.0),
+        ]
 
     def _check_labels(self, labels: Tensor) -> None:
         check_tensor(labels, "labels", "of class ids, of shape (batch,) and dtype long")
         check_not_empty(labels, "labels", "label")
         if labels.dim() != 1 or labels.dtype != torch.long:
-            raise ValueError(f"labels must be class ids of shape (batch,) and dtype long, got {tuple(labels.shape)} "
-                             f"{labels.dtype}")
+            raise ValueError(
+                f"labels must be class ids of shape (batch,) and dtype long, got {tuple(labels.shape)} {labels.dtype}"
+            )
         if torch.compiler.is_compiling():  # reading values would break a compiled or exported graph
             return
         if labels.numel() and not 0 <= int(labels.min()) <= int(labels.max()) < self.num_classes:
@@ -205,8 +228,11 @@ class SaganGan(ZooModel):
             raise ValueError(f"noise must be (batch, {self.noise_dim}) for {batch} labels, got {tuple(noise.shape)}")
         check_float_dtype(noise, "noise", self._dtype)
         images, maps = self.generator(noise, label, need_weights=need_weights)
-        return ModelOutput(logits=images, hidden=noise[:, None],
-                           attentions={f"generator-{name}": [{"self": w[:, None]}] for name, w in maps.items()})
+        return ModelOutput(
+            logits=images,
+            hidden=noise[:, None],
+            attentions={f"generator-{name}": [{"self": w[:, None]}] for name, w in maps.items()},
+        )
 
     def sample(self, labels: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Images ``(B, C, H, W)`` in [0, 1] of the classes ``labels``, from noise drawn by ``generator``."""
@@ -250,13 +276,20 @@ class SaganGanConfig(ImageConfig):
     variant: str = Field("sagan-gan", description="the registered variant this config started from")
     noise_dim: int = Field(32, ge=1, le=MAX_WIDTH, description="size of the generator's noise vector z")
     generator_widths: list[Width] = Field(
-        [64, 64, 32], min_length=2, description="channels from the smallest feature map up; each block doubles the size")
+        [64, 64, 32], min_length=2, description="channels from the smallest feature map up; each block doubles the size"
+    )
     discriminator_widths: list[Width] = Field(
-        [32, 64, 64], min_length=2, description="channels of each block; the first keeps the size, the others halve it")
-    generator_attention: list[int] = Field([1], description="generator blocks followed by a SAGAN block (0 is the first)")
+        [32, 64, 64], min_length=2, description="channels of each block; the first keeps the size, the others halve it"
+    )
+    generator_attention: list[int] = Field(
+        [1], description="generator blocks followed by a SAGAN block (0 is the first)"
+    )
     discriminator_attention: list[int] = Field(
-        [0], description="discriminator blocks followed by a SAGAN block (0 is the first)")
-    reduction: int = Field(8, ge=1, le=MAX_WIDTH, description="query/key/value channels are width / reduction (8 in the paper)")
+        [0], description="discriminator blocks followed by a SAGAN block (0 is the first)"
+    )
+    reduction: int = Field(
+        8, ge=1, le=MAX_WIDTH, description="query/key/value channels are width / reduction (8 in the paper)"
+    )
     generator_lr_scale: float = Field(0.25, gt=0, description="the generator's learning rate over the discriminator's")
     betas: tuple[Beta, Beta] = Field((0.0, 0.9), description="Adam's betas for both networks, each in [0, 1)")
 
@@ -270,15 +303,22 @@ class SaganGanConfig(ImageConfig):
         scale = 2 ** (len(self.generator_widths) - 1)
         if self.image_size[0] % scale or self.image_size[1] % scale:
             blocks = len(self.generator_widths) - 1
-            raise ValueError(f"the generator's {blocks} blocks double the size {blocks} times, so image_size must be a "
-                             f"multiple of {scale} on each side, got {list(self.image_size)}; use fewer generator_widths")
+            raise ValueError(
+                f"the generator's {blocks} blocks double the size {blocks} times, so image_size must be a "
+                f"multiple of {scale} on each side, got {list(self.image_size)}; use fewer generator_widths"
+            )
         down = 2 ** (len(self.discriminator_widths) - 1)
         if self.image_size[0] % down or self.image_size[1] % down:
             blocks = len(self.discriminator_widths) - 1
-            raise ValueError(f"the discriminator's blocks after the first halve the size {blocks} times, so image_size "
-                             f"must be a multiple of {down} on each side, got {list(self.image_size)}; "
-                             "use fewer discriminator_widths")
-        for name, widths, offset in (("generator", self.generator_widths, 1), ("discriminator", self.discriminator_widths, 0)):
+            raise ValueError(
+                f"the discriminator's blocks after the first halve the size {blocks} times, so image_size "
+                f"must be a multiple of {down} on each side, got {list(self.image_size)}; "
+                "use fewer discriminator_widths"
+            )
+        for name, widths, offset in (
+            ("generator", self.generator_widths, 1),
+            ("discriminator", self.discriminator_widths, 0),
+        ):
             blocks = len(widths) - offset
             at = getattr(self, f"{name}_attention")
             bad = [i for i in at if not 0 <= i < blocks]
@@ -286,19 +326,37 @@ class SaganGanConfig(ImageConfig):
                 raise ValueError(f"{name}_attention {bad} names no block; the {name}'s blocks are 0..{blocks - 1}")
             for i in at:
                 if widths[i + offset] % self.reduction:
-                    raise ValueError(f"reduction={self.reduction} does not divide the width {widths[i + offset]} of "
-                                     f"{name} block {i}")
+                    raise ValueError(
+                        f"reduction={self.reduction} does not divide the width {widths[i + offset]} of {name} block {i}"
+                    )
         return self
 
     def build(self) -> SaganGan:
-        generator = Generator(noise_dim=self.noise_dim, num_classes=self.num_classes, channels=self.channels,
-                              widths=self.generator_widths, start=self.start, attention_at=self.generator_attention,
-                              reduction=self.reduction)
-        discriminator = Discriminator(num_classes=self.num_classes, channels=self.channels,
-                                      widths=self.discriminator_widths, attention_at=self.discriminator_attention,
-                                      reduction=self.reduction)
+        generator = Generator(
+            noise_dim=self.noise_dim,
+            num_classes=self.num_classes,
+            channels=self.channels,
+            widths=self.generator_widths,
+            start=self.start,
+            attention_at=self.generator_attention,
+            reduction=self.reduction,
+        )
+        discriminator = Discriminator(
+            num_classes=self.num_classes,
+            channels=self.channels,
+            widths=self.discriminator_widths,
+            attention_at=self.discriminator_attention,
+            reduction=self.reduction,
+        )
         _spectral_norm_all(generator)
         _spectral_norm_all(discriminator)
-        return SaganGan(generator=generator, discriminator=discriminator, noise_dim=self.noise_dim,
-                        channels=self.channels, image_size=tuple(self.image_size), num_classes=self.num_classes,
-                        generator_lr_scale=self.generator_lr_scale, betas=tuple(self.betas))
+        return SaganGan(
+            generator=generator,
+            discriminator=discriminator,
+            noise_dim=self.noise_dim,
+            channels=self.channels,
+            image_size=tuple(self.image_size),
+            num_classes=self.num_classes,
+            generator_lr_scale=self.generator_lr_scale,
+            betas=tuple(self.betas),
+        )

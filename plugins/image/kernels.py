@@ -46,8 +46,10 @@ class Local2dPattern(AttentionPattern):
             value = getattr(self, name)
             pair = isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value)
             if not pair or min(value) < (0 if name == "memory" else 1):
-                raise ValueError(f"{name} must be two {'non-negative' if name == 'memory' else 'positive'} "
-                                 f"integers (rows, columns), got {value}")
+                raise ValueError(
+                    f"{name} must be two {'non-negative' if name == 'memory' else 'positive'} "
+                    f"integers (rows, columns), got {value}"
+                )
         if any(b > g for b, g in zip(self.query_block, self.grid)):
             raise ValueError(f"query_block {self.query_block} is larger than the grid {self.grid}")
 
@@ -68,9 +70,11 @@ class Local2dPattern(AttentionPattern):
         """Local 2-D attention is an encoder's, over the whole grid: no causal mask, padding or cache."""
         cells = self.grid[0] * self.grid[1]
         if mask.causal or mask.padding is not None or q_len != cells or k_len != cells:
-            raise ValueError(f"local-2d attention is encoder self-attention over a whole {self.grid[0]}x{self.grid[1]} "
-                             f"grid ({cells} positions): no causal mask, padding or cache; got {q_len} queries and "
-                             f"{k_len} keys")
+            raise ValueError(
+                f"local-2d attention is encoder self-attention over a whole {self.grid[0]}x{self.grid[1]} "
+                f"grid ({cells} positions): no causal mask, padding or cache; got {q_len} queries and "
+                f"{k_len} keys"
+            )
         return self
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, padding: Tensor | None, dropout_p: float) -> Tensor:
@@ -85,8 +89,10 @@ def local_2d_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Local2dPattern,
     in eval mode.
     """
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"q, k and v must all be (batch, heads, positions, head_dim); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k and v must all be (batch, heads, positions, head_dim); got {tuple(q.shape)}, "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
     batch, heads, n, dim = q.shape
     (height, width), (bh, bw), (mh, mw) = pattern.grid, pattern.query_block, pattern.memory
     if n != height * width:
@@ -107,8 +113,9 @@ def local_2d_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Local2dPattern,
     queries = F.pad(grid(q), (0, pad_w, 0, pad_h)).view(batch, heads, dim, nbh, bh, nbw, bw)
     queries = queries.permute(0, 1, 3, 5, 4, 6, 2).reshape(batch, heads, nbh * nbw, bh * bw, dim)
     real = unfold(torch.ones(1, 1, height, width, device=q.device))[0].t() > 0  # (blocks, m): cells inside the image
-    out = F.scaled_dot_product_attention(queries, memory_blocks(k), memory_blocks(v),
-                                         attn_mask=real[:, None, :], dropout_p=dropout)  # (B, Hd, blocks, b, Dh)
+    out = F.scaled_dot_product_attention(
+        queries, memory_blocks(k), memory_blocks(v), attn_mask=real[:, None, :], dropout_p=dropout
+    )  # (B, Hd, blocks, b, Dh)
     out = out.view(batch, heads, nbh, nbw, bh, bw, dim).permute(0, 1, 2, 4, 3, 5, 6)
     out = out.reshape(batch, heads, nbh * bh, nbw * bw, dim)[:, :, :height, :width]
     return out.reshape(batch, heads, n, dim)

@@ -47,7 +47,8 @@ class _Sparse(AttentionOptions):
     self_only: ClassVar[bool] = True
 
     kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
-        "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked")
+        "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked"
+    )
 
     def pattern(self) -> Pattern:
         raise NotImplementedError
@@ -55,27 +56,49 @@ class _Sparse(AttentionOptions):
     def make_kernel(self) -> Kernel:
         return PatternKernel(self.pattern(), self.kernel)
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: tuple[int, int] | None = None) -> nn.Module:
-        return SparseAttention(d_model, n_heads, kernel=self.make_kernel(), dropout=dropout, bias=self.bias,
-                               positional=positional, scale=self.scale,
-                                  n_kv_heads=self.n_kv_heads)
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> nn.Module:
+        return SparseAttention(
+            d_model,
+            n_heads,
+            kernel=self.make_kernel(),
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
 
 class SlidingWindow(_Sparse):
     """Each query sees the keys within ``window`` positions of it (Longformer)."""
 
     kind: Literal["sliding-window"] = "sliding-window"
-    window: int = Field(128, ge=1, le=MAX_LENGTH, description="keys seen on each side of a query (before it only, when causal)")
-    dilation: int = Field(1, ge=1, le=MAX_LENGTH, description="gap between the keys of the window (Longformer's dilation; 1: none)")
+    window: int = Field(
+        128, ge=1, le=MAX_LENGTH, description="keys seen on each side of a query (before it only, when causal)"
+    )
+    dilation: int = Field(
+        1, ge=1, le=MAX_LENGTH, description="gap between the keys of the window (Longformer's dilation; 1: none)"
+    )
 
     def check(self, *, max_len: int) -> None:
         if self.dilation == 1 and self.window >= max_len:
-            raise ValueError(f"{self.kind} window={self.window} is not smaller than max_len={max_len}: that is full "
-                             "attention; use kind: sdpa, or a window below max_len")
+            raise ValueError(
+                f"{self.kind} window={self.window} is not smaller than max_len={max_len}: that is full "
+                "attention; use kind: sdpa, or a window below max_len"
+            )
         if self.dilation >= max_len:
-            raise ValueError(f"{self.kind} dilation={self.dilation} is not smaller than max_len={max_len}: each query "
-                             "would see only itself; use a dilation below max_len")
+            raise ValueError(
+                f"{self.kind} dilation={self.dilation} is not smaller than max_len={max_len}: each query "
+                "would see only itself; use a dilation below max_len"
+            )
 
     def pattern(self) -> Pattern:
         return Pattern(window=self.window, dilation=self.dilation)
@@ -89,8 +112,9 @@ class BlockLocal(_Sparse):
 
     def check(self, *, max_len: int) -> None:
         if self.block >= max_len:
-            raise ValueError(f"block-local block={self.block} is not smaller than max_len={max_len}; "
-                             "choose a block below max_len")
+            raise ValueError(
+                f"block-local block={self.block} is not smaller than max_len={max_len}; choose a block below max_len"
+            )
 
     def pattern(self) -> Pattern:
         return Pattern(block=self.block)
@@ -112,8 +136,12 @@ class LocalGlobal(SlidingWindow):
             raise ValueError(f"local-global global_every={self.global_every} is not below max_len={max_len}")
 
     def pattern(self) -> Pattern:
-        return Pattern(window=self.window, dilation=self.dilation, global_positions=tuple(self.global_positions),
-                       global_every=self.global_every)
+        return Pattern(
+            window=self.window,
+            dilation=self.dilation,
+            global_positions=tuple(self.global_positions),
+            global_every=self.global_every,
+        )
 
 
 class BlockSparse(_Sparse):
@@ -136,9 +164,13 @@ class BlockSparse(_Sparse):
             )
 
     def pattern(self) -> Pattern:
-        return _EncoderPattern(block=self.block, window=self.window_blocks,
-                               global_positions=tuple(range(self.global_blocks * self.block)),
-                               random_blocks=self.random_blocks, seed=self.seed)
+        return _EncoderPattern(
+            block=self.block,
+            window=self.window_blocks,
+            global_positions=tuple(range(self.global_blocks * self.block)),
+            random_blocks=self.random_blocks,
+            seed=self.seed,
+        )
 
 
 @dataclass(frozen=True)
@@ -147,8 +179,10 @@ class _EncoderPattern(Pattern):
 
     def for_call(self, mask: AttentionMask, q_len: int, k_len: int) -> Pattern:
         if mask.causal:
-            raise ValueError("block-sparse attention is for encoders (its random and global blocks see the future); "
-                             "use sliding-window, block-local or local-global in a decoder")
+            raise ValueError(
+                "block-sparse attention is for encoders (its random and global blocks see the future); "
+                "use sliding-window, block-local or local-global in a decoder"
+            )
         return super().for_call(mask, q_len, k_len)
 
 
@@ -159,17 +193,33 @@ class MemoryCompressed(AttentionOptions):
     takes_bias: ClassVar[bool] = False
     self_only: ClassVar[bool] = True
     kind: Literal["memory-compressed"] = "memory-compressed"
-    compression: int = Field(3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)")
+    compression: int = Field(
+        3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)"
+    )
 
     def check(self, *, max_len: int) -> None:
         if self.compression >= max_len:
             raise ValueError(f"memory-compressed compression={self.compression} is not below max_len={max_len}")
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: tuple[int, int] | None = None) -> nn.Module:
-        return MemoryCompressedAttention(d_model, n_heads, compression=self.compression, dropout=dropout,
-                                         bias=self.bias, positional=positional, scale=self.scale,
-                                  n_kv_heads=self.n_kv_heads)
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> nn.Module:
+        return MemoryCompressedAttention(
+            d_model,
+            n_heads,
+            compression=self.compression,
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
 
 # ---- the family -----------------------------------------------------------------------------
@@ -180,12 +230,19 @@ class LocalGlobalConfig(EncoderDecoderConfig):
 
     variant: str = Field("local-global-encoder-base", description="the registered variant this config started from")
     max_len: int = Field(4096, ge=1, le=MAX_LENGTH, description="longest sequence")
-    positional: PositionalField = Field("learned", validate_default=True, description="learned absolute positions, as Longformer")
+    positional: PositionalField = Field(
+        "learned", validate_default=True, description="learned absolute positions, as Longformer"
+    )
     scale_embeddings: bool = Field(False, description="not scaled")
-    encoder: StackField | None = Field({"layers": 12, "attention": {"kind": "local-global", "window": 256}},
-                                  validate_default=True, description="the encoder stack, with local-global attention")
+    encoder: StackField | None = Field(
+        {"layers": 12, "attention": {"kind": "local-global", "window": 256}},
+        validate_default=True,
+        description="the encoder stack, with local-global attention",
+    )
     decoder: StackField | None = Field(None, description="no decoder: encoder-only")
-    head: HeadField = Field({"kind": "sequence-classification"}, validate_default=True, description="classification head")
+    head: HeadField = Field(
+        {"kind": "sequence-classification"}, validate_default=True, description="classification head"
+    )
 
 
 TINY = dict(vocab_size=1000, d_model=64, n_heads=4, d_ff=256, max_len=4096)
@@ -200,16 +257,31 @@ def tzoo_components():
 @hookimpl
 def tzoo_variants():
     return [
-        Variant(name="local-global-encoder-base", config=LocalGlobalConfig,
-                defaults=dict(d_model=768, n_heads=12, d_ff=3072, vocab_size=50265, dropout=0.1),
-                description="Longformer-style encoder: 12 layers, d 768, window 256 each side, [CLS] global"),
-        Variant(name="local-global-encoder-tiny", config=LocalGlobalConfig,
-                defaults={**TINY, "encoder": {"layers": 2, "attention": {"kind": "local-global", "window": 16}}},
-                description="tiny Longformer-style encoder: 2 layers, d 64, window 16 each side, [CLS] global"),
-        Variant(name="transformer-dmca-tiny", config=LocalGlobalConfig,
-                # the Transformer decoder's embeddings (tensor2tensor, which the paper used): N(0, 1/d) scaled by
-                # sqrt(d), so the tied output layer starts with logits of unit scale
-                defaults={**TINY, "encoder": None, "decoder": {"layers": 4, "attention": DMCA_LAYERS},
-                          "positional": "sinusoidal", "scale_embeddings": True, "head": {"kind": "lm"}},
-                description="Liu 2018 T-DMCA, tiny: decoder-only, block-local layers interleaved with memory-compressed"),
+        Variant(
+            name="local-global-encoder-base",
+            config=LocalGlobalConfig,
+            defaults=dict(d_model=768, n_heads=12, d_ff=3072, vocab_size=50265, dropout=0.1),
+            description="Longformer-style encoder: 12 layers, d 768, window 256 each side, [CLS] global",
+        ),
+        Variant(
+            name="local-global-encoder-tiny",
+            config=LocalGlobalConfig,
+            defaults={**TINY, "encoder": {"layers": 2, "attention": {"kind": "local-global", "window": 16}}},
+            description="tiny Longformer-style encoder: 2 layers, d 64, window 16 each side, [CLS] global",
+        ),
+        Variant(
+            name="transformer-dmca-tiny",
+            config=LocalGlobalConfig,
+            # the Transformer decoder's embeddings (tensor2tensor, which the paper used): N(0, 1/d) scaled by
+            # sqrt(d), so the tied output layer starts with logits of unit scale
+            defaults={
+                **TINY,
+                "encoder": None,
+                "decoder": {"layers": 4, "attention": DMCA_LAYERS},
+                "positional": "sinusoidal",
+                "scale_embeddings": True,
+                "head": {"kind": "lm"},
+            },
+            description="Liu 2018 T-DMCA, tiny: decoder-only, block-local layers interleaved with memory-compressed",
+        ),
     ]

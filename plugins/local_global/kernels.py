@@ -147,8 +147,9 @@ class Pattern(AttentionPattern):
         if self.block:
             first_block, last_block = start // self.block, (end - 1) // self.block
             reach = 1 if self.causal else self.window
-            blocks = torch.arange(max(0, first_block - reach), min(last_block + reach, (length - 1) // self.block) + 1,
-                                  device=device)
+            blocks = torch.arange(
+                max(0, first_block - reach), min(last_block + reach, (length - 1) // self.block) + 1, device=device
+            )
             if self.random_blocks:
                 if table is None:
                     table = self.random_table(math.ceil(length / self.block), device)
@@ -165,8 +166,9 @@ class Pattern(AttentionPattern):
         return keys
 
 
-def dense_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
-                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def dense_attention(
+    q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Attention under the pattern's explicit mask: ``(output, weights)``; the reference."""
     mask = pattern.dense(q.size(-2), k.size(-2), q.device)  # (Tq, Tk)
     if padding is not None:
@@ -174,8 +176,16 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: 
     return attention_math(q, k, v, mask, bias)
 
 
-def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None = None,
-                      dropout: float = 0.0, *, batched: bool | None = None) -> Tensor:
+def chunked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pattern: Pattern,
+    padding: Tensor | None = None,
+    dropout: float = 0.0,
+    *,
+    batched: bool | None = None,
+) -> Tensor:
     """The pattern's attention, one chunk of queries at a time against the keys it needs.
 
     Args:
@@ -196,8 +206,11 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
     size = pattern.chunk_size()
     table = pattern.random_table(math.ceil(k_len / pattern.block), q.device) if pattern.random_blocks else None
     batched = q.device.type != "cpu" if batched is None else batched
-    if pattern.block and offset == 0 and (batched or pattern.random_blocks or pattern.global_positions
-                                          or pattern.global_every):
+    if (
+        pattern.block
+        and offset == 0
+        and (batched or pattern.random_blocks or pattern.global_positions or pattern.global_every)
+    ):
         out = _blocked(q, k, v, pattern, padding, dropout, table)  # gathers: one batched product beats a loop
     elif pattern.dilation > 1 and offset == 0 and not (pattern.global_positions or pattern.global_every):
         out = _dilated(q, k, v, pattern, padding, dropout, batched)
@@ -216,8 +229,16 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding
     return out
 
 
-def _chunks(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
-            table: Tensor | None, size: int) -> Tensor:
+def _chunks(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pattern: Pattern,
+    padding: Tensor | None,
+    dropout: float,
+    table: Tensor | None,
+    size: int,
+) -> Tensor:
     """Queries ``size`` at a time, each chunk against the keys it may need."""
     q_len, k_len = q.size(-2), k.size(-2)
     offset = k_len - q_len
@@ -228,8 +249,11 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor |
         span = pattern.key_range(start, end, k_len)
         if span is not None:  # a band: slice, no gather
             keys = torch.arange(*span, device=q.device)
-            chunk_k, chunk_v, chunk_pad = k[:, :, span[0] : span[1]], v[:, :, span[0] : span[1]], \
-                None if padding is None else padding[:, span[0] : span[1]]
+            chunk_k, chunk_v, chunk_pad = (
+                k[:, :, span[0] : span[1]],
+                v[:, :, span[0] : span[1]],
+                None if padding is None else padding[:, span[0] : span[1]],
+            )
         else:
             keys = pattern.keys_for(start, end, k_len, q.device, table)  # (m,)
             chunk_k, chunk_v = k[:, :, keys], v[:, :, keys]
@@ -241,8 +265,9 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor |
     return torch.cat(outputs, dim=2)  # (B, H, Tq, Dh)
 
 
-def _band(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
-          size: int) -> Tensor:
+def _band(
+    q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float, size: int
+) -> Tensor:
     """A band, every chunk of ``size`` queries at once against its own ``m = size + 2 * reach`` keys
     (``size + reach`` when causal): the keys are unfolded into overlapping windows, so one
     attention call over ``(B, H * chunks)`` rows computes what a loop over the chunks would, with
@@ -270,8 +295,9 @@ def _band(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | N
     return out.view(batch, heads, chunks * size, dim)[:, :, :n]
 
 
-def _dilated(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
-             batched: bool) -> Tensor:
+def _dilated(
+    q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float, batched: bool
+) -> Tensor:
     """A dilated band is a plain band on each of the ``d`` interleaved subsequences ``r, r + d,
     r + 2d, ...``: fold them into the batch, so no key outside the band is computed."""
     batch, heads, n, dim = q.shape
@@ -286,13 +312,17 @@ def _dilated(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor 
     real = F.pad(real, (0, pad)).view(batch, -1, d).transpose(1, 2).reshape(batch * d, -1)  # (B * d, n / d)
     band = replace(pattern, dilation=1)
     folded = fold(q), fold(k), fold(v)
-    out = (_band(*folded, band, real, dropout, band.chunk_size()) if batched
-           else _chunks(*folded, band, real, dropout, None, band.chunk_size()))
+    out = (
+        _band(*folded, band, real, dropout, band.chunk_size())
+        if batched
+        else _chunks(*folded, band, real, dropout, None, band.chunk_size())
+    )
     return out.view(batch, d, heads, -1, dim).permute(0, 2, 3, 1, 4).reshape(batch, heads, -1, dim)[:, :, :n]
 
 
-def _blocked(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float,
-             table: Tensor | None) -> Tensor:
+def _blocked(
+    q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor | None, dropout: float, table: Tensor | None
+) -> Tensor:
     """Every query block at once against its own gathered key blocks (BigBird's layout).
 
     Each of the ``nb`` query blocks gathers ``m`` key blocks: its neighbours, the blocks holding
@@ -304,8 +334,11 @@ def _blocked(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, padding: Tensor 
     nb = math.ceil(n / b)
     device = q.device
     blocks = torch.arange(nb, device=device)
-    reach = torch.arange(-1, 1, device=device) if pattern.causal else torch.arange(-pattern.window, pattern.window + 1,
-                                                                                   device=device)
+    reach = (
+        torch.arange(-1, 1, device=device)
+        if pattern.causal
+        else torch.arange(-pattern.window, pattern.window + 1, device=device)
+    )
     parts = [blocks[:, None] + reach[None, :]]  # neighbours, (nb, 2r + 1)
     if pattern.global_positions or pattern.global_every:
         positions = torch.arange(n, device=device)
@@ -346,8 +379,9 @@ class MemoryCompressedAttention(MultiHeadAttention):
 
     self_only = True
 
-    def __init__(self, d_model: int, n_heads: int, *, compression: int = 3, kernel: Kernel = math_kernel,
-                 **kwargs) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, *, compression: int = 3, kernel: Kernel = math_kernel, **kwargs
+    ) -> None:
         super().__init__(d_model, n_heads, kernel=kernel, **kwargs)
         self.compression = compression
         self.compress_k = nn.Conv1d(d_model, d_model, compression, stride=compression)
@@ -361,8 +395,9 @@ class MemoryCompressedAttention(MultiHeadAttention):
         out = conv(flat).transpose(1, 2)  # (B, T', D)
         return out.view(b, -1, h, dh).transpose(1, 2)
 
-    def summary_mask(self, q_len: int, k_len: int, padding: Tensor | None, causal: bool,
-                     device: torch.device) -> Tensor | None:
+    def summary_mask(
+        self, q_len: int, k_len: int, padding: Tensor | None, causal: bool, device: torch.device
+    ) -> Tensor | None:
         """Which summaries each query may see, ``(B or 1, 1, Tq, T')``; None: all of them."""
         c = self.compression
         n_summaries = (k_len + -k_len % c) // c  # ceil(k_len / c) as _compress pads: one expression for torch.export
@@ -377,8 +412,9 @@ class MemoryCompressedAttention(MultiHeadAttention):
             mask = real if mask is None else mask & real
         return mask
 
-    def kernel_inputs(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None,
-                      cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
+    def kernel_inputs(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
         """The keys and values compressed to summaries, and the mask over the summaries."""
         if bias is not None:
             raise ValueError(NO_BIAS)

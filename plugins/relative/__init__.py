@@ -32,8 +32,9 @@ def relative_distances(q_len: int, k_len: int, device: torch.device, q_offset: i
     return torch.arange(k_len, device=device)[None, :] - (start + torch.arange(q_len, device=device))[:, None]
 
 
-def relative_position_bucket(relative: Tensor, *, bidirectional: bool = True, num_buckets: int = 32,
-                             max_distance: int = 128) -> Tensor:
+def relative_position_bucket(
+    relative: Tensor, *, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> Tensor:
     """T5's bucket of each ``key - query`` distance (Mesh TensorFlow's ``_relative_position_bucket``).
 
     Bidirectional: half the buckets for keys before the query (and itself), half for keys after
@@ -65,8 +66,15 @@ class T5RelativeBias(AttentionPositional):
         init_std: the table starts from N(0, init_std^2).
     """
 
-    def __init__(self, n_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True,
-                 init_std: float = 1.0) -> None:
+    def __init__(
+        self,
+        n_heads: int,
+        *,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+        init_std: float = 1.0,
+    ) -> None:
         super().__init__()
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)  # transformers' T5 name
@@ -77,8 +85,9 @@ class T5RelativeBias(AttentionPositional):
 
     def bias(self, q_len: int, k_len: int, device: torch.device, q_offset: Tensor | None = None) -> Tensor:
         relative = relative_distances(q_len, k_len, device, q_offset)
-        buckets = relative_position_bucket(relative, bidirectional=self.bidirectional, num_buckets=self.num_buckets,
-                                           max_distance=self.max_distance)
+        buckets = relative_position_bucket(
+            relative, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
         return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (H, Tq, Tk)
 
 
@@ -121,29 +130,50 @@ class T5Bias(PositionalOptions):
     scores_bias: ClassVar[bool] = True
     relative: ClassVar[bool] = True
 
-    num_buckets: int = Field(32, ge=2, le=MAX_LENGTH, description="distance buckets (T5: 32), split between the two "
-                             "directions when bidirectional; half of a direction's are one distance each")
-    max_distance: int = Field(128, ge=2, le=MAX_LENGTH, description="distance at which the logarithmic buckets end; "
-                              "farther keys share the last bucket (T5: 128)")
-    bidirectional: bool = Field(True, description="buckets for keys after the query too (T5's encoder); false: all "
-                                "buckets for earlier keys (T5's decoder). An encoder-decoder takes one setting for both "
-                                "stacks; a causal decoder works with either")
+    num_buckets: int = Field(
+        32,
+        ge=2,
+        le=MAX_LENGTH,
+        description="distance buckets (T5: 32), split between the two "
+        "directions when bidirectional; half of a direction's are one distance each",
+    )
+    max_distance: int = Field(
+        128,
+        ge=2,
+        le=MAX_LENGTH,
+        description="distance at which the logarithmic buckets end; farther keys share the last bucket (T5: 128)",
+    )
+    bidirectional: bool = Field(
+        True,
+        description="buckets for keys after the query too (T5's encoder); false: all "
+        "buckets for earlier keys (T5's decoder). An encoder-decoder takes one setting for both "
+        "stacks; a causal decoder works with either",
+    )
 
     @model_validator(mode="after")
     def _buckets_fit(self) -> T5Bias:
         per_direction = self.num_buckets // 2 if self.bidirectional else self.num_buckets
         if per_direction < 2:
-            raise ValueError(f"num_buckets={self.num_buckets} leaves {per_direction} per direction; give at least "
-                             f"{4 if self.bidirectional else 2}")
+            raise ValueError(
+                f"num_buckets={self.num_buckets} leaves {per_direction} per direction; give at least "
+                f"{4 if self.bidirectional else 2}"
+            )
         if self.max_distance <= per_direction // 2:
-            raise ValueError(f"max_distance={self.max_distance} must pass the {per_direction // 2} exact distances of "
-                             f"num_buckets={self.num_buckets}; raise max_distance or lower num_buckets")
+            raise ValueError(
+                f"max_distance={self.max_distance} must pass the {per_direction // 2} exact distances of "
+                f"num_buckets={self.num_buckets}; raise max_distance or lower num_buckets"
+            )
         return self
 
     def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
         # initialised as transformers' T5 (Mesh TensorFlow's code does not say)
-        return T5RelativeBias(n_heads, num_buckets=self.num_buckets, max_distance=self.max_distance,
-                              bidirectional=self.bidirectional, init_std=d_model**-0.5)
+        return T5RelativeBias(
+            n_heads,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
+            bidirectional=self.bidirectional,
+            init_std=d_model**-0.5,
+        )
 
 
 class Shaw(PositionalOptions):
@@ -156,8 +186,12 @@ class Shaw(PositionalOptions):
     scores_bias: ClassVar[bool] = True
     relative: ClassVar[bool] = True
 
-    max_relative_position: int = Field(16, ge=1, le=MAX_LENGTH, description="clipping distance k: keys farther than "
-                                       "k from the query share one vector (the paper's models: 16)")
+    max_relative_position: int = Field(
+        16,
+        ge=1,
+        le=MAX_LENGTH,
+        description="clipping distance k: keys farther than k from the query share one vector (the paper's models: 16)",
+    )
 
     def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
         return ShawRelativeKeys(d_model // n_heads, self.max_relative_position)

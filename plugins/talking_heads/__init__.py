@@ -41,8 +41,16 @@ class TalkingHeadsKernel(nn.Module):
         self.logits_mix = nn.Parameter(torch.eye(n_heads))  # P_l[h, g]: head h's share in head g's logits
         self.weights_mix = nn.Parameter(torch.eye(n_heads))  # P_w
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
-                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        bias: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
         if bias is not None:
             scores = scores + bias
@@ -63,11 +71,25 @@ class TalkingHeads(AttentionOptions):
 
     kind: Literal["talking-heads"] = "talking-heads"
 
-    def build(self, *, d_model: int, n_heads: int, dropout: float, positional: AttentionPositional | None = None,
-              grid: tuple[int, int] | None = None) -> nn.Module:
-        return MultiHeadAttention(d_model, n_heads, kernel=TalkingHeadsKernel(n_heads), dropout=dropout,
-                                  bias=self.bias, positional=positional, scale=self.scale,
-                                  n_kv_heads=self.n_kv_heads)
+    def build(
+        self,
+        *,
+        d_model: int,
+        n_heads: int,
+        dropout: float,
+        positional: AttentionPositional | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> nn.Module:
+        return MultiHeadAttention(
+            d_model,
+            n_heads,
+            kernel=TalkingHeadsKernel(n_heads),
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
+        )
 
 
 @hookimpl

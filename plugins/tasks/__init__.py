@@ -20,5 +20,20 @@ from .text import TextMLM
 
 @hookimpl
 def tzoo_tasks():
-    return [Copy, Reverse, Sort, Addition, ListOps, Pathfinder, NearPair, FarPair, OrderedPair, Digits, DigitsGeneration,
-            LanguageModeling, TextMLM, Seq2Seq, TextClassification]
+    return [
+        Copy,
+        Reverse,
+        Sort,
+        Addition,
+        ListOps,
+        Pathfinder,
+        NearPair,
+        FarPair,
+        OrderedPair,
+        Digits,
+        DigitsGeneration,
+        LanguageModeling,
+        TextMLM,
+        Seq2Seq,
+        TextClassification,
+    ]

@@ -29,7 +29,9 @@ class AlgorithmicOptions(TaskOptions):
 
     symbols: int = Field(10, ge=2, le=1000, description="distinct input symbols (digits for addition)")
     train_lengths: tuple[Length, Length] = Field((1, 16), description="inclusive range of training lengths")
-    test_lengths: tuple[Length, Length] = Field((17, 24), description="inclusive range of the test_long split's lengths")
+    test_lengths: tuple[Length, Length] = Field(
+        (17, 24), description="inclusive range of the test_long split's lengths"
+    )
     train_size: int = Field(20000, ge=1, le=MAX_EXAMPLES, description="training examples")
     test_size: int = Field(500, ge=1, le=MAX_EXAMPLES, description="examples in each test split")
 
@@ -85,7 +87,6 @@ class AlgorithmicTask(Seq2SeqTask):
         lengths = rng.integers(low, high + 1, size)
         rows = [self._example(rng, int(n)) for n in lengths]
         return datasets.Dataset.from_dict({"src": [r["src"] for r in rows], "tgt": [r["tgt"] for r in rows]})
-
 
     def parse_input(self, text: str) -> dict[str, list[int]]:
         """Symbols ``0`` to ``symbols - 1`` separated by spaces (``'3 1 4'``), or written together

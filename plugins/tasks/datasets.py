@@ -37,6 +37,7 @@ from .text import (
     resolve_files,
     special_ids,
 )
+
 if TYPE_CHECKING:
     import datasets
 
@@ -60,8 +61,10 @@ def _builder(files: list[str], where: str) -> tuple[str, dict[str, Any]]:
     suffixes = sorted({Path(f).suffix.lower() for f in files})
     unknown = [s for s in suffixes if s not in FORMATS]
     if unknown:
-        raise ConfigError(f"{where}: unknown format {unknown[0] or '(no suffix)'!r}; give {', '.join(FORMATS)} "
-                          "files, a folder of them, or a folder written by save_to_disk")
+        raise ConfigError(
+            f"{where}: unknown format {unknown[0] or '(no suffix)'!r}; give {', '.join(FORMATS)} "
+            "files, a folder of them, or a folder written by save_to_disk"
+        )
     if len({repr(FORMATS[s]) for s in suffixes}) > 1:
         raise ConfigError(f"{where} mixes formats ({', '.join(suffixes)}); give files of one format")
     return FORMATS[suffixes[0]]
@@ -88,20 +91,28 @@ class DatasetOptions(TokenizerSource):
     file_suffixes: ClassVar[tuple[str, ...]] = (".txt",)  # what a folder given as files is searched for
 
     path: str | dict[str, str | list[str]] | None = Field(
-        None, description="local data: a file (.csv, .tsv, .json, .jsonl, .parquet, .txt), a folder of them (files "
-                          "named train*, test*, ... are those splits), a glob, a folder written by save_to_disk, or a "
-                          "mapping of split names to files"
+        None,
+        description="local data: a file (.csv, .tsv, .json, .jsonl, .parquet, .txt), a folder of them (files "
+        "named train*, test*, ... are those splits), a glob, a folder written by save_to_disk, or a "
+        "mapping of split names to files",
     )
     dataset_name: str | None = Field(None, description="a Hugging Face dataset name instead of path (needs network)")
     dataset_config: str | None = Field(None, description="the Hugging Face dataset's config")
     train_split: str = Field("train", description="the split trained on")
     test_split: str | None = Field(
-        None, description="the split scored; null: 'test', else 'validation', if the data has one, else "
-                          "test_fraction of train_split held out"
+        None,
+        description="the split scored; null: 'test', else 'validation', if the data has one, else "
+        "test_fraction of train_split held out",
     )
-    test_fraction: float = Field(0.1, gt=0, lt=1, description="share of train_split held out (seeded) when there is no test split")
-    max_len: int = Field(128, ge=1, le=MAX_LENGTH, description="tokens per example; what happens to longer ones depends on the kind")
-    max_test_examples: int = Field(500, ge=1, le=MAX_EXAMPLES, description="test examples scored at most (the first ones)")
+    test_fraction: float = Field(
+        0.1, gt=0, lt=1, description="share of train_split held out (seeded) when there is no test split"
+    )
+    max_len: int = Field(
+        128, ge=1, le=MAX_LENGTH, description="tokens per example; what happens to longer ones depends on the kind"
+    )
+    max_test_examples: int = Field(
+        500, ge=1, le=MAX_EXAMPLES, description="test examples scored at most (the first ones)"
+    )
 
     _patterns = field_validator("path")(check_patterns)
 
@@ -121,8 +132,12 @@ class DatasetOptions(TokenizerSource):
             if new in data:
                 raise ValueError(f"{old} is the former name of {new}; give {new} only")
             if not former:
-                warnings.warn(f"task kind {kind!r}: option {old!r} is now called {new!r}; the former name still works, "
-                              f"for now: write {new}", RenamedWarning, stacklevel=2)
+                warnings.warn(
+                    f"task kind {kind!r}: option {old!r} is now called {new!r}; the former name still works, "
+                    f"for now: write {new}",
+                    RenamedWarning,
+                    stacklevel=2,
+                )
             data = {(new if key == old else key): value for key, value in data.items()}
         return data
 
@@ -134,8 +149,9 @@ class DatasetOptions(TokenizerSource):
             listed = [f"{name} ({what})" for name, what in sources.items()]
             raise ValueError(f"give exactly one of {', '.join(listed[:-1])} and {listed[-1]}")
         if getattr(self, "test_files", None) is not None and getattr(self, "files", None) is None:
-            raise ValueError("test_files goes with files: give files too (or, with path, a mapping such as "
-                             "{train: ..., test: ...})")
+            raise ValueError(
+                "test_files goes with files: give files too (or, with path, a mapping such as {train: ..., test: ...})"
+            )
         return self
 
     def where(self) -> str:
@@ -166,8 +182,17 @@ class DatasetOptions(TokenizerSource):
         else:
             files = [f for files in self._files().values() for f in files]
         columns = {field: getattr(self, field) for field in self.columns}
-        return fingerprint(files, self.dataset_name, self.dataset_config, columns, self.train_split, self.test_split,
-                           self.test_fraction, self.seed, *([self.reading()] if self.reading() else []))
+        return fingerprint(
+            files,
+            self.dataset_name,
+            self.dataset_config,
+            columns,
+            self.train_split,
+            self.test_split,
+            self.test_fraction,
+            self.seed,
+            *([self.reading()] if self.reading() else []),
+        )
 
     def _own_files(self, field: str) -> list[str]:
         """The files of ``files`` or ``test_files`` (none when null), for the cache key."""
@@ -210,8 +235,10 @@ class DatasetOptions(TokenizerSource):
             raise
         except Exception as error:  # offline, unknown name, a file the parser cannot read: say which and what to do
             if self.dataset_name is not None:
-                raise ConfigError(f"could not load the Hugging Face dataset {self.dataset_name!r} ({self.dataset_config}):"
-                                  f" {error}. Offline, give a local file or folder as path instead") from error
+                raise ConfigError(
+                    f"could not load the Hugging Face dataset {self.dataset_name!r} ({self.dataset_config}):"
+                    f" {error}. Offline, give a local file or folder as path instead"
+                ) from error
             empty = re.search(r'Instruction "(.+)" corresponds to no data', str(error))  # datasets' word for it
             if empty:
                 raise ConfigError(self._empty(empty.group(1))) from error
@@ -225,8 +252,9 @@ class DatasetOptions(TokenizerSource):
 
         def named(name: str, field: str) -> datasets.Dataset:
             if name not in data:
-                raise ConfigError(f"{field}={name!r}: {self.where()} has no split {name!r}; its splits are "
-                                  f"{', '.join(data)}")
+                raise ConfigError(
+                    f"{field}={name!r}: {self.where()} has no split {name!r}; its splits are {', '.join(data)}"
+                )
             return self._rows(data[name], name)
 
         train = named(self.train_split, "train_split")
@@ -234,17 +262,21 @@ class DatasetOptions(TokenizerSource):
         if test is not None:
             return train, named(test, "test_split")
         if math.ceil(self.test_fraction * len(train)) >= len(train):
-            raise ConfigError(f"split {self.train_split!r} of {self.where()} holds {len(train)} example(s): too few to "
-                              f"hold out test_fraction={self.test_fraction} and train on the rest; give more data, a "
-                              "smaller test_fraction, or a test split (test_split)")
+            raise ConfigError(
+                f"split {self.train_split!r} of {self.where()} holds {len(train)} example(s): too few to "
+                f"hold out test_fraction={self.test_fraction} and train on the rest; give more data, a "
+                "smaller test_fraction, or a test split (test_split)"
+            )
         parts = train.train_test_split(test_size=self.test_fraction, seed=self.seed)
         return parts["train"], parts["test"]
 
     def _rows(self, data: datasets.Dataset, split: str) -> datasets.Dataset:
         for field in self.columns:
             if getattr(self, field) not in data.column_names:
-                raise ConfigError(f"{field}={getattr(self, field)!r}: split {split!r} of {self.where()} has no such "
-                                  f"column; its columns are {', '.join(data.column_names)} (set {field} to one of them)")
+                raise ConfigError(
+                    f"{field}={getattr(self, field)!r}: split {split!r} of {self.where()} has no such "
+                    f"column; its columns are {', '.join(data.column_names)} (set {field} to one of them)"
+                )
         names = [getattr(self, field) for field in self.columns]
         data = data.filter(lambda row: all(row[name] not in (None, "") for name in names))
         if not len(data):
@@ -252,8 +284,10 @@ class DatasetOptions(TokenizerSource):
         return data
 
     def _empty(self, split: str, note: str = "") -> str:
-        return (f"split {split!r} of {self.where()} has no examples{note}; give a split with examples (where the "
-                "data has no test split, test_fraction of the training split is held out)")
+        return (
+            f"split {split!r} of {self.where()} has no examples{note}; give a split with examples (where the "
+            "data has no test split, test_fraction of the training split is held out)"
+        )
 
 
 class DatasetTask(Tokenized, Task):
@@ -290,8 +324,13 @@ class DatasetTask(Tokenized, Task):
     def dataset(self, split: str) -> datasets.Dataset:
         self._check_split(split)
         raw = self.raw[split]
-        data = raw.map(self._encode, batched=True, batch_size=10_000, remove_columns=raw.column_names,
-                       new_fingerprint=self._encoding_key(split))
+        data = raw.map(
+            self._encode,
+            batched=True,
+            batch_size=10_000,
+            remove_columns=raw.column_names,
+            new_fingerprint=self._encoding_key(split),
+        )
         data = self._kept(data, split)
         return data.select(range(min(len(data), self.options.max_test_examples))) if split != "train" else data
 
@@ -324,8 +363,9 @@ class TextClassification(DatasetOptions):
     text: str = Field("text", description="the column holding the text")
     label: str = Field("label", description="the column holding the label (strings or integers)")
     labels: list[str | int] | None = Field(
-        None, description="the classes, in class-id order; null: the training split's labels, sorted (a trained run "
-                          "keeps its own)"
+        None,
+        description="the classes, in class-id order; null: the training split's labels, sorted (a trained run "
+        "keeps its own)",
     )
 
     def with_assets(self, directory: Path) -> TextClassification:
@@ -347,29 +387,37 @@ class TextClassificationTask(DatasetTask, ClassificationTask):
         found = {split: {_label(v) for v in data[options.label]} for split, data in self.raw.items()}
         self.classes = options.labels or sorted(found["train"], key=lambda v: (isinstance(v, str), v))
         if len(self.classes) < 2:
-            raise ConfigError(f"label={options.label!r}: the training split has only the label {self.classes}; "
-                              "classification needs 2 or more")
+            raise ConfigError(
+                f"label={options.label!r}: the training split has only the label {self.classes}; "
+                "classification needs 2 or more"
+            )
         self.num_classes = len(self.classes)
         self.class_ids = {label: i for i, label in enumerate(self.classes)}
         for split, labels in found.items():
             unseen = sorted(labels - self.class_ids.keys(), key=str)
             if unseen and options.labels:
-                raise ConfigError(f"split {split!r} has the label {unseen[0]!r}, which is not among the classes "
-                                  f"({', '.join(map(repr, self.classes))}: the labels option, or those a trained run "
-                                  "saved); add it to labels, or leave labels null to take the training labels")
+                raise ConfigError(
+                    f"split {split!r} has the label {unseen[0]!r}, which is not among the classes "
+                    f"({', '.join(map(repr, self.classes))}: the labels option, or those a trained run "
+                    "saved); add it to labels, or leave labels null to take the training labels"
+                )
             if unseen:
-                raise ConfigError(f"split {split!r} has the label {unseen[0]!r}, which is not among the classes "
-                                  f"({', '.join(map(repr, self.classes))}: the training split's labels); every label "
-                                  "must appear in training: give more data, another seed, or a test split whose "
-                                  "labels all do")
+                raise ConfigError(
+                    f"split {split!r} has the label {unseen[0]!r}, which is not among the classes "
+                    f"({', '.join(map(repr, self.classes))}: the training split's labels); every label "
+                    "must appear in training: give more data, another seed, or a test split whose "
+                    "labels all do"
+                )
 
     def _encoding_key(self, split: str) -> str:
         return fingerprint(None, super()._encoding_key(split), self.classes)
 
     def _encode(self, batch: dict[str, list]) -> dict[str, list]:
         ids = self.encode_texts(self._texts_of(batch, "text"))
-        return {"src": [row[: self.options.max_len] for row in ids],
-                "label": [self.class_ids[_label(v)] for v in batch[self.options.label]]}
+        return {
+            "src": [row[: self.options.max_len] for row in ids],
+            "label": [self.class_ids[_label(v)] for v in batch[self.options.label]],
+        }
 
     def save_assets(self, directory: Path) -> None:
         super().save_assets(directory)

@@ -56,8 +56,15 @@ class DigitsClassifier(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.head = nn.Linear(64, 10)
 
@@ -113,8 +120,10 @@ def score_images(images: Tensor, labels: Tensor, real: Tensor) -> dict[str, floa
     """The task's scores of ``images`` meant to be of classes ``labels``, against ``real`` images."""
     classifier = digits_classifier()
     features = classifier.features(images.float().cpu())
-    return {"classifier_accuracy": _accuracy(classifier.head(features), labels),
-            "frechet_distance": frechet_distance(features, classifier.features(real))}
+    return {
+        "classifier_accuracy": _accuracy(classifier.head(features), labels),
+        "frechet_distance": frechet_distance(features, classifier.features(real)),
+    }
 
 
 def _accuracy(logits: Tensor, labels: Tensor) -> float:
@@ -130,8 +139,10 @@ class DigitsGeneration(TaskOptions):
     @classmethod
     def _default_split(cls, seed: int) -> int:
         if seed != 0:
-            raise ValueError("digits-generation uses the digits split of seed 0, on whose training images its scoring "
-                             "classifier was trained (another split would show it test images); leave seed at 0")
+            raise ValueError(
+                "digits-generation uses the digits split of seed 0, on whose training images its scoring "
+                "classifier was trained (another split would show it test images); leave seed at 0"
+            )
         return seed
 
     def build(self) -> DigitsGenerationTask:
@@ -165,8 +176,10 @@ class DigitsGenerationTask(Task):
         return self.digits.model_overrides(config)  # the image size, channels and classes of digits
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
-        return {"image": torch.tensor([r["image"] for r in rows], dtype=torch.float32),
-                "label": torch.tensor([r["label"] for r in rows])}
+        return {
+            "image": torch.tensor([r["image"] for r in rows], dtype=torch.float32),
+            "label": torch.tensor([r["label"] for r in rows]),
+        }
 
     def model_inputs(self, model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
         return {"label": batch["label"]}  # a generator draws images of these classes
@@ -195,8 +208,12 @@ class DigitsGenerationTask(Task):
         model.eval()
         generator = torch.Generator().manual_seed(SAMPLE_SEED)
         device = next(model.parameters()).device
-        samples = torch.cat([model.sample(labels[i : i + batch_size].to(device), generator).float().cpu()
-                             for i in range(0, len(labels), batch_size)])
+        samples = torch.cat(
+            [
+                model.sample(labels[i : i + batch_size].to(device), generator).float().cpu()
+                for i in range(0, len(labels), batch_size)
+            ]
+        )
         model.train(was_training)
         return samples
 
@@ -209,7 +226,10 @@ class DigitsGenerationTask(Task):
         index = torch.tensor([rng.choice(np.flatnonzero(train_labels.numpy() == y)) for y in labels.tolist()])
         with torch.no_grad():
             accuracy = _accuracy(digits_classifier()(real), labels)
-        return {"classifier_accuracy": accuracy, "frechet_distance": score_images(train[index], labels, real)["frechet_distance"]}
+        return {
+            "classifier_accuracy": accuracy,
+            "frechet_distance": score_images(train[index], labels, real)["frechet_distance"],
+        }
 
     def example_inputs(self, model: nn.Module, row: dict[str, Any]) -> dict[str, Tensor]:
         return {"label": torch.tensor([row["label"]], device=next(model.parameters()).device)}
@@ -224,8 +244,11 @@ class DigitsGenerationTask(Task):
         grid = F.pad(grid, (1, 1, 1, 1), value=1.0).permute(0, 2, 1, 3).flatten(2).flatten(0, 1)
         fig, ax = plt.subplots(figsize=(per_class * 0.55, self.num_classes * 0.55))
         ax.imshow(grid.numpy(), cmap="gray_r", vmin=0.0, vmax=1.0)
-        ax.set_yticks([(grid.shape[0] / self.num_classes) * (i + 0.5) for i in range(self.num_classes)],
-                      [str(i) for i in range(self.num_classes)], fontsize=7)
+        ax.set_yticks(
+            [(grid.shape[0] / self.num_classes) * (i + 0.5) for i in range(self.num_classes)],
+            [str(i) for i in range(self.num_classes)],
+            fontsize=7,
+        )
         ax.set_xticks([])
         fig.tight_layout()
         fig.savefig(path, dpi=110)

@@ -34,7 +34,9 @@ class LanguageModeling(DatasetOptions):
     columns: ClassVar[tuple[str, ...]] = ("text",)
     text_columns: ClassVar[tuple[str, ...]] = ("text",)
 
-    text: str = Field("text", description="the column holding the text (.txt files and files: 'text', one example a row)")
+    text: str = Field(
+        "text", description="the column holding the text (.txt files and files: 'text', one example a row)"
+    )
     files: str | list[str] | None = Field(
         None, description="text files instead of path: a file, a folder of .txt files, a glob, or a list of them"
     )
@@ -55,14 +57,18 @@ class LanguageModeling(DatasetOptions):
         import datasets
 
         splits = {"train": "files", **({"test": "test_files"} if self.test_files is not None else {})}
-        found = {split: check_text(resolve_files(getattr(self, field), field), field) for split, field in splits.items()}
+        found = {
+            split: check_text(resolve_files(getattr(self, field), field), field) for split, field in splits.items()
+        }
         read = {}
         for split, field in splits.items():
             try:
                 data = datasets.load_dataset("text", data_files=found[split], sample_by=self.sample_by, split="train")
             except datasets.exceptions.DatasetGenerationError as error:  # past the start check: say which files
-                raise ConfigError(f"could not read {field}={getattr(self, field)!r} as text: {error.__cause__ or error}; "
-                                  "give UTF-8 text files") from error
+                raise ConfigError(
+                    f"could not read {field}={getattr(self, field)!r} as text: {error.__cause__ or error}; "
+                    "give UTF-8 text files"
+                ) from error
             read[split] = data.filter(lambda row: bool(row["text"].strip()))
         return read
 

@@ -34,6 +34,7 @@ def apply(op: str, values: list[int]) -> int:
         return int(np.median(values))
     return sum(values) % 10
 
+
 MAX_DEPTH = 100  # expressions are generated recursively, one Python frame a level
 
 
@@ -41,11 +42,19 @@ class ListOps(TaskOptions):
     """ListOps: evaluate nested MAX/MIN/MED/SM expressions over digits; 10 classes."""
 
     kind: Literal["listops"] = "listops"
-    max_depth: int = Field(4, ge=1, le=MAX_DEPTH, description="deepest nesting of operators (10 in the Long Range Arena)")
-    max_args: int = Field(5, ge=2, le=MAX_LENGTH, description="most arguments of one operator (10 in the Long Range Arena)")
+    max_depth: int = Field(
+        4, ge=1, le=MAX_DEPTH, description="deepest nesting of operators (10 in the Long Range Arena)"
+    )
+    max_args: int = Field(
+        5, ge=2, le=MAX_LENGTH, description="most arguments of one operator (10 in the Long Range Arena)"
+    )
     min_length: int = Field(16, ge=3, le=MAX_LENGTH, description="fewest tokens of an expression")
-    max_length: int = Field(128, ge=3, le=MAX_LENGTH, description="most tokens of an expression (2000 in the Long Range Arena)")
-    leaf_probability: float = Field(0.5, gt=0, lt=1, description="chance that an argument is a digit, not a sub-expression")
+    max_length: int = Field(
+        128, ge=3, le=MAX_LENGTH, description="most tokens of an expression (2000 in the Long Range Arena)"
+    )
+    leaf_probability: float = Field(
+        0.5, gt=0, lt=1, description="chance that an argument is a digit, not a sub-expression"
+    )
     train_size: int = Field(20000, ge=1, le=MAX_EXAMPLES, description="training examples")
     test_size: int = Field(1000, ge=1, le=MAX_EXAMPLES, description="test examples")
 
@@ -74,8 +83,9 @@ class ListOpsTask(ClassificationTask):
         unknown = [t for t in text.split() if t not in TOKEN_ID]
         if unknown or not text.split():
             what = f"{unknown[0]!r} is not a ListOps token" if unknown else "there is no token"
-            raise ValueError(f"{text!r}: {what}; write an expression such as '[MAX 2 9 [MIN 4 7 ] 0 ]' "
-                             f"from {' '.join(TOKENS)}")
+            raise ValueError(
+                f"{text!r}: {what}; write an expression such as '[MAX 2 9 [MIN 4 7 ] 0 ]' from {' '.join(TOKENS)}"
+            )
         return {"src": [TOKEN_ID[t] for t in text.split()]}
 
     def token_strings(self, ids: list[int]) -> list[str]:

@@ -55,11 +55,14 @@ class PairOptions(TaskOptions):
         n = self.length
         outside = [p for p in self.positions if not (1 <= p <= n or -n <= p <= -1)]
         if outside:
-            raise ValueError(f"positions={list(self.positions)}: {outside[0]} is outside the {n} symbols (length={n}); "
-                             f"use 1..{n}, or -{n}..-1 counting from the end")
+            raise ValueError(
+                f"positions={list(self.positions)}: {outside[0]} is outside the {n} symbols (length={n}); "
+                f"use 1..{n}, or -{n}..-1 counting from the end"
+            )
         if len(set(self.indices())) == 1:
-            raise ValueError(f"positions={list(self.positions)} are the same symbol when length={n}; "
-                             "give two different positions")
+            raise ValueError(
+                f"positions={list(self.positions)} are the same symbol when length={n}; give two different positions"
+            )
         return self
 
     def indices(self) -> tuple[int, int]:
@@ -107,8 +110,10 @@ class PairTask(ClassificationTask):
             return reason
         needed = self.options.length + 1
         if getattr(config, "max_len", needed) < needed:
-            return (f"the model's max_len={config.max_len} is shorter than the task's {needed} tokens (CLS + length="
-                    f"{self.options.length}); raise max_len or lower length")
+            return (
+                f"the model's max_len={config.max_len} is shorter than the task's {needed} tokens (CLS + length="
+                f"{self.options.length}); raise max_len or lower length"
+            )
         return None
 
     def label(self, symbols: np.ndarray) -> np.ndarray:
@@ -137,11 +142,14 @@ class PairTask(ClassificationTask):
         parts = text.split() if " " in text.strip() else list(text.strip())
         for part in parts:
             if not (part.isdigit() and int(part) < o.symbols):
-                raise ValueError(f"{text!r}: {part!r} is not a symbol of task {o.kind!r}; "
-                                 f"use symbols 0-{o.symbols - 1}")
+                raise ValueError(
+                    f"{text!r}: {part!r} is not a symbol of task {o.kind!r}; use symbols 0-{o.symbols - 1}"
+                )
         if len(parts) != o.length:
-            raise ValueError(f"task {o.kind!r} reads exactly {o.length} symbols (length={o.length}), and {text!r} has "
-                             f"{len(parts)}; or pick an example with --example test:0")
+            raise ValueError(
+                f"task {o.kind!r} reads exactly {o.length} symbols (length={o.length}), and {text!r} has "
+                f"{len(parts)}; or pick an example with --example test:0"
+            )
         return {"src": [FIRST_SYMBOL + int(part) for part in parts]}
 
     def token_strings(self, ids: list[int]) -> list[str]:

@@ -44,10 +44,14 @@ class Pathfinder(TaskOptions):
     """Pathfinder: are the two markers of a generated image joined by one path? 2 classes, pixels as tokens."""
 
     kind: Literal["pathfinder"] = "pathfinder"
-    size: int = Field(32, ge=8, le=128, description="image side in pixels (32 in the Long Range Arena); size * size tokens")
+    size: int = Field(
+        32, ge=8, le=128, description="image side in pixels (32 in the Long Range Arena); size * size tokens"
+    )
     paths: int = Field(3, ge=2, le=12, description="strokes per image, the markers' included")
     path_length: int = Field(14, ge=3, le=512, description="one-pixel steps of each stroke")
-    curvature: float = Field(0.35, ge=0, le=math.pi, description="standard deviation of a stroke's turn per step (radians)")
+    curvature: float = Field(
+        0.35, ge=0, le=math.pi, description="standard deviation of a stroke's turn per step (radians)"
+    )
     train_size: int = Field(10000, ge=1, le=MAX_EXAMPLES, description="training examples")
     test_size: int = Field(1000, ge=1, le=MAX_EXAMPLES, description="test examples")
 
@@ -70,8 +74,10 @@ class PathfinderTask(ClassificationTask):
             return reason
         needed = self.options.size**2 + 1
         if getattr(config, "max_len", needed) < needed:
-            return (f"the model's max_len={config.max_len} is shorter than the task's {needed} tokens (CLS + "
-                    f"{self.options.size} x {self.options.size} pixels); raise max_len or lower size")
+            return (
+                f"the model's max_len={config.max_len} is shorter than the task's {needed} tokens (CLS + "
+                f"{self.options.size} x {self.options.size} pixels); raise max_len or lower size"
+            )
         return None
 
     def token_strings(self, ids: list[int]) -> list[str]:
@@ -96,8 +102,9 @@ class PathfinderTask(ClassificationTask):
         return datasets.Dataset.from_dict({"src": src, "label": labels})
 
 
-def draw(rng: np.random.Generator, options: Pathfinder, *, connected: bool,
-         attempts: int = 1000) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def draw(
+    rng: np.random.Generator, options: Pathfinder, *, connected: bool, attempts: int = 1000
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """One ``(size, size)`` uint8 image whose markers are joined by a path exactly when
     ``connected``, and the markers' centres ``(row, column)``."""
     from scipy import ndimage
@@ -113,9 +120,11 @@ def draw(rng: np.random.Generator, options: Pathfinder, *, connected: bool,
         components, _ = ndimage.label(image > 0, structure=np.ones((3, 3)))
         if (components[tuple(ends[0])] == components[tuple(ends[1])]) == connected and not _touching(ends):
             return image, ends
-    raise ValueError(f"pathfinder could not draw a {'connected' if connected else 'separated'} image of size "
-                     f"{options.size} with {options.paths} paths of {options.path_length} steps in {attempts} tries; "
-                     "use fewer or shorter paths, or a larger size")
+    raise ValueError(
+        f"pathfinder could not draw a {'connected' if connected else 'separated'} image of size "
+        f"{options.size} with {options.paths} paths of {options.path_length} steps in {attempts} tries; "
+        "use fewer or shorter paths, or a larger size"
+    )
 
 
 def _touching(ends: tuple[np.ndarray, np.ndarray]) -> bool:

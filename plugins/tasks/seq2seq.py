@@ -40,13 +40,22 @@ def read_pairs(files: list[str], columns: tuple[str, str]) -> datasets.Dataset:
     kinds = {Path(f).suffix.lower() for f in files}
     try:
         if kinds <= {".tsv", ".txt"}:
-            return datasets.load_dataset("csv", data_files=files, delimiter="\t", column_names=list(columns),
-                                         quoting=3, keep_default_na=False, split="train")
+            return datasets.load_dataset(
+                "csv",
+                data_files=files,
+                delimiter="\t",
+                column_names=list(columns),
+                quoting=3,
+                keep_default_na=False,
+                split="train",
+            )
         if kinds <= {".jsonl", ".json"}:
             return datasets.load_dataset("json", data_files=files, split="train")
     except Exception as error:  # the parser's own message, with which files and what they must hold
-        raise ConfigError(f"could not read the parallel files {', '.join(files)}: {error}. A .tsv line holds a "
-                          "source and a target separated by one tab; a .jsonl line holds one JSON object") from error
+        raise ConfigError(
+            f"could not read the parallel files {', '.join(files)}: {error}. A .tsv line holds a "
+            "source and a target separated by one tab; a .jsonl line holds one JSON object"
+        ) from error
     raise ConfigError(f"parallel files must all be .tsv or all be .jsonl; got {', '.join(sorted(kinds))}")
 
 
@@ -88,8 +97,9 @@ class Seq2Seq(DatasetOptions):
     source: str = Field("source", description="the source column, or the source language inside a 'translation' column")
     target: str = Field("target", description="the target column, or the target language inside a 'translation' column")
     files: str | list[str] | None = Field(
-        None, description="parallel files instead of path: .tsv (source<TAB>target per line, no header) or .jsonl "
-                          "(one object per line); a file, a folder, a glob or a list"
+        None,
+        description="parallel files instead of path: .tsv (source<TAB>target per line, no header) or .jsonl "
+        "(one object per line); a file, a folder, a glob or a list",
     )
     test_files: str | list[str] | None = Field(
         None, description="held-out parallel files (with files); null: hold out test_fraction of the pairs"
@@ -104,8 +114,10 @@ class Seq2Seq(DatasetOptions):
     def read_files(self) -> dict[str, datasets.Dataset]:
         """``files`` (and ``test_files``) as pairs; a .tsv file's columns are named by ``source`` and ``target``."""
         splits = {"train": "files", **({"test": "test_files"} if self.test_files is not None else {})}
-        return {split: read_pairs(resolve_files(getattr(self, field), field, PARALLEL_SUFFIXES), (self.source, self.target))
-                for split, field in splits.items()}
+        return {
+            split: read_pairs(resolve_files(getattr(self, field), field, PARALLEL_SUFFIXES), (self.source, self.target))
+            for split, field in splits.items()
+        }
 
     def _rows(self, data: datasets.Dataset, split: str) -> datasets.Dataset:
         names = data.column_names
@@ -118,11 +130,15 @@ class Seq2Seq(DatasetOptions):
         languages = list(data[0]["translation"]) if len(data) else []
         missing = [f for f in (self.source, self.target) if f not in languages]
         if missing:
-            raise ConfigError(f"the parallel data has no field {missing[0]!r}; its languages in its 'translation' "
-                              f"column are {', '.join(languages)} (set source and target)")
+            raise ConfigError(
+                f"the parallel data has no field {missing[0]!r}; its languages in its 'translation' "
+                f"column are {', '.join(languages)} (set source and target)"
+            )
         source, target = self.source, self.target
-        return data.map(lambda row: {source: str(row["translation"][source]), target: str(row["translation"][target])},
-                        remove_columns=data.column_names)
+        return data.map(
+            lambda row: {source: str(row["translation"][source]), target: str(row["translation"][target])},
+            remove_columns=data.column_names,
+        )
 
     def build(self) -> Seq2SeqDataTask:
         optional("sacrebleu", "text", "the seq2seq task (its BLEU)")  # refused now, not after training
@@ -152,6 +168,8 @@ class Seq2SeqDataTask(BleuScored, DatasetTask, Seq2SeqTask):
         limit = self.options.max_len
         kept = data.filter(lambda row: 0 < len(row["src"]) <= limit and 0 < len(row["tgt"]) <= limit)
         if not len(kept):
-            raise ConfigError(f"every pair of split {split!r} has a side longer than max_len={limit} tokens; raise "
-                              "max_len, or set too_long: truncate to cut them")
+            raise ConfigError(
+                f"every pair of split {split!r} has a side longer than max_len={limit} tokens; raise "
+                "max_len, or set too_long: truncate to cut them"
+            )
         return kept

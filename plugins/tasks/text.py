@@ -74,8 +74,10 @@ def check_text(files: list[str], field: str = "files", sample: int = 1 << 16) ->
                 raise UnicodeDecodeError("utf-8", head, head.index(b"\0"), head.index(b"\0") + 1, "a NUL byte")
             codecs.getincrementaldecoder("utf-8")().decode(head, final=False)  # a character cut at the end is fine
         except UnicodeDecodeError as error:
-            raise ConfigError(f"{field}: {name!r} is not UTF-8 text (byte {error.start}: {error.reason}); give text "
-                              "files, or a data format the task reads") from None
+            raise ConfigError(
+                f"{field}: {name!r} is not UTF-8 text (byte {error.start}: {error.reason}); give text "
+                "files, or a data format the task reads"
+            ) from None
     return files
 
 
@@ -87,8 +89,10 @@ def check_patterns(value: Any) -> Any:
         if isinstance(item, (list, dict)):
             check_patterns(item)
         elif isinstance(item, str) and not item.strip():
-            raise ValueError(f"{item!r} is empty, which would read every file under the working directory; give a "
-                             "file, a folder or a glob, such as 'corpus/*.txt'")
+            raise ValueError(
+                f"{item!r} is empty, which would read every file under the working directory; give a "
+                "file, a folder or a glob, such as 'corpus/*.txt'"
+            )
     return value
 
 
@@ -108,8 +112,9 @@ class TokenizerSource(TaskOptions):
     tokenizer: str | None = Field(
         None, description="a folder holding tokenizer.json (or the file itself); null: train a byte-level BPE here"
     )
-    vocab_size: int = Field(2000, ge=len(SPECIAL_TOKENS) + 256, le=1_000_000,
-                            description="vocabulary of a tokenizer trained here")
+    vocab_size: int = Field(
+        2000, ge=len(SPECIAL_TOKENS) + 256, le=1_000_000, description="vocabulary of a tokenizer trained here"
+    )
 
     def with_assets(self, directory: Path) -> TokenizerSource:
         saved = Path(directory) / "tokenizer"
@@ -125,8 +130,10 @@ class TokenizerSource(TaskOptions):
             path = Path(self.tokenizer).expanduser()
             path = path / "tokenizer.json" if path.is_dir() else path
             if not path.is_file():
-                raise ConfigError(f"tokenizer={self.tokenizer!r}: no tokenizer.json there; give the folder a "
-                                  "Hugging Face tokenizer was saved to, or null to train one on the data")
+                raise ConfigError(
+                    f"tokenizer={self.tokenizer!r}: no tokenizer.json there; give the folder a "
+                    "Hugging Face tokenizer was saved to, or null to train one on the data"
+                )
             return Tokenizer.from_file(str(path))
         cached = cache_root() / "tokenizers" / f"{key}-{self.vocab_size}" / "tokenizer.json"
         if cached.is_file():
@@ -135,7 +142,9 @@ class TokenizerSource(TaskOptions):
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=self.vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+            vocab_size=self.vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            show_progress=False,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
         tokenizer.train_from_iterator(texts, trainer=trainer)
@@ -153,7 +162,9 @@ def special_ids(tokenizer: Tokenizer, roles: tuple[str, ...], source: str) -> di
         ids = [tokenizer.token_to_id(name) for name in ROLE_NAMES[role]]
         ids = [i for i in ids if i is not None]
         if not ids:
-            raise ConfigError(f"tokenizer {source!r} has no {role} token; it needs one of {', '.join(ROLE_NAMES[role])}")
+            raise ConfigError(
+                f"tokenizer {source!r} has no {role} token; it needs one of {', '.join(ROLE_NAMES[role])}"
+            )
         found[role] = ids[0]
     return found
 
@@ -162,11 +173,15 @@ class TextOptions(TokenizerSource):
     """Options shared by the text tasks."""
 
     files: str | list[str] = Field(description="text files: a file, a folder of .txt files, a glob, or a list of them")
-    test_files: str | list[str] | None = Field(None, description="held-out files; null: hold out test_fraction of the examples")
+    test_files: str | list[str] | None = Field(
+        None, description="held-out files; null: hold out test_fraction of the examples"
+    )
     sample_by: Literal["line", "paragraph", "document"] = Field("line", description="what one example is")
     test_fraction: float = Field(0.1, gt=0, lt=1, description="share of examples held out when test_files is null")
     seq_len: int = Field(128, ge=4, le=MAX_LENGTH, description="tokens per training sequence")
-    max_test_sequences: int = Field(500, ge=1, le=MAX_EXAMPLES, description="test sequences scored at most (the first ones)")
+    max_test_sequences: int = Field(
+        500, ge=1, le=MAX_EXAMPLES, description="test sequences scored at most (the first ones)"
+    )
 
     _patterns = field_validator("files", "test_files")(check_patterns)
 
@@ -204,8 +219,11 @@ class TextTask(Tokenized, Task):
     def __init__(self, options: TextOptions) -> None:
         self.options = options
         self.files = check_text(resolve_files(options.files))
-        self.test_files = None if options.test_files is None else check_text(resolve_files(options.test_files,
-                                                                                           "test_files"), "test_files")
+        self.test_files = (
+            None
+            if options.test_files is None
+            else check_text(resolve_files(options.test_files, "test_files"), "test_files")
+        )
         held_out = self.test_files and fingerprint(self.test_files)
         self.key = fingerprint(self.files, held_out, options.sample_by, options.test_fraction, options.seed)
         self.tokenizer = options.load_tokenizer(self._texts(), self.key)
@@ -224,14 +242,18 @@ class TextTask(Tokenized, Task):
             data = datasets.load_dataset("text", data_files=files, sample_by=o.sample_by, split="train")
         except datasets.exceptions.DatasetGenerationError as error:  # past the start check: say which files
             field = "test_files" if files is self.test_files else "files"
-            raise ConfigError(f"could not read {field}={getattr(o, field)!r} as text: {error.__cause__ or error}; "
-                              "give UTF-8 text files") from error
+            raise ConfigError(
+                f"could not read {field}={getattr(o, field)!r} as text: {error.__cause__ or error}; "
+                "give UTF-8 text files"
+            ) from error
         data = data.filter(lambda row: bool(row["text"].strip()))
         if self.test_files is not None:
             return data
         if len(data) < 2:
-            raise ConfigError(f"files={o.files!r} hold {len(data)} non-empty {o.sample_by}(s); a train/test split "
-                              "needs at least 2 (or give test_files)")
+            raise ConfigError(
+                f"files={o.files!r} hold {len(data)} non-empty {o.sample_by}(s); a train/test split "
+                "needs at least 2 (or give test_files)"
+            )
         return data.train_test_split(test_size=o.test_fraction, seed=o.seed)[split]
 
     def _texts(self):
@@ -247,7 +269,10 @@ class TextTask(Tokenized, Task):
     @functools.cache
     def _sequences(self, split: str) -> datasets.Dataset:
         return self._raw(split).map(
-            self._chunk, batched=True, batch_size=10_000, remove_columns=["text"],
+            self._chunk,
+            batched=True,
+            batch_size=10_000,
+            remove_columns=["text"],
             new_fingerprint=f"{self.tokens_key}-{self.name}-{split}-{self.options.seq_len}",
         )
 
@@ -287,6 +312,10 @@ class TextMLMTask(TextTask, MaskedLMTask):
 
     def _chunk(self, batch: dict[str, list]) -> dict[str, list]:
         body = self.options.seq_len - 2
-        return {"ids": [[self.bos_id, *ids[s : s + body], self.eos_id]
-                        for ids in self.encode_texts(batch["text"]) for s in range(0, max(len(ids), 1), body)]}
-
+        return {
+            "ids": [
+                [self.bos_id, *ids[s : s + body], self.eos_id]
+                for ids in self.encode_texts(batch["text"])
+                for s in range(0, max(len(ids), 1), body)
+            ]
+        }

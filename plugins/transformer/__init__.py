@@ -25,8 +25,9 @@ class TransformerConfig(EncoderDecoderConfig):
     family: ClassVar[str] = "transformer"
 
     variant: str = Field("transformer", description="the registered variant this config started from")
-    vocab_size: int = Field(37000, ge=1, le=MAX_VOCAB,
-                            description="shared source/target vocabulary (about 37000 BPE tokens in the paper)")
+    vocab_size: int = Field(
+        37000, ge=1, le=MAX_VOCAB, description="shared source/target vocabulary (about 37000 BPE tokens in the paper)"
+    )
     head: HeadField = Field(
         {"kind": "lm", "label_smoothing": 0.1},
         validate_default=True,
@@ -36,21 +37,35 @@ class TransformerConfig(EncoderDecoderConfig):
     # (tests/data/checkpoints/transformer-tiny/config.json), and from_pretrained must load them.
     # Remove it with a loader that upgrades old config.json files, not before.
     warmup_steps: int | None = Field(
-        None, ge=1, exclude=True, description="deprecated, leave it out: the learning-rate schedule is the training "
-        "config's (schedule: inverse-sqrt, warmup_steps); configs written before hold it, and it is accepted and dropped")
+        None,
+        ge=1,
+        exclude=True,
+        description="deprecated, leave it out: the learning-rate schedule is the training "
+        "config's (schedule: inverse-sqrt, warmup_steps); configs written before hold it, and it is accepted and dropped",
+    )
 
 
 BIG = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
-TINY = dict(
-    vocab_size=1000, d_model=64, n_heads=4, d_ff=256, max_len=512, encoder={"layers": 2}, decoder={"layers": 2}
-)
+TINY = dict(vocab_size=1000, d_model=64, n_heads=4, d_ff=256, max_len=512, encoder={"layers": 2}, decoder={"layers": 2})
 
 
 @hookimpl
 def tzoo_variants():
     return [
         Variant(name="transformer", config=TransformerConfig, description="Vaswani et al. 2017, base defaults"),
-        Variant(name="transformer-base", config=TransformerConfig, description="base: d 512, 8 heads, 6+6 layers, d_ff 2048"),
-        Variant(name="transformer-big", config=TransformerConfig, defaults=BIG, description="big: d 1024, 16 heads, 6+6 layers, d_ff 4096"),
-        Variant(name="transformer-tiny", config=TransformerConfig, defaults=TINY, description="tiny: d 64, 4 heads, 2+2 layers, for CPUs and tests"),
+        Variant(
+            name="transformer-base", config=TransformerConfig, description="base: d 512, 8 heads, 6+6 layers, d_ff 2048"
+        ),
+        Variant(
+            name="transformer-big",
+            config=TransformerConfig,
+            defaults=BIG,
+            description="big: d 1024, 16 heads, 6+6 layers, d_ff 4096",
+        ),
+        Variant(
+            name="transformer-tiny",
+            config=TransformerConfig,
+            defaults=TINY,
+            description="tiny: d 64, 4 heads, 2+2 layers, for CPUs and tests",
+        ),
     ]

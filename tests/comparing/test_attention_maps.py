@@ -25,8 +25,9 @@ def runs(tmp_path_factory):
         "listops": {"kind": "listops", "train_size": 100, "test_size": 10, "max_length": 32},
     }
     for name, task in tasks.items():
-        train(load_train_config({"model": MODEL, "task": task, "steps": 3, "batch_size": 4}), root / name,
-              progress=False)
+        train(
+            load_train_config({"model": MODEL, "task": task, "steps": 3, "batch_size": 4}), root / name, progress=False
+        )
     return root
 
 
@@ -38,8 +39,12 @@ def run_json(capsys, *argv):
 def test_a_seq2seq_run_draws_encoder_and_decoder_layers(runs, capsys, tmp_path):
     paths = run_json(capsys, "attention", str(runs / "reverse"), "--input", "3 1 4 1 5", "--out", str(tmp_path))
     layers = load_train_config(runs / "reverse" / "train.json")
-    assert [p.rsplit("/", 1)[1] for p in paths] == ["encoder-layer1.png", "encoder-layer2.png",
-                                                   "decoder-layer1.png", "decoder-layer2.png"], layers
+    assert [p.rsplit("/", 1)[1] for p in paths] == [
+        "encoder-layer1.png",
+        "encoder-layer2.png",
+        "decoder-layer1.png",
+        "decoder-layer2.png",
+    ], layers
     decoder = matplotlib.image.imread(paths[-1])
     encoder = matplotlib.image.imread(paths[0])
     assert decoder.shape[0] > encoder.shape[0], "decoder grids have a second row: cross-attention"
@@ -78,15 +83,28 @@ def test_a_folder_that_is_not_a_run(tmp_path, capsys):
 def image_runs(digits_run):
     """A ViT and a SAGAN classifier on digits, and a SAGAN GAN on digits-generation: the learning
     tests' runs, trained once per session."""
-    return {name: digits_run(variant)[0] for name, variant in
-            (("vit", "vit-tiny"), ("sagan", "sagan-classifier-tiny"), ("gan", "sagan-gan"))}
+    return {
+        name: digits_run(variant)[0]
+        for name, variant in (("vit", "vit-tiny"), ("sagan", "sagan-classifier-tiny"), ("gan", "sagan-gan"))
+    }
 
 
 @pytest.mark.xdist_group("digits")
 @pytest.mark.parametrize("name, blocks", [("vit", 4), ("sagan", 2), ("gan", 1)])
 def test_image_models_draw_a_query_pixels_attention_over_the_image(image_runs, capsys, tmp_path, name, blocks):
-    paths = run_json(capsys, "attention", str(image_runs[name]), "--example", "test:0", "--query", "1,2",
-                     "--query", "6,5", "--out", str(tmp_path))
+    paths = run_json(
+        capsys,
+        "attention",
+        str(image_runs[name]),
+        "--example",
+        "test:0",
+        "--query",
+        "1,2",
+        "--query",
+        "6,5",
+        "--out",
+        str(tmp_path),
+    )
     assert [p.rsplit("/", 1)[1] for p in paths] == ["query-1-2.png", "query-6-5.png"]
     figure = matplotlib.image.imread(paths[0])
     assert figure.shape[0] == pytest.approx(2.2 * 110 * blocks, rel=0.05), "a row per attention block"
@@ -136,8 +154,10 @@ def test_a_layers_grid_labels_its_axes_with_tokens_or_positions_and_has_a_colour
     from transformer_zoo.comparing.attention_maps import MAX_LABELLED, layer_figure
 
     long = MAX_LABELLED + 1
-    blocks = {"self": torch.softmax(torch.randn(1, 2, long, long), -1),
-              "cross": torch.softmax(torch.randn(1, 2, long, 3), -1)}
+    blocks = {
+        "self": torch.softmax(torch.randn(1, 2, long, long), -1),
+        "cross": torch.softmax(torch.randn(1, 2, long, 3), -1),
+    }
     fig = layer_figure(blocks, {"self": ([str(i) for i in range(long)],) * 2, "cross": (None, ["a", "b", "c"])}, "t")
     (self_1, self_2, cross_1, cross_2), colour_bar = fig.axes[:4], fig.axes[4]
     assert (self_1.get_xlabel(), self_1.get_ylabel(), self_2.get_ylabel()) == ("key position", "query position", "")

@@ -13,24 +13,34 @@ from transformer_zoo.comparing.spec import load_spec, plan
 from transformer_zoo.training.trainer import model_config_for
 
 LISTOPS = {"kind": "listops", "train_size": 200, "test_size": 10, "max_length": 32}
-ONE = {"name": "cache", "variants": ["transformer-tiny"], "tasks": [LISTOPS], "steps": 3, "seeds": [0, 1],
-       "threads": 1, "train": {"batch_size": 4}}
+ONE = {
+    "name": "cache",
+    "variants": ["transformer-tiny"],
+    "tasks": [LISTOPS],
+    "steps": 3,
+    "seeds": [0, 1],
+    "threads": 1,
+    "train": {"batch_size": 4},
+}
 NARROW = {"variant": "transformer-tiny", "label": "narrow", "d_ff": 16}
 
 
 def _keys(spec: dict) -> dict[tuple[str, int], str]:
     runs, _ = plan(load_spec(spec))
     task = load_spec(spec).tasks[0].build()
-    return {(label, config.seed): run_key(config, model_config_for(config, task), load_spec(spec).probes)
-            for label, config in runs}
+    return {
+        (label, config.seed): run_key(config, model_config_for(config, task), load_spec(spec).probes)
+        for label, config in runs
+    }
 
 
 def test_a_runs_key_holds_what_decides_its_result_and_nothing_else():
     base = _keys(ONE)
     assert base[("transformer-tiny", 0)] != base[("transformer-tiny", 1)], "the seed"
     assert _keys({**ONE, "train": {"batch_size": 4, "checkpoint_every": 1}}) == base, "checkpoints change nothing"
-    assert list(_keys({**ONE, "variants": [{"variant": "transformer-tiny", "label": "other name"}]}).values()) \
-        == list(base.values()), "a label is not content"
+    assert list(_keys({**ONE, "variants": [{"variant": "transformer-tiny", "label": "other name"}]}).values()) == list(
+        base.values()
+    ), "a label is not content"
     assert not set(_keys({**ONE, "train": {"batch_size": 4, "lr": 3e-4}}).values()) & set(base.values())
     assert not set(_keys({**ONE, "model": {"d_ff": 16}}).values()) & set(base.values())
     assert not set(_keys({**ONE, "steps": 4}).values()) & set(base.values())
@@ -48,8 +58,11 @@ def test_a_runs_key_follows_its_local_data_files(tmp_path):
     runs, _ = plan(load_spec(ONE))
     config = runs[0][1]
     model = model_config_for(config, load_spec(ONE).tasks[0].build())
-    text = get_registry().component("task", "language-modeling").model_validate({"kind": "language-modeling",
-                                                                                 "files": str(data)})
+    text = (
+        get_registry()
+        .component("task", "language-modeling")
+        .model_validate({"kind": "language-modeling", "files": str(data)})
+    )
     on_text = config.model_copy(update={"task": text})
     before = run_key(on_text, model)
     assert run_key(on_text, model) == before
@@ -65,15 +78,21 @@ def test_adding_a_variant_trains_only_its_runs_and_a_new_lr_only_the_runs_it_cha
     err = capsys.readouterr().err
     assert "2 of 4 runs are finished in the run cache" in err and "training the other 2" in err
     reused = {(r.variant, r.seed): r.reused for r in second.runs}
-    assert reused == {("transformer-tiny", 0): True, ("transformer-tiny", 1): True, ("narrow", 0): False,
-                      ("narrow", 1): False}
+    assert reused == {
+        ("transformer-tiny", 0): True,
+        ("transformer-tiny", 1): True,
+        ("narrow", 0): False,
+        ("narrow", 1): False,
+    }
     kept = {(r.variant, r.seed): r for r in second.runs if r.reused}
     for run in first.runs:  # the very runs, measurements and all, with when they were made
         assert kept[(run.variant, run.seed)].metrics == run.metrics
         assert kept[(run.variant, run.seed)].started == run.started
     assert "kept from an earlier invocation" in (tmp_path / "report.md").read_text()
-    third = compare(load_spec({**ONE, "variants": ["transformer-tiny", NARROW], "variant_train": {"narrow": {"lr": 3e-4}}}),
-                    tmp_path)
+    third = compare(
+        load_spec({**ONE, "variants": ["transformer-tiny", NARROW], "variant_train": {"narrow": {"lr": 3e-4}}}),
+        tmp_path,
+    )
     assert {(r.variant, r.seed): r.reused for r in third.runs} == reused  # only narrow's runs changed
     assert len(list((tmp_path / "runs").iterdir())) == 6
 
@@ -95,8 +114,10 @@ def test_rerun_trains_everything_again(tmp_path, capsys):
 def test_specs_share_a_cache_folder(tmp_path, capsys):
     cache = tmp_path / "cache"
     compare(load_spec({**ONE, "cache": str(cache)}), tmp_path / "a")
-    other = compare(load_spec({**ONE, "name": "other", "cache": str(cache), "variants": [NARROW, "transformer-tiny"]}),
-                    tmp_path / "b")
+    other = compare(
+        load_spec({**ONE, "name": "other", "cache": str(cache), "variants": [NARROW, "transformer-tiny"]}),
+        tmp_path / "b",
+    )
     assert {r.variant: r.reused for r in other.runs} == {"narrow": False, "transformer-tiny": True}
     assert not (tmp_path / "a" / "runs").exists() and len(list(cache.iterdir())) == 4
     assert all(r.run_folder.startswith(str(cache)) for r in other.runs)
@@ -104,8 +125,16 @@ def test_specs_share_a_cache_folder(tmp_path, capsys):
 
 def test_a_run_that_fails_is_reported_and_the_others_are_summarized(tmp_path, capsys):
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({**ONE, "variants": ["transformer-tiny", NARROW], "steps": 6,
-                                "variant_train": {"narrow": {"lr": 1e6, "grad_clip": None, "warmup_steps": 0}}}))
+    spec.write_text(
+        json.dumps(
+            {
+                **ONE,
+                "variants": ["transformer-tiny", NARROW],
+                "steps": 6,
+                "variant_train": {"narrow": {"lr": 1e6, "grad_clip": None, "warmup_steps": 0}},
+            }
+        )
+    )
     out = tmp_path / "out"
     assert main(["compare", str(spec), "--out", str(out), "--json"]) == 1
     printed = capsys.readouterr()
@@ -122,7 +151,13 @@ def test_a_run_that_fails_is_reported_and_the_others_are_summarized(tmp_path, ca
 def test_a_comparison_with_no_finished_run_says_why(executor, tmp_path):
     from transformer_zoo.comparing.runner import ComparisonFailed
 
-    spec = load_spec({**ONE, "seeds": [0], "executor": executor, "train": {"batch_size": 4, "lr": 1e6,
-                                                                           "grad_clip": None, "warmup_steps": 0}})
+    spec = load_spec(
+        {
+            **ONE,
+            "seeds": [0],
+            "executor": executor,
+            "train": {"batch_size": 4, "lr": 1e6, "grad_clip": None, "warmup_steps": 0},
+        }
+    )
     with pytest.raises(ComparisonFailed, match=r"no run of the comparison finished:\n  transformer-tiny on listops"):
         compare(spec, tmp_path)

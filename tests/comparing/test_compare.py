@@ -25,8 +25,15 @@ TASKS = [
 
 def small_spec(**overrides):
     return load_spec(
-        {"name": "smoke", "variants": ["transformer-tiny", {"variant": "transformer-tiny", "decoder": None}],
-         "tasks": TASKS, "steps": 6, "seeds": [0, 1], "train": {"batch_size": 4}, **overrides}
+        {
+            "name": "smoke",
+            "variants": ["transformer-tiny", {"variant": "transformer-tiny", "decoder": None}],
+            "tasks": TASKS,
+            "steps": 6,
+            "seeds": [0, 1],
+            "train": {"batch_size": 4},
+            **overrides,
+        }
     )
 
 
@@ -42,8 +49,11 @@ def test_report_folder_has_the_three_kinds_of_output(report):
     jsonschema.validate(data, CompareResults.model_json_schema())
     assert len(data["runs"]) == 6  # 2 variants x 2 tasks x 2 seeds, less the encoder-only model on reverse x 2
     assert data["skipped"] == [
-        {"variant": 'transformer-tiny {"decoder"=null}', "task": "reverse",
-         "reason": "variant 'transformer-tiny' cannot do task 'reverse': a seq2seq task needs an encoder-decoder model"}
+        {
+            "variant": 'transformer-tiny {"decoder"=null}',
+            "task": "reverse",
+            "reason": "variant 'transformer-tiny' cannot do task 'reverse': a seq2seq task needs an encoder-decoder model",
+        }
     ]
     for run in data["runs"]:
         assert run["parameters"] > 0 and run["train_tokens_per_second"] > 0 and run["peak_memory_mb"] > 0
@@ -55,8 +65,9 @@ def test_report_folder_has_the_three_kinds_of_output(report):
     text = (out / "report.md").read_text()
     assert f"Majority-class baseline: test accuracy {majority:.3f}." in text
     assert "## reverse" in text and "## listops" in text and "## Not run" in text
-    assert text.index("## Summary") < text.index("## reverse") < text.index("## Runs") < text.index("```yaml"), \
+    assert text.index("## Summary") < text.index("## reverse") < text.index("## Runs") < text.index("```yaml"), (
         "the findings first, the spec last"
+    )
     assert "| variant | seeds |" in text and "Against the reference, transformer-tiny" in text
     assert "Machine:" in text
     for run in data["runs"]:
@@ -78,7 +89,9 @@ def test_a_rerun_reuses_finished_runs_and_flags_them(report):
     out, results = report
     again = compare(small_spec(), out)  # retraining would change wall times and throughputs
     assert all(r.reused for r in again.runs)
-    assert [r.model_dump(exclude={"reused"}) for r in again.runs] == [r.model_dump(exclude={"reused"}) for r in results.runs]
+    assert [r.model_dump(exclude={"reused"}) for r in again.runs] == [
+        r.model_dump(exclude={"reused"}) for r in results.runs
+    ]
     text = (out / "report.md").read_text()
     assert "6 of 6 runs (marked †) were kept from an earlier invocation" in text
     assert not any(s.costs_comparable for s in again.summaries), "times of another invocation are never compared"
@@ -90,10 +103,17 @@ def test_a_rerun_reuses_finished_runs_and_flags_them(report):
     [
         ({"variants": ["transfomer-tiny"]}, tz.UnknownNameError, "did you mean 'transformer-tiny'"),
         ({"tasks": ["revers"]}, tz.ConfigError, "unknown task kind 'revers'"),
-        ({"variants": [{"variant": "transformer-tiny", "decoder": None}], "tasks": ["reverse"]}, tz.ConfigError,
-         "no variant in the spec can do any of its tasks"),
+        (
+            {"variants": [{"variant": "transformer-tiny", "decoder": None}], "tasks": ["reverse"]},
+            tz.ConfigError,
+            "no variant in the spec can do any of its tasks",
+        ),
         ({"train": {"batch_sise": 4}}, tz.ConfigError, "unknown key 'batch_sise'"),
-        ({"model": {"dropuot": 0.0}}, tz.ConfigError, r"model options \['dropuot'\] are fields of none of its variants"),
+        (
+            {"model": {"dropuot": 0.0}},
+            tz.ConfigError,
+            r"model options \['dropuot'\] are fields of none of its variants",
+        ),
         ({"reference": "bert-tiny"}, tz.ConfigError, "reference 'bert-tiny' is not one of the spec's variants"),
         ({"tasks": [TASKS[1], TASKS[1]]}, tz.ConfigError, "tasks name the kind 'listops' more than once"),
         ({"seeds": [0, 0]}, tz.ConfigError, r"seeds \[0, 0\] name a seed twice"),
@@ -123,22 +143,32 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
     builtin = [name for name in registry.variants() if registry.provider("variant", name).startswith("tzoo.")]
     assert families == {registry.variant(name).config.family for name in builtin}
     runs, skipped = plan(spec)
-    ran = {tz.load_config(config.model if isinstance(config.model, dict) else {"variant": config.model}).family
-           for _, config in runs}
+    ran = {
+        tz.load_config(config.model if isinstance(config.model, dict) else {"variant": config.model}).family
+        for _, config in runs
+    }
     assert ran == families, "every family runs on at least one task"
     assert [(s.variant, s.task) for s in skipped] == [
         ("transformer-tiny", "digits-generation"),  # generation needs an image generator
-        ("bert-tiny", "reverse"), ("bert-tiny", "digits-generation"),  # and seq2seq a decoder
+        ("bert-tiny", "reverse"),
+        ("bert-tiny", "digits-generation"),  # and seq2seq a decoder
         ("universal-transformer-tiny", "digits-generation"),
-        ("local-global-encoder-tiny", "reverse"), ("local-global-encoder-tiny", "digits-generation"),
-        ("vit-tiny", "reverse"), ("vit-tiny", "listops"), ("vit-tiny", "digits-generation"),  # image models need images
-        ("sagan-classifier-tiny", "reverse"), ("sagan-classifier-tiny", "listops"),
+        ("local-global-encoder-tiny", "reverse"),
+        ("local-global-encoder-tiny", "digits-generation"),
+        ("vit-tiny", "reverse"),
+        ("vit-tiny", "listops"),
+        ("vit-tiny", "digits-generation"),  # image models need images
+        ("sagan-classifier-tiny", "reverse"),
+        ("sagan-classifier-tiny", "listops"),
         ("sagan-classifier-tiny", "digits-generation"),
-        ("sagan-gan", "reverse"), ("sagan-gan", "listops"), ("sagan-gan", "digits"),  # a generator, not a classifier
+        ("sagan-gan", "reverse"),
+        ("sagan-gan", "listops"),
+        ("sagan-gan", "digits"),  # a generator, not a classifier
     ]
     gan = next(config for label, config in runs if label == "sagan-gan")
-    assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size, gan.steps) == (4e-4, "constant", 0, 32, 600), \
+    assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size, gan.steps) == (4e-4, "constant", 0, 32, 600), (
         "the GAN's recipe and budget"
+    )
 
 
 def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
@@ -150,8 +180,14 @@ def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
     flops = {}
     for steps in (2, 4):
         stack = {"kind": "recurrent", "layers": steps, "act": False}
-        config = load_train_config({"model": {"variant": "universal-transformer-tiny", "encoder": stack, "decoder": stack},
-                                    "task": TASKS[0], "steps": 1, "batch_size": 4})
+        config = load_train_config(
+            {
+                "model": {"variant": "universal-transformer-tiny", "encoder": stack, "decoder": stack},
+                "task": TASKS[0],
+                "steps": 1,
+                "batch_size": 4,
+            }
+        )
         train(config, tmp_path / str(steps), progress=False)
         _, task, model = load_run(tmp_path / str(steps))
         flops[steps], _ = training_step_costs(model, task, config)
@@ -167,8 +203,17 @@ def test_default_spec_measures_the_local_global_family_against_full_attention_at
 
 def test_a_generation_task_reports_its_real_image_baseline_and_a_grid_of_samples(tmp_path):
     gan = {"variant": "sagan-gan", "generator_widths": [16, 16, 8], "discriminator_widths": [8, 16, 16], "reduction": 4}
-    spec = load_spec({"name": "gan", "variants": [gan], "tasks": ["digits-generation"], "steps": 2, "seeds": [0],
-                      "train": {"batch_size": 8, "lr": 0.1}, "task_train": {"digits-generation": {"lr": 4e-4}}})
+    spec = load_spec(
+        {
+            "name": "gan",
+            "variants": [gan],
+            "tasks": ["digits-generation"],
+            "steps": 2,
+            "seeds": [0],
+            "train": {"batch_size": 8, "lr": 0.1},
+            "task_train": {"digits-generation": {"lr": 4e-4}},
+        }
+    )
     results = compare(spec, tmp_path)
     (run,) = results.runs
     assert json.loads((tmp_path / run.samples_plot).parent.joinpath("train.json").read_text())["lr"] == 4e-4
@@ -176,8 +221,10 @@ def test_a_generation_task_reports_its_real_image_baseline_and_a_grid_of_samples
     assert run.metric == "frechet_distance" and run.flops_per_token > 0
     real = results.baselines["digits-generation"]
     text = (tmp_path / "report.md").read_text()
-    assert (f"Real digits (the classifier on the test images; training images against them): test classifier_accuracy {real['classifier_accuracy']:.3f}, "
-            f"test frechet_distance {real['frechet_distance']:.3f}.") in text
+    assert (
+        f"Real digits (the classifier on the test images; training images against them): test classifier_accuracy {real['classifier_accuracy']:.3f}, "
+        f"test frechet_distance {real['frechet_distance']:.3f}."
+    ) in text
     assert f"![{run.variant} samples on digits-generation]({run.samples_plot})" in text
     assert (tmp_path / run.samples_plot).read_bytes()[:4] == b"\x89PNG"
 
@@ -187,7 +234,7 @@ def test_task_train_must_name_tasks_of_the_spec():
         small_spec(task_train={"digits": {"lr": 0.1}})
 
 
-PLUGIN = '''
+PLUGIN = """
 from transformer_zoo.core.options import Variant
 from transformer_zoo.plugins.transformer import TINY, TransformerConfig
 from transformer_zoo.registry import hookimpl
@@ -196,7 +243,7 @@ from transformer_zoo.registry import hookimpl
 @hookimpl
 def tzoo_variants():
     return [Variant(name="transformer-narrow-tiny", config=TransformerConfig, defaults={**TINY, "d_ff": 32})]
-'''
+"""
 ONE_TASK = {"variants": ["transformer-narrow-tiny"], "tasks": [TASKS[1]], "steps": 3, "train": {"batch_size": 4}}
 
 
@@ -250,7 +297,10 @@ def test_a_plugin_defined_in_a_notebook_keeps_the_runs_in_process(tmp_path, caps
         results = compare(spec, tmp_path / "out")
     finally:
         registry.unregister("inline")
-    assert [(r.variant, r.seed) for r in results.runs] == [("transformer-inline-tiny", 0), ("transformer-inline-tiny", 1)]
+    assert [(r.variant, r.seed) for r in results.runs] == [
+        ("transformer-inline-tiny", 0),
+        ("transformer-inline-tiny", 1),
+    ]
     err = capsys.readouterr().err
     assert "plugin(s) inline are not importable modules" in err and "2 runs, 1 at a time" in err
 
@@ -285,8 +335,14 @@ def test_peak_memory_of_a_step_is_exact_and_grows_with_the_batch(tmp_path):
 
 
 def test_model_options_reach_every_variant_that_has_the_field():
-    spec = load_spec({"variants": ["transformer-tiny", "sagan-classifier-tiny", {"variant": "vit-tiny", "dropout": 0.2}],
-                      "tasks": ["digits"], "model": {"dropout": 0.0}, "seeds": [0]})
+    spec = load_spec(
+        {
+            "variants": ["transformer-tiny", "sagan-classifier-tiny", {"variant": "vit-tiny", "dropout": 0.2}],
+            "tasks": ["digits"],
+            "model": {"dropout": 0.0},
+            "seeds": [0],
+        }
+    )
     runs, _ = plan(spec)
     models = {label: config.model for label, config in runs}
     assert models["transformer-tiny"] == {"variant": "transformer-tiny", "dropout": 0.0}
@@ -334,8 +390,15 @@ def test_a_task_of_its_own_with_a_lower_is_better_metric_is_read_that_way(tmp_pa
     registry = get_registry()
     registry.register(Inline(), "inline-task")
     try:
-        spec = load_spec({"variants": ["transformer-tiny", "vit-tiny"], "tasks": ["parity-errors"], "steps": 2,
-                          "seeds": [0], "train": {"batch_size": 4}})
+        spec = load_spec(
+            {
+                "variants": ["transformer-tiny", "vit-tiny"],
+                "tasks": ["parity-errors"],
+                "steps": 2,
+                "seeds": [0],
+                "train": {"batch_size": 4},
+            }
+        )
         results = compare(spec, tmp_path)
     finally:
         registry.unregister("inline-task")
@@ -343,9 +406,12 @@ def test_a_task_of_its_own_with_a_lower_is_better_metric_is_read_that_way(tmp_pa
     assert run.metric == "error_rate" and run.better == {"error_rate": "lower", "accuracy": "higher"}
     assert [s.reason for s in results.skipped] == [
         "variant 'vit-tiny' cannot do task 'parity-errors': the model reads images, and this task has none (it "
-        "offers tokens)"]
+        "offers tokens)"
+    ]
     (summary,) = results.summaries
-    assert {c.name: c.better for c in summary.columns if c.kind == "metric"} == \
-        {"test accuracy": "higher", "test error_rate": "lower"}
+    assert {c.name: c.better for c in summary.columns if c.kind == "metric"} == {
+        "test accuracy": "higher",
+        "test error_rate": "lower",
+    }
     panel = next(ax for ax in plots.metric_figure(results.runs).axes if ax.get_title())
     assert panel.get_ylabel() == "test error rate (lower is better)"

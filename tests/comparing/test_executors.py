@@ -26,8 +26,15 @@ from transformer_zoo.training import distributed
 
 REVERSE = {"kind": "reverse", "train_size": 200, "test_size": 10, "train_lengths": [1, 5], "test_lengths": [6, 7]}
 LISTOPS = {"kind": "listops", "train_size": 200, "test_size": 10, "max_length": 32}
-GRID = {"name": "grid", "variants": ["transformer-tiny", {"variant": "transformer-tiny", "label": "narrow", "d_ff": 16}],
-        "tasks": [REVERSE, LISTOPS], "steps": 4, "seeds": [0, 1], "threads": 1, "train": {"batch_size": 4}}
+GRID = {
+    "name": "grid",
+    "variants": ["transformer-tiny", {"variant": "transformer-tiny", "label": "narrow", "d_ff": 16}],
+    "tasks": [REVERSE, LISTOPS],
+    "steps": 4,
+    "seeds": [0, 1],
+    "threads": 1,
+    "train": {"batch_size": 4},
+}
 
 
 def test_workers_are_dealt_round_the_devices():
@@ -48,10 +55,20 @@ def test_every_gpu_of_a_machine_gets_a_worker_by_default(monkeypatch):
     assert executor.slots == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
     few = make_executor(spec, distributed.world(), [], [], runs, 3, lambda _: None)  # no worker without a run
     assert few.slots == ["cuda:0", "cuda:1", "cuda:0"]
-    with pytest.raises(ConfigError, match=r"devices \['cuda:2', 'gpu0'\] are not devices of this machine; name cpu or "
-                                          r"cuda:0 or cuda:1"):
-        make_executor(load_spec({**spec.model_dump(mode="json"), "devices": ["cuda:1", "cuda:2", "gpu0"]}),
-                      distributed.world(), [], [], runs, len(runs), lambda _: None)
+    with pytest.raises(
+        ConfigError,
+        match=r"devices \['cuda:2', 'gpu0'\] are not devices of this machine; name cpu or "
+        r"cuda:0 or cuda:1",
+    ):
+        make_executor(
+            load_spec({**spec.model_dump(mode="json"), "devices": ["cuda:1", "cuda:2", "gpu0"]}),
+            distributed.world(),
+            [],
+            [],
+            runs,
+            len(runs),
+            lambda _: None,
+        )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="no CUDA device"):
         local_devices("cuda")
@@ -60,9 +77,12 @@ def test_every_gpu_of_a_machine_gets_a_worker_by_default(monkeypatch):
 def test_ray_without_the_package_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed
     jobs = [RunJob(name="x", config={}, run_dir="x", invocation="now")]
-    with pytest.raises(ConfigError, match=r"executor 'ray' \(every node of a cluster needs it, and transformer-zoo\) "
-                                          r"needs ray, which is not installed; install it with pip install "
-                                          r"'transformer-zoo\[ray\]'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"executor 'ray' \(every node of a cluster needs it, and transformer-zoo\) "
+        r"needs ray, which is not installed; install it with pip install "
+        r"'transformer-zoo\[ray\]'",
+    ):
         list(RayExecutor(1).run(jobs))
 
 
@@ -80,14 +100,24 @@ def test_ray_gives_the_metrics_of_local_to_the_last_digit(tmp_path):
 def _kill_a_run_mid_way(tmp_path: Path, executor: str) -> tuple[dict, str]:
     """Run a comparison of two long runs in a child process, SIGKILL the process training one
     of them once it has a checkpoint, and return the results and what the comparison printed."""
-    spec = {**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "steps": 300, "executor": executor,
-            "train": {"batch_size": 4, "checkpoint_every": 20}}
+    spec = {
+        **GRID,
+        "variants": ["transformer-tiny"],
+        "tasks": [LISTOPS],
+        "steps": 300,
+        "executor": executor,
+        "train": {"batch_size": 4, "checkpoint_every": 20},
+    }
     if executor == "local":
         spec["devices"] = ["cpu", "cpu"]  # a device list: a worker on each
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     out = tmp_path / "out"
-    child = subprocess.Popen([sys.executable, "-m", "transformer_zoo", "compare", str(tmp_path / "spec.json"), "--out",
-                              str(out), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "transformer_zoo", "compare", str(tmp_path / "spec.json"), "--out", str(out), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, killed = time.monotonic() + 240, None
         while killed is None and time.monotonic() < deadline and child.poll() is None:
@@ -123,11 +153,19 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_
 def test_a_run_whose_worker_keeps_dying_is_reported_failed_and_the_others_go_on(tmp_path):
     spec = load_spec({**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "workers": 2, "retries": 1})
     runs, _ = plan(spec)
-    jobs = [RunJob(name=f"run{seed}", config=config.model_dump(mode="json"), run_dir=str(tmp_path / f"run{seed}"),
-                   invocation="now", tags={"variant": label, "task": "listops", "seed": str(seed)})
-            for seed, (label, config) in enumerate(runs[:1])]
-    doomed = RunJob(name="doomed", config={**jobs[0].config, "steps": 10_000}, run_dir=str(tmp_path / "doomed"),
-                    invocation="now")
+    jobs = [
+        RunJob(
+            name=f"run{seed}",
+            config=config.model_dump(mode="json"),
+            run_dir=str(tmp_path / f"run{seed}"),
+            invocation="now",
+            tags={"variant": label, "task": "listops", "seed": str(seed)},
+        )
+        for seed, (label, config) in enumerate(runs[:1])
+    ]
+    doomed = RunJob(
+        name="doomed", config={**jobs[0].config, "steps": 10_000}, run_dir=str(tmp_path / "doomed"), invocation="now"
+    )
     events, killed = [], set()
     executor = LocalExecutor(["cpu", "cpu"], 1, retries=1)
     for event in executor.run([doomed, *jobs]):
@@ -156,22 +194,37 @@ def _holder(run_dir: Path, dead: set[int], timeout: float = 120) -> int:
 
 
 def test_progress_is_a_live_table_on_a_terminal_and_lines_in_a_log():
-    jobs = [RunJob(name=f"r{i}", config={}, run_dir=f"r{i}", invocation="now",
-                   tags={"variant": "v", "task": "t", "seed": str(i)}) for i in range(3)]
+    jobs = [
+        RunJob(
+            name=f"r{i}",
+            config={},
+            run_dir=f"r{i}",
+            invocation="now",
+            tags={"variant": "v", "task": "t", "seed": str(i)},
+        )
+        for i in range(3)
+    ]
     record = {"metrics": {"test": {"accuracy": 0.5}}, "metric": "accuracy", "wall_seconds": 3.0}
-    events = [RunEvent("running", jobs[0], "cuda:1"), RunEvent("running", jobs[1], "10.0.0.2 gpu 0"),
-              RunEvent("done", jobs[0], "cuda:1", record=record),
-              RunEvent("retried", jobs[1], "10.0.0.2 gpu 0", 2, error="its worker process died (exit code -9)"),
-              RunEvent("failed", jobs[1], "10.0.0.3", 3, error="TrainingDiverged: loss became nan at step 2\nmore")]
+    events = [
+        RunEvent("running", jobs[0], "cuda:1"),
+        RunEvent("running", jobs[1], "10.0.0.2 gpu 0"),
+        RunEvent("done", jobs[0], "cuda:1", record=record),
+        RunEvent("retried", jobs[1], "10.0.0.2 gpu 0", 2, error="its worker process died (exit code -9)"),
+        RunEvent("failed", jobs[1], "10.0.0.3", 3, error="TrainingDiverged: loss became nan at step 2\nmore"),
+    ]
     log = io.StringIO()
     with GridProgress(jobs, log, live=False) as progress:
         for event in events:
             progress.event(event)
     lines = log.getvalue().splitlines()
     assert lines[0].startswith("[1/3] v on t (seed 0): accuracy 0.5, 3 s; about")
-    assert lines[1] == ("v on t (seed 1): its worker process died (exit code -9) on 10.0.0.2 gpu 0; starting it again "
-                        "from its last checkpoint (attempt 2)")
-    assert lines[2].startswith("[2/3] v on t (seed 1) failed on 10.0.0.3 (attempt 3): TrainingDiverged: loss became nan")
+    assert lines[1] == (
+        "v on t (seed 1): its worker process died (exit code -9) on 10.0.0.2 gpu 0; starting it again "
+        "from its last checkpoint (attempt 2)"
+    )
+    assert lines[2].startswith(
+        "[2/3] v on t (seed 1) failed on 10.0.0.3 (attempt 3): TrainingDiverged: loss became nan"
+    )
     assert len(lines) == 3, "running is not a line of its own in a log"
     screen = io.StringIO()
     with GridProgress(jobs, screen, live=True) as progress:

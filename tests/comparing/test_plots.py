@@ -20,14 +20,25 @@ def record(variant: str, task: str = "listops", seed: int = 0, *, phases: tuple[
     shift = 1 + 0.05 * seed
     curve = []
     for step in range(10, 110, 10):
-        losses = {f"loss_{phase}": (2.0 if i == 0 else -0.5) * shift / step ** 0.5 for i, phase in enumerate(phases)}
+        losses = {f"loss_{phase}": (2.0 if i == 0 else -0.5) * shift / step**0.5 for i, phase in enumerate(phases)}
         loss = next(iter(losses.values()), 3.0 * shift / step)
         curve.append({"step": step, "loss": loss, **losses, "lr": 1e-3})
     metric = "frechet_distance" if phases else "accuracy"
-    return RunRecord(variant=variant, family="test", task=task, seed=seed, parameters=VARIANTS.get(variant, 268_092),
-                     flops_per_token=1e6, train_tokens_per_second=20_000 * shift * (len(variant) / 10),
-                     peak_memory_mb=100.0, steps=100, wall_seconds=10.0, metric=metric,
-                     metrics={"test": {metric: 0.5 * shift}}, curve=curve)
+    return RunRecord(
+        variant=variant,
+        family="test",
+        task=task,
+        seed=seed,
+        parameters=VARIANTS.get(variant, 268_092),
+        flops_per_token=1e6,
+        train_tokens_per_second=20_000 * shift * (len(variant) / 10),
+        peak_memory_mb=100.0,
+        steps=100,
+        wall_seconds=10.0,
+        metric=metric,
+        metrics={"test": {metric: 0.5 * shift}},
+        curve=curve,
+    )
 
 
 ONE_SEED = [record(v, task) for task in ("listops", "reverse") for v in VARIANTS]
@@ -48,8 +59,14 @@ def test_log_axes_are_ticked_at_plain_1_2_5_values_with_two_at_least():
     assert plots.log_ticks(268_092, 268_092) == [200_000, 500_000]
     assert plots.log_ticks(200_000, 200_000) == [200_000, 500_000]
     assert plots.log_ticks(1, 1e6) == [1, 10, 100, 1000, 1e4, 1e5, 1e6]  # decades alone past three
-    assert [plots.number(v) for v in (20_000, 1_500_000, 0.05, 512, 45_882.7, 999_600)] == \
-        ["20k", "1.5M", "0.05", "512", "45.9k", "1M"]
+    assert [plots.number(v) for v in (20_000, 1_500_000, 0.05, 512, 45_882.7, 999_600)] == [
+        "20k",
+        "1.5M",
+        "0.05",
+        "512",
+        "45.9k",
+        "1M",
+    ]
     with pytest.raises(ValueError, match="0 < low <= high"):
         plots.log_ticks(0, 10)
 
@@ -115,8 +132,9 @@ def test_a_model_trained_in_phases_gets_a_labelled_panel_per_phase():
 
 def test_ponder_wraps_long_sequences_into_rows_under_a_labelled_colour_bar(tmp_path):
     tokens = [f"t{i}" for i in range(60)]
-    fig = plots.ponder_figure({"encoder": torch.linspace(1, 5, 60), "decoder": torch.ones(5)},
-                              {"encoder": tokens, "decoder": ["a", "b"]})
+    fig = plots.ponder_figure(
+        {"encoder": torch.linspace(1, 5, 60), "decoder": torch.ones(5)}, {"encoder": tokens, "decoder": ["a", "b"]}
+    )
     rows, colour_bar = fig.axes[:-1], fig.axes[-1]
     assert [ax.get_ylabel() for ax in rows] == ["encoder\n1-20", "encoder\n21-40", "encoder\n41-60", "decoder\n1-5"]
     assert tick_texts(rows[1].xaxis) == tokens[20:40]
@@ -129,13 +147,20 @@ def test_ponder_wraps_long_sequences_into_rows_under_a_labelled_colour_bar(tmp_p
 
 
 def test_scaling_has_labelled_log_axes_at_the_measured_lengths(tmp_path):
-    points = [ScalingPoint(variant=v, attention=a, length=n, mode=m, seconds=n * 1e-6, peak_mb=n / 100)
-              for v, a in (("transformer-tiny", "as configured"), ("local-global-encoder-tiny", "sdpa"))
-              for n in (512, 1024) for m in ("forward", "train")]
+    points = [
+        ScalingPoint(variant=v, attention=a, length=n, mode=m, seconds=n * 1e-6, peak_mb=n / 100)
+        for v, a in (("transformer-tiny", "as configured"), ("local-global-encoder-tiny", "sdpa"))
+        for n in (512, 1024)
+        for m in ("forward", "train")
+    ]
     fig = plots.scaling_figure(points)
-    assert [labels(ax) for ax in fig.axes] == [("", "time per pass (ms)")] * 2 + \
-        [("sequence length (tokens)", "peak tensor memory (MiB)")] * 2
+    assert [labels(ax) for ax in fig.axes] == [("", "time per pass (ms)")] * 2 + [
+        ("sequence length (tokens)", "peak tensor memory (MiB)")
+    ] * 2
     assert tick_texts(fig.axes[2].xaxis) == ["512", "1024"]
-    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["transformer-tiny", "local-global-encoder-tiny [sdpa]"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "transformer-tiny",
+        "local-global-encoder-tiny [sdpa]",
+    ]
     plots.plot_scaling(points, tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 0

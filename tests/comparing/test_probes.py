@@ -11,7 +11,13 @@ import torch
 import transformer_zoo as tz
 from transformer_zoo.core.attention import MultiHeadAttention
 from transformer_zoo.plugins.tasks.algorithmic import Copy, Reverse, Sort
-from transformer_zoo.comparing.probes import PROBE_NAMES, PROBE_OUTPUTS, attention_statistics, mirror_alignment, run_probes
+from transformer_zoo.comparing.probes import (
+    PROBE_NAMES,
+    PROBE_OUTPUTS,
+    attention_statistics,
+    mirror_alignment,
+    run_probes,
+)
 
 EXAMPLES = 10
 
@@ -118,8 +124,10 @@ def test_run_probes_by_name():
     assert set(found) == set(PROBE_OUTPUTS["attention"]) | set(PROBE_OUTPUTS["alignment"])
     assert found["alignment"] == mirror_alignment(model, task, examples=4)["best"]
     copy = Copy(symbols=5, train_lengths=(2, 7), train_size=8, test_size=12).build()
-    assert run_probes(["alignment"], model, copy, examples=4)["alignment"] == \
-        mirror_alignment(model, copy, examples=4, mirrored=False)["best"]
+    assert (
+        run_probes(["alignment"], model, copy, examples=4)["alignment"]
+        == mirror_alignment(model, copy, examples=4, mirrored=False)["best"]
+    )
     sort = Sort(symbols=5, train_lengths=(2, 7), train_size=8, test_size=12).build()
     assert run_probes(["alignment"], model, sort, examples=4) == {}, "no alignment is implied by sorting"
     assert run_probes([], model, task) == {}
@@ -148,11 +156,27 @@ def test_a_trained_model_reads_the_mirrored_source_position(kind, mirrored, trai
     reads the position its task needs, not any."""
     from transformer_zoo.training.config import load_train_config
 
-    run_dir, summary = reverse_run if kind == "reverse" else trained({
-        "model": {"variant": "transformer-tiny", "dropout": 0.0},
-        "task": {"kind": kind, "train_lengths": [1, 8], "test_lengths": [9, 10], "train_size": 10000, "test_size": 200},
-        "steps": 400, "batch_size": 32, "lr": 1e-3, "warmup_steps": 80, "device": "cpu",
-    })
+    run_dir, summary = (
+        reverse_run
+        if kind == "reverse"
+        else trained(
+            {
+                "model": {"variant": "transformer-tiny", "dropout": 0.0},
+                "task": {
+                    "kind": kind,
+                    "train_lengths": [1, 8],
+                    "test_lengths": [9, 10],
+                    "train_size": 10000,
+                    "test_size": 200,
+                },
+                "steps": 400,
+                "batch_size": 32,
+                "lr": 1e-3,
+                "warmup_steps": 80,
+                "device": "cpu",
+            }
+        )
+    )
     assert summary["metrics"]["test"]["token_accuracy"] >= 0.95, summary["metrics"]
     model = tz.from_pretrained(run_dir / "model").eval()
     task = load_train_config(run_dir / "train.json").task.build()

@@ -83,8 +83,11 @@ def test_a_pass_that_fails_is_recorded_and_the_others_kept(monkeypatch):
 
 
 def test_stretched_tiles_each_sequence_to_the_length():
-    batch = {"src": torch.tensor([[5, 6, 7], [8, 9, 0]]), "src_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
-             "targets": torch.tensor([1, 2])}
+    batch = {
+        "src": torch.tensor([[5, 6, 7], [8, 9, 0]]),
+        "src_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        "targets": torch.tensor([1, 2]),
+    }
     out = stretched(batch, 7)
     assert out["src"].tolist() == [[5, 6, 7, 5, 6, 7, 5], [8, 9, 0, 8, 9, 0, 8]]
     assert out["src_mask"].shape == (2, 7) and out["targets"].tolist() == [1, 2]
@@ -96,8 +99,9 @@ def test_sparse_memory_grows_linearly_and_written_out_attention_quadratically():
     model = tz.load_config("local-global-encoder-tiny")
     config = tz.load_config(model, task.model_overrides(model))
     points = measure_scaling([("lg", config)], task, spec, progress=False)
-    assert {(p.attention, p.mode) for p in points} == {(a, m) for a in ("as configured", "sdpa", "math")
-                                                       for m in ("forward", "train")}
+    assert {(p.attention, p.mode) for p in points} == {
+        (a, m) for a in ("as configured", "sdpa", "math") for m in ("forward", "train")
+    }
     peak = {(p.attention, p.mode, p.length): p.peak_mb for p in points}
     for mode in ("forward", "train"):
         assert peak["as configured", mode, 2048] / peak["as configured", mode, 512] <= 4.5, "O(n w): linear"
@@ -107,14 +111,25 @@ def test_sparse_memory_grows_linearly_and_written_out_attention_quadratically():
 
 
 def test_compare_reports_time_and_memory_against_length(tmp_path, monkeypatch):
-    spec = load_spec({"name": "scaling", "variants": ["transformer-tiny", "local-global-encoder-tiny"],
-                      "tasks": [LISTOPS], "steps": 2, "seeds": [0], "train": {"batch_size": 4},
-                      "scaling": {"lengths": [64, 256], "repeats": 1}})
+    spec = load_spec(
+        {
+            "name": "scaling",
+            "variants": ["transformer-tiny", "local-global-encoder-tiny"],
+            "tasks": [LISTOPS],
+            "steps": 2,
+            "seeds": [0],
+            "train": {"batch_size": 4},
+            "scaling": {"lengths": [64, 256], "repeats": 1},
+        }
+    )
     results = compare(spec, tmp_path)
     models = {(p.variant, p.attention) for p in results.scaling}
-    assert models == {("transformer-tiny", "as configured"), ("local-global-encoder-tiny", "as configured"),
-                      ("local-global-encoder-tiny", "sdpa"), ("local-global-encoder-tiny", "math")}, \
-        "a full-attention model is not measured again with full attention"
+    assert models == {
+        ("transformer-tiny", "as configured"),
+        ("local-global-encoder-tiny", "as configured"),
+        ("local-global-encoder-tiny", "sdpa"),
+        ("local-global-encoder-tiny", "math"),
+    }, "a full-attention model is not measured again with full attention"
     assert len(results.scaling) == len(models) * 2 * 2
     saved = json.loads((tmp_path / "results.json").read_text())
     assert len(saved["scaling"]) == len(results.scaling)

@@ -155,8 +155,10 @@ def test_a_bounded_interval_is_inside_its_bounds_and_contains_its_mean(shares, b
 def test_the_bounded_interval_covers_the_true_mean_95_percent_of_the_time_with_three_seeds():
     rng = np.random.default_rng(0)
     true_mean, draws = 0.9, 2000  # accuracies Beta(90, 10) over seeds
-    covered = sum(got.low <= true_mean <= got.high
-                  for got in (bounded_interval(list(rng.beta(90, 10, 3)), (0.0, 1.0)) for _ in range(draws)))
+    covered = sum(
+        got.low <= true_mean <= got.high
+        for got in (bounded_interval(list(rng.beta(90, 10, 3)), (0.0, 1.0)) for _ in range(draws))
+    )
     assert 0.93 <= covered / draws <= 0.97
 
 

@@ -24,16 +24,32 @@ from transformer_zoo.comparing.studies import (
 NOISE = [0.0, 0.01, -0.01, 0.005, -0.005]
 
 
-def record(variant: str, seed: int, value: float, metric: str = "accuracy", better: str = "higher",
-           probes: dict | None = None) -> RunRecord:
+def record(
+    variant: str, seed: int, value: float, metric: str = "accuracy", better: str = "higher", probes: dict | None = None
+) -> RunRecord:
     return RunRecord(
-        variant=variant, family="transformer", task="listops", seed=seed, parameters=100, flops_per_token=1.0,
-        train_tokens_per_second=1.0, peak_memory_mb=1.0, steps=10, wall_seconds=1.0, metric=metric,
-        metrics={"test": {metric: value}}, better={metric: better}, curve=[], probes=probes or {})
+        variant=variant,
+        family="transformer",
+        task="listops",
+        seed=seed,
+        parameters=100,
+        flops_per_token=1.0,
+        train_tokens_per_second=1.0,
+        peak_memory_mb=1.0,
+        steps=10,
+        wall_seconds=1.0,
+        metric=metric,
+        metrics={"test": {metric: value}},
+        better={metric: better},
+        curve=[],
+        probes=probes or {},
+    )
 
 
 def results(a: list[float], b: list[float], **kwargs) -> CompareResults:
-    runs = [record("a", i, v, **kwargs) for i, v in enumerate(a)] + [record("b", i, v, **kwargs) for i, v in enumerate(b)]
+    runs = [record("a", i, v, **kwargs) for i, v in enumerate(a)] + [
+        record("b", i, v, **kwargs) for i, v in enumerate(b)
+    ]
     return CompareResults(spec={"test": "welch"}, machine={}, runs=runs, skipped=[])
 
 
@@ -45,23 +61,26 @@ def spread(mean: float, width: float = 1.0) -> list[float]:
     return [mean + width * n for n in NOISE]
 
 
-@pytest.mark.parametrize(("a", "b", "fields", "verdict"), [
-    (spread(0.8), spread(0.5), {}, "holds"),                      # clearly better
-    (spread(0.5), spread(0.8), {}, "does not hold"),              # clearly worse
-    (spread(0.5, 10), spread(0.52, 10), {}, "inconclusive"),      # within each other's noise
-    ([0.0] * 3, [0.0] * 3, {}, "does not hold"),                  # identical: no advantage at all
-    (spread(0.5), spread(0.5), {"margin": 0.05}, "does not hold"),  # any advantage is below the margin
-    (spread(0.5), spread(0.8), {"direction": "lower"}, "holds"),  # lower is better: a's lower mean wins
-    (spread(0.50), spread(0.51), {"relation": "not-worse", "margin": 0.05}, "holds"),
-    (spread(0.30), spread(0.51), {"relation": "not-worse", "margin": 0.05}, "does not hold"),
-    (spread(0.50, 10), spread(0.51, 10), {"relation": "not-worse", "margin": 0.05}, "inconclusive"),
-    (spread(0.50), spread(0.51), {"relation": "matches", "margin": 0.05}, "holds"),
-    (spread(0.30), spread(0.51), {"relation": "matches", "margin": 0.05}, "does not hold"),
-    (spread(0.50, 10), spread(0.51, 10), {"relation": "matches", "margin": 0.05}, "inconclusive"),
-    ([0.5, 0.5, 0.5, 0.5], [0.1, 0.9, 0.2, 0.8], {"relation": "steadier"}, "holds"),
-    ([0.1, 0.9, 0.2, 0.8], [0.5, 0.5, 0.5, 0.5], {"relation": "steadier"}, "does not hold"),
-    ([0.5, 0.6, 0.4], [0.5, 0.61, 0.39], {"relation": "steadier"}, "inconclusive"),
-])
+@pytest.mark.parametrize(
+    ("a", "b", "fields", "verdict"),
+    [
+        (spread(0.8), spread(0.5), {}, "holds"),  # clearly better
+        (spread(0.5), spread(0.8), {}, "does not hold"),  # clearly worse
+        (spread(0.5, 10), spread(0.52, 10), {}, "inconclusive"),  # within each other's noise
+        ([0.0] * 3, [0.0] * 3, {}, "does not hold"),  # identical: no advantage at all
+        (spread(0.5), spread(0.5), {"margin": 0.05}, "does not hold"),  # any advantage is below the margin
+        (spread(0.5), spread(0.8), {"direction": "lower"}, "holds"),  # lower is better: a's lower mean wins
+        (spread(0.50), spread(0.51), {"relation": "not-worse", "margin": 0.05}, "holds"),
+        (spread(0.30), spread(0.51), {"relation": "not-worse", "margin": 0.05}, "does not hold"),
+        (spread(0.50, 10), spread(0.51, 10), {"relation": "not-worse", "margin": 0.05}, "inconclusive"),
+        (spread(0.50), spread(0.51), {"relation": "matches", "margin": 0.05}, "holds"),
+        (spread(0.30), spread(0.51), {"relation": "matches", "margin": 0.05}, "does not hold"),
+        (spread(0.50, 10), spread(0.51, 10), {"relation": "matches", "margin": 0.05}, "inconclusive"),
+        ([0.5, 0.5, 0.5, 0.5], [0.1, 0.9, 0.2, 0.8], {"relation": "steadier"}, "holds"),
+        ([0.1, 0.9, 0.2, 0.8], [0.5, 0.5, 0.5, 0.5], {"relation": "steadier"}, "does not hold"),
+        ([0.5, 0.6, 0.4], [0.5, 0.61, 0.39], {"relation": "steadier"}, "inconclusive"),
+    ],
+)
 def test_a_claims_verdict_follows_from_the_interval_over_seeds(a, b, fields, verdict):
     result = judge(claim(**fields), results(a, b))
     assert result.verdict == verdict, result.reason
@@ -70,15 +89,23 @@ def test_a_claims_verdict_follows_from_the_interval_over_seeds(a, b, fields, ver
 
 def test_the_metrics_declared_direction_is_the_default():
     """A lower-is-better metric (a Frechet distance): a's lower values win without a direction."""
-    result = judge(claim(metric="frechet_distance"), results(spread(10.0), spread(20.0), metric="frechet_distance",
-                                                            better="lower"))
+    result = judge(
+        claim(metric="frechet_distance"), results(spread(10.0), spread(20.0), metric="frechet_distance", better="lower")
+    )
     assert result.verdict == "holds" and result.difference == pytest.approx(-10.0)
 
 
 def test_a_claim_on_a_probe_reads_the_probe():
-    data = CompareResults(spec={}, machine={}, skipped=[], runs=[
-        record(v, i, 0.5, probes={"saturated_rows": x + n}) for v, x in (("a", 0.9), ("b", 0.1))
-        for i, n in enumerate(NOISE)])
+    data = CompareResults(
+        spec={},
+        machine={},
+        skipped=[],
+        runs=[
+            record(v, i, 0.5, probes={"saturated_rows": x + n})
+            for v, x in (("a", 0.9), ("b", 0.1))
+            for i, n in enumerate(NOISE)
+        ],
+    )
     result = judge(claim(metric="saturated_rows", direction="higher"), data)
     assert result.verdict == "holds" and result.probe and result.a.mean == pytest.approx(0.9)
 
@@ -100,8 +127,16 @@ def test_bad_claims_are_refused_with_what_would_be_right():
         claim(b="a")
 
 
-STUDIES = ["ut-length-generalisation", "layernorm-vs-batchnorm", "scaled-dot-product", "local-vs-global",
-           "sagan-attention", "multi-head", "pre-vs-post-norm", "tuned-pre-vs-post-norm"]
+STUDIES = [
+    "ut-length-generalisation",
+    "layernorm-vs-batchnorm",
+    "scaled-dot-product",
+    "local-vs-global",
+    "sagan-attention",
+    "multi-head",
+    "pre-vs-post-norm",
+    "tuned-pre-vs-post-norm",
+]
 
 
 def test_the_built_in_studies_are_listed_and_validate_at_every_scale():
@@ -164,8 +199,12 @@ def test_every_study_builds_trains_and_is_judged_at_every_scale(name, scale, tmp
 
 def test_a_claim_naming_what_the_spec_lacks_fails_before_training(tmp_path):
     study = load_study("multi-head").model_dump()
-    for change, message in [({"a": "8 heads"}, "does not run"), ({"metric": "bleu"}, "neither a metric"),
-                            ({"split": "test_long"}, "not one of task"), ({"task": "reverse"}, "not one of the spec")]:
+    for change, message in [
+        ({"a": "8 heads"}, "does not run"),
+        ({"metric": "bleu"}, "neither a metric"),
+        ({"split": "test_long"}, "not one of task"),
+        ({"task": "reverse"}, "not one of the spec"),
+    ]:
         data = {**study, "claims": [{**study["claims"][0], **change}]}
         path = tmp_path / "mine.yaml"
         path.write_text(json.dumps(data))
@@ -186,15 +225,33 @@ def test_cli_lists_the_studies(capsys):
 
 def tiny_study(tmp_path, name: str, **train) -> str:
     """A study of one's own: one-layer encoders on a short ordered-pair, 2 steps."""
-    data = {"name": name, "title": "t", "source": "s",
-            "claims": [{"statement": "four heads beat one", "task": "ordered-pair", "metric": "accuracy",
-                        "a": "4 heads", "b": "1 head"}],
-            "compare": {"variants": [{"variant": "transformer-tiny", "label": "1 head", "n_heads": 1},
-                                     {"variant": "transformer-tiny", "label": "4 heads", "n_heads": 4}],
-                        "tasks": [{"kind": "ordered-pair", "length": 4, "symbols": 2, "train_size": 32,
-                                   "test_size": 4}],
-                        "steps": 2, "seeds": [0, 1], "workers": 1, "threads": 1,
-                        "model": {"encoder": {"layers": 1}}, "train": {"batch_size": 4, **train}}}
+    data = {
+        "name": name,
+        "title": "t",
+        "source": "s",
+        "claims": [
+            {
+                "statement": "four heads beat one",
+                "task": "ordered-pair",
+                "metric": "accuracy",
+                "a": "4 heads",
+                "b": "1 head",
+            }
+        ],
+        "compare": {
+            "variants": [
+                {"variant": "transformer-tiny", "label": "1 head", "n_heads": 1},
+                {"variant": "transformer-tiny", "label": "4 heads", "n_heads": 4},
+            ],
+            "tasks": [{"kind": "ordered-pair", "length": 4, "symbols": 2, "train_size": 32, "test_size": 4}],
+            "steps": 2,
+            "seeds": [0, 1],
+            "workers": 1,
+            "threads": 1,
+            "model": {"encoder": {"layers": 1}},
+            "train": {"batch_size": 4, **train},
+        },
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(data))
     return str(path)
@@ -226,8 +283,13 @@ def test_cli_with_a_scale_and_no_name_runs_every_study(monkeypatch, tmp_path, ca
 
     monkeypatch.setattr("transformer_zoo.comparing.studies.reproduce_all", fake)
     assert main(["reproduce", "--scale", "gpu", "--out", str(tmp_path), "--json"]) == 0
-    assert called == {"names": list(available_studies()), "out": tmp_path, "scale": "gpu", "overrides": {},
-                      "at_once": None}
+    assert called == {
+        "names": list(available_studies()),
+        "out": tmp_path,
+        "scale": "gpu",
+        "overrides": {},
+        "at_once": None,
+    }
     assert main(["reproduce", "multi-head", "--steps", "5", "--at-once", "2"]) == 0
     assert called["names"] == ["multi-head"] and called["scale"] == "cpu" and called["overrides"] == {"steps": 5}
     assert called["at_once"] == 2
@@ -262,16 +324,21 @@ def test_the_sources_figures_stand_beside_ours_and_a_wrong_one_is_refused(tmp_pa
     from transformer_zoo.comparing.studies import beside
 
     study = load_study("ut-length-generalisation")
-    assert {(f.variant, f.task, f.metric) for f in study.figures} >= {("ut+offset", "copy", "sequence_accuracy"),
-                                                                        ("transformer", "reverse", "token_accuracy")}
+    assert {(f.variant, f.task, f.metric) for f in study.figures} >= {
+        ("ut+offset", "copy", "sequence_accuracy"),
+        ("transformer", "reverse", "token_accuracy"),
+    }
     data = load_study("multi-head").model_dump()
-    data["figures"] = [{"variant": "4 heads", "task": "ordered-pair", "metric": "accuracy", "value": 0.9,
-                        "where": "Table 1"}]
+    data["figures"] = [
+        {"variant": "4 heads", "task": "ordered-pair", "metric": "accuracy", "value": 0.9, "where": "Table 1"}
+    ]
     path = tmp_path / "mine.yaml"
     path.write_text(json.dumps(data))
     mine = load_study(str(path))
-    runs = [record("4 heads", seed, value).model_copy(update={"task": "ordered-pair"})
-            for seed, value in enumerate([0.7, 0.8])]
+    runs = [
+        record("4 heads", seed, value).model_copy(update={"task": "ordered-pair"})
+        for seed, value in enumerate([0.7, 0.8])
+    ]
     found = beside(mine.figures[0], CompareResults(spec={}, machine={}, runs=runs, skipped=[]))
     assert found.ours.mean == pytest.approx(0.75) and found.figure.value == 0.9
     data["figures"][0]["variant"] = "8 heads"
@@ -287,15 +354,20 @@ def test_a_claim_whose_runs_stopped_at_the_time_cap_is_not_judged():
     spec = study.spec("cpu")
 
     def runs(one_short: bool) -> CompareResults:
-        made = [record(label, seed, value).model_copy(update={"task": "ordered-pair", "steps": spec.steps})
-                for label, value in (("4 heads", 1.0), ("1 head", 0.5)) for seed, value in enumerate(spread(value))]
+        made = [
+            record(label, seed, value).model_copy(update={"task": "ordered-pair", "steps": spec.steps})
+            for label, value in (("4 heads", 1.0), ("1 head", 0.5))
+            for seed, value in enumerate(spread(value))
+        ]
         if one_short:
             made[-1] = made[-1].model_copy(update={"steps": spec.steps - 300})
         return CompareResults(spec={"test": "welch"}, machine={}, runs=made, skipped=[])
 
     assert verdict(study, spec, runs(False), "cpu", 1.0, "x").claims[0].verdict == "holds"
     capped = verdict(study, spec, runs(True), "cpu", 1.0, "x")
-    assert capped.verdict == "inconclusive" and capped.short_runs == ["1 head on ordered-pair, seed 4: 500 of 800 steps"]
+    assert capped.verdict == "inconclusive" and capped.short_runs == [
+        "1 head on ordered-pair, seed 4: 500 of 800 steps"
+    ]
     assert capped.claims[0].reason.startswith("not judged: 1 of its runs stopped at the time cap")
     assert "as measured, holds" in capped.claims[0].reason
     assert "stopped at the time cap before their 800 steps" in "\n".join(study_lines(capped))

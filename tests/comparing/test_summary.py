@@ -23,14 +23,37 @@ from transformer_zoo.comparing.summary import (
 TOKENS_PER_SECOND = {"a": 1000.0, "b": 2000.0, "c": 1500.0}
 
 
-def record(variant: str, seed: int, accuracy: float, metric: str = "accuracy", task: str = "listops",
-           invocation: str = "now", **fields) -> RunRecord:
-    return RunRecord(**{
-        "variant": variant, "family": "transformer", "task": task, "seed": seed, "parameters": 100,
-        "flops_per_token": 600.0, "train_tokens_per_second": TOKENS_PER_SECOND[variant] + seed, "peak_memory_mb": 2.0,
-        "steps": 10, "wall_seconds": 10.0 + seed, "metric": metric, "metrics": {"test": {metric: accuracy}},
-        "curve": [{"step": 10, "loss": 1.0}], "threads": 1, "cpus": 2, "load_average": 1.0, "invocation": invocation,
-        **fields})
+def record(
+    variant: str,
+    seed: int,
+    accuracy: float,
+    metric: str = "accuracy",
+    task: str = "listops",
+    invocation: str = "now",
+    **fields,
+) -> RunRecord:
+    return RunRecord(
+        **{
+            "variant": variant,
+            "family": "transformer",
+            "task": task,
+            "seed": seed,
+            "parameters": 100,
+            "flops_per_token": 600.0,
+            "train_tokens_per_second": TOKENS_PER_SECOND[variant] + seed,
+            "peak_memory_mb": 2.0,
+            "steps": 10,
+            "wall_seconds": 10.0 + seed,
+            "metric": metric,
+            "metrics": {"test": {metric: accuracy}},
+            "curve": [{"step": 10, "loss": 1.0}],
+            "threads": 1,
+            "cpus": 2,
+            "load_average": 1.0,
+            "invocation": invocation,
+            **fields,
+        }
+    )
 
 
 NOISE = [0.00, 0.01, -0.01, 0.005, -0.005]
@@ -38,8 +61,9 @@ NOISE = [0.00, 0.01, -0.01, 0.005, -0.005]
 
 def clear_winner() -> list[RunRecord]:
     """Over 5 seeds, b is 0.2 above a and c; a and c are the same."""
-    return [record(v, seed, base + NOISE[seed]) for v, base in (("a", 0.5), ("b", 0.7), ("c", 0.5))
-            for seed in range(5)]
+    return [
+        record(v, seed, base + NOISE[seed]) for v, base in (("a", 0.5), ("b", 0.7), ("c", 0.5)) for seed in range(5)
+    ]
 
 
 def test_a_clearly_better_variant_is_bold_and_its_test_rejects():
@@ -73,8 +97,11 @@ def test_one_seed_claims_no_winner():
 
 
 def test_lower_is_better_for_perplexity():
-    runs = [record(v, seed, base + NOISE[seed], metric="perplexity", task="language-modeling")
-            for v, base in (("a", 5.0), ("b", 9.0)) for seed in range(5)]
+    runs = [
+        record(v, seed, base + NOISE[seed], metric="perplexity", task="language-modeling")
+        for v, base in (("a", 5.0), ("b", 9.0))
+        for seed in range(5)
+    ]
     assert summarize_task(runs).best == "a"
 
 
@@ -87,8 +114,11 @@ def test_a_task_of_its_own_says_which_way_its_metrics_are_better():
         metrics = {"test_regret": "lower", "test_hits": "higher"}
 
     def runs(**fields):
-        return [record(v, seed, base + NOISE[seed], metric="test_regret", task="bandit", **fields)
-                for v, base in (("a", 5.0), ("b", 9.0)) for seed in range(5)]
+        return [
+            record(v, seed, base + NOISE[seed], metric="test_regret", task="bandit", **fields)
+            for v, base in (("a", 5.0), ("b", 9.0))
+            for seed in range(5)
+        ]
 
     for records in (runs(better=Regret.metrics), runs()):
         summary = summarize_task(records)
@@ -127,8 +157,11 @@ def test_the_column_format_is_chosen_from_all_its_numbers():
 def test_one_number_format_per_column_whatever_the_magnitude():
     """Tokens per second around 1,000: a cell below 1,000 is written like the ones above it."""
     speeds = {"a": [420.0, 610.0, 980.0], "b": [1500.0, 1900.0, 2400.0]}
-    runs = [record(v, seed, 0.5 + NOISE[seed], train_tokens_per_second=x)
-            for v, xs in speeds.items() for seed, x in enumerate(xs)]
+    runs = [
+        record(v, seed, 0.5 + NOISE[seed], train_tokens_per_second=x)
+        for v, xs in speeds.items()
+        for seed, x in enumerate(xs)
+    ]
     summary = summarize_task(runs)
     column = next(c for c in summary.columns if c.name == "train tokens/s")
     assert column.decimals == 0
@@ -147,7 +180,8 @@ def test_costs_have_positive_log_scale_intervals():
     runs = [record("a", seed, 0.5, train_tokens_per_second=x) for seed, x in enumerate(speeds)]
     summary = summarize_task(runs)
     assert {c.name: c.scale for c in summary.columns if c.kind == "cost"} == dict.fromkeys(
-        ("parameters", "FLOPs/token", "train tokens/s", "peak MiB", "wall s"), "log")
+        ("parameters", "FLOPs/token", "train tokens/s", "peak MiB", "wall s"), "log"
+    )
     cell = summary.cells["a"]["train tokens/s"]
     logs = np.log(speeds)
     low, high = np.exp(scipy_stats.t.interval(0.95, 2, loc=logs.mean(), scale=scipy_stats.sem(logs)))
@@ -157,8 +191,11 @@ def test_costs_have_positive_log_scale_intervals():
 
 def bounded_runs(**fields) -> list[RunRecord]:
     """Accuracies at and near 1, whose Student-t interval passes 1."""
-    return [record(v, seed, x, **fields) for v, xs in (("a", [1.0, 1.0, 0.9]), ("b", [0.0, 0.05, 0.0]))
-            for seed, x in enumerate(xs)]
+    return [
+        record(v, seed, x, **fields)
+        for v, xs in (("a", [1.0, 1.0, 0.9]), ("b", [0.0, 0.05, 0.0]))
+        for seed, x in enumerate(xs)
+    ]
 
 
 def test_declared_bounds_keep_a_metric_interval_inside_them():
@@ -173,8 +210,9 @@ def test_declared_bounds_keep_a_metric_interval_inside_them():
     ends = scipy_stats.t.interval(0.95, 2, loc=scaled.mean(), scale=scipy_stats.sem(scaled))
     low, high = np.sin(np.clip(ends, 0, np.pi / 2)) ** 2
     assert (a.low, a.high) == pytest.approx((low, high))
-    results = CompareResults(spec={}, machine={}, runs=bounded_runs(bounds={"accuracy": (0.0, 1.0)}), skipped=[],
-                             summaries=[summary])
+    results = CompareResults(
+        spec={}, machine={}, runs=bounded_runs(bounds={"accuracy": (0.0, 1.0)}), skipped=[], summaries=[summary]
+    )
     jsonschema.validate(json.loads(results.model_dump_json()), CompareResults.model_json_schema())
     assert CompareResults.model_validate_json(results.model_dump_json()).runs[0].bounds == {"accuracy": (0.0, 1.0)}
 
@@ -205,15 +243,22 @@ def test_the_built_in_tasks_declare_their_bounds():
     assert LanguageModelTask.bounds == {"token_accuracy": unit} and MaskedLMTask.bounds == {"masked_accuracy": unit}
     assert Seq2SeqDataTask.bounds == {"bleu": (0.0, 100.0), "token_accuracy": unit, "sequence_accuracy": unit}
     assert DigitsGenerationTask.bounds == {"classifier_accuracy": unit}
-    for task in (Seq2SeqTask, ClassificationTask, LanguageModelTask, MaskedLMTask, Seq2SeqDataTask,
-                 DigitsGenerationTask):
+    for task in (
+        Seq2SeqTask,
+        ClassificationTask,
+        LanguageModelTask,
+        MaskedLMTask,
+        Seq2SeqDataTask,
+        DigitsGenerationTask,
+    ):
         assert task.bounds.keys() <= task.metrics.keys(), f"{task.__name__} bounds a metric it does not score"
 
 
 def test_holm_adjusts_over_every_test_of_a_task():
     """b is 0.013 above the reference (p = 0.032 alone), c equals it: two tests, and b's p doubles."""
-    runs = [record(v, seed, base + NOISE[seed]) for v, base in (("a", 0.5), ("b", 0.513), ("c", 0.5))
-            for seed in range(5)]
+    runs = [
+        record(v, seed, base + NOISE[seed]) for v, base in (("a", 0.5), ("b", 0.513), ("c", 0.5)) for seed in range(5)
+    ]
     summary = summarize_task(runs, reference="a")
     b, c = (next(t for t in summary.tests if t.variant == v) for v in ("b", "c"))
     assert b.p == pytest.approx(0.0316, abs=1e-3) and b.separable
@@ -237,31 +282,46 @@ def test_one_seed_leaves_holm_nothing_to_adjust():
 
 
 def test_the_report_opens_with_the_findings_and_bolds_only_the_separable(tmp_path):
-    runs = clear_winner() + [record(v, seed, base + NOISE[seed], task="digits") for v, base in (("a", 0.8), ("c", 0.8))
-                             for seed in range(5)]
-    results = CompareResults(spec={"name": "synthetic", "seeds": list(range(5)), "test": "welch"},
-                             machine={"device": "cpu", "cpus": 2}, invocation="now", runs=runs, skipped=[],
-                             summaries=summarize(runs, reference="a", invocation="now"))
+    runs = clear_winner() + [
+        record(v, seed, base + NOISE[seed], task="digits") for v, base in (("a", 0.8), ("c", 0.8)) for seed in range(5)
+    ]
+    results = CompareResults(
+        spec={"name": "synthetic", "seeds": list(range(5)), "test": "welch"},
+        machine={"device": "cpu", "cpus": 2},
+        invocation="now",
+        runs=runs,
+        skipped=[],
+        summaries=summarize(runs, reference="a", invocation="now"),
+    )
     jsonschema.validate(json.loads(results.model_dump_json()), CompareResults.model_json_schema())
     text = write_report(results, tmp_path).read_text()
-    summary = text[text.index("## Summary"):text.index("## listops")]
+    summary = text[text.index("## Summary") : text.index("## listops")]
     assert "- **listops** (test accuracy): b is best" in summary
     assert "- **digits** (test accuracy): Not separable at 5 seeds: " in summary
     assert "Cost of b against the reference, a: 1.00x parameters" in summary
-    listops = text[text.index("## listops"):text.index("## digits")]
+    listops = text[text.index("## listops") : text.index("## digits")]
     row_b = next(line for line in listops.splitlines() if line.startswith("| b |"))
     assert row_b.startswith("| b | 5 | **0.700 [") and " | 100 | 600 | " in row_b, "no spread: the value alone"
-    digits = text[text.index("## digits"):text.index("## Plots")]
-    rows = [line.split(" | ") for line in digits.split("Against the reference")[0].splitlines()
-            if line.startswith(("| a |", "| c |"))]
+    digits = text[text.index("## digits") : text.index("## Plots")]
+    rows = [
+        line.split(" | ")
+        for line in digits.split("Against the reference")[0].splitlines()
+        if line.startswith(("| a |", "| c |"))
+    ]
     assert len(rows) == 2 and all(row[2].startswith("0.800 [") for row in rows), "no accuracy is bold"
     assert text.index("## Summary") < text.index("## Runs") < text.index("```yaml")
 
 
 def test_a_loaded_machine_is_reported(tmp_path):
     runs = [r.model_copy(update={"load_average": 4.5}) if r.seed == 0 else r for r in clear_winner()]
-    results = CompareResults(spec={"name": "loaded", "seeds": list(range(5))}, machine={}, invocation="now",
-                             runs=runs, skipped=[], summaries=summarize(runs, invocation="now"))
+    results = CompareResults(
+        spec={"name": "loaded", "seeds": list(range(5))},
+        machine={},
+        invocation="now",
+        runs=runs,
+        skipped=[],
+        summaries=summarize(runs, invocation="now"),
+    )
     text = write_report(results, tmp_path).read_text()
     assert "The machine's load exceeded its cores by one or more during 3 runs (at worst 4.5 on 2 cores" in text
     calm = [r.model_copy(update={"load_average": 2.1}) for r in clear_winner()]  # the comparison's own two workers

@@ -79,19 +79,36 @@ def presence():
 def spec(**tune: Any) -> Any:
     """Two encoders, one of which is given a learning rate 300x too small: a planted optimum far
     from its default."""
-    return load_spec({
-        "name": "tuned", "variants": [{"variant": "transformer-tiny", "decoder": None, "label": "plain"},
-                                      {"variant": "transformer-tiny", "decoder": None, "label": "slow"}],
-        "tasks": [{"kind": "presence"}], "steps": 40, "seeds": [0, 1, 2],
-        "train": {"batch_size": 32, "lr": 3e-3, "warmup_steps": 0}, "model": {"dropout": 0.0},
-        "variant_train": {"slow": {"lr": 1e-5}},
-        "tune": {"trials": 4, "space": {"train.lr": [1e-5, 1e-4, 1e-3, 3e-3]}, "sampler": "grid", "validation": 100,
-                 "rungs": 2, "startup_trials": 1, **tune}})
+    return load_spec(
+        {
+            "name": "tuned",
+            "variants": [
+                {"variant": "transformer-tiny", "decoder": None, "label": "plain"},
+                {"variant": "transformer-tiny", "decoder": None, "label": "slow"},
+            ],
+            "tasks": [{"kind": "presence"}],
+            "steps": 40,
+            "seeds": [0, 1, 2],
+            "train": {"batch_size": 32, "lr": 3e-3, "warmup_steps": 0},
+            "model": {"dropout": 0.0},
+            "variant_train": {"slow": {"lr": 1e-5}},
+            "tune": {
+                "trials": 4,
+                "space": {"train.lr": [1e-5, 1e-4, 1e-3, 3e-3]},
+                "sampler": "grid",
+                "validation": 100,
+                "rungs": 2,
+                "startup_trials": 1,
+                **tune,
+            },
+        }
+    )
 
 
 @pytest.fixture
 def phases(monkeypatch):
     """Mark the reads made while tuning runs."""
+
     def tuned(*args, **kwargs):
         PHASE[0] = "tuning"
         try:
@@ -117,7 +134,9 @@ def test_tuning_finds_a_planted_optimum_prunes_and_never_reads_the_test_split(pr
     tests = {t.variant: t for t in summary.tests if t.column == "test accuracy"}
     assert tests["slow"].separable and tests["slow"].difference < 0, "untuned, the slow variant loses"
     slow_tuned = tests["slow tuned"]
-    assert not slow_tuned.separable or slow_tuned.difference > 0, "tuned, it is not separable from the reference or wins"
+    assert not slow_tuned.separable or slow_tuned.difference > 0, (
+        "tuned, it is not separable from the reference or wins"
+    )
     costs = {r.variant: r.tuning_seconds for r in results.runs}
     assert costs["slow"] is None and costs["slow tuned"] > 0, "the tuning budget is in the tuned runs' costs"
 
@@ -182,20 +201,28 @@ def test_the_validation_split_is_carved_with_the_seed_and_the_test_splits_are_re
 def test_a_trial_config_sets_values_by_path_and_keeps_the_budget_fixed():
     base = load_train_config({"model": "transformer-tiny", "task": "reverse", "steps": 100})
     changed = with_values(base, {"train.lr": 0.01, "model.dropout": 0.2, "model.encoder.layers": 1})
-    assert changed.lr == 0.01 and changed.model == {"variant": "transformer-tiny", "dropout": 0.2,
-                                                    "encoder": {"layers": 1}}
-    assert rung_steps(100, 4) == [25, 50, 75, 100] and rung_steps(10, 4) == [2, 5, 8, 10] and rung_steps(3, 5) == [1, 2, 3]
+    assert changed.lr == 0.01 and changed.model == {
+        "variant": "transformer-tiny",
+        "dropout": 0.2,
+        "encoder": {"layers": 1},
+    }
+    assert (
+        rung_steps(100, 4) == [25, 50, 75, 100] and rung_steps(10, 4) == [2, 5, 8, 10] and rung_steps(3, 5) == [1, 2, 3]
+    )
 
 
-@pytest.mark.parametrize(("tune", "message"), [
-    ({"space": {"lr": [1e-3]}}, "starts with neither train. nor model."),
-    ({"space": {"train.steps": [10]}}, "is fixed for every trial"),
-    ({"space": {"train.lrr": [1e-3]}}, "is not a training option"),
-    ({"space": {"train.lr": {"log": [0, 1]}}}, "log needs \\[low, high\\] with 0 < low < high"),
-    ({"space": {"train.lr": {"normal": [0, 1]}}}, "must be a list of choices or one of"),
-    ({"space": {"train.lr": {"log": [1e-4, 1e-2]}}, "sampler": "grid"}, "sampler grid needs a list of choices"),
-    ({"space": {}}, "space is empty"),
-])
+@pytest.mark.parametrize(
+    ("tune", "message"),
+    [
+        ({"space": {"lr": [1e-3]}}, "starts with neither train. nor model."),
+        ({"space": {"train.steps": [10]}}, "is fixed for every trial"),
+        ({"space": {"train.lrr": [1e-3]}}, "is not a training option"),
+        ({"space": {"train.lr": {"log": [0, 1]}}}, "log needs \\[low, high\\] with 0 < low < high"),
+        ({"space": {"train.lr": {"normal": [0, 1]}}}, "must be a list of choices or one of"),
+        ({"space": {"train.lr": {"log": [1e-4, 1e-2]}}, "sampler": "grid"}, "sampler grid needs a list of choices"),
+        ({"space": {}}, "space is empty"),
+    ],
+)
 def test_a_bad_tune_section_is_refused_before_anything_trains(tune, message):
     with pytest.raises(tz.ConfigError, match=message):
         load_spec({"variants": ["transformer-tiny"], "tasks": ["reverse"], "tune": tune})
@@ -227,9 +254,16 @@ def test_labels_that_share_a_first_word_get_trial_folders_and_studies_of_their_o
     from transformer_zoo.comparing.spec import plan
     from transformer_zoo.comparing.tuning import Tuning
 
-    both = load_spec({"variants": [{"variant": "transformer-tiny", "norm_placement": "pre"},
-                                   {"variant": "transformer-tiny", "norm_placement": "post"}],
-                      "tasks": ["reverse"], "tune": {"trials": 2}})
+    both = load_spec(
+        {
+            "variants": [
+                {"variant": "transformer-tiny", "norm_placement": "pre"},
+                {"variant": "transformer-tiny", "norm_placement": "post"},
+            ],
+            "tasks": ["reverse"],
+            "tune": {"trials": 2},
+        }
+    )
     runs, _ = plan(both)
     found = Tuning(both.tune, runs, {"reverse": ("token_accuracy", "higher")}, tmp_path)
     pairs = list(found.studies)
@@ -242,8 +276,14 @@ def test_labels_that_share_a_first_word_get_trial_folders_and_studies_of_their_o
 
 
 def test_a_time_budget_ends_a_trial_with_the_score_it_reached(presence, tmp_path):
-    timed = load_spec({**spec(trials=2, space={"train.lr": [3e-3, 1e-3]}).model_dump(mode="json"),
-                       "seeds": [0], "steps": 100_000, "seconds": 1.0})
+    timed = load_spec(
+        {
+            **spec(trials=2, space={"train.lr": [3e-3, 1e-3]}).model_dump(mode="json"),
+            "seeds": [0],
+            "steps": 100_000,
+            "seconds": 1.0,
+        }
+    )
     results = compare(timed, tmp_path)
     for study in results.tuning:
         assert [t.state for t in study.trials] == ["complete", "complete"], "a trial out of time is scored, not failed"

@@ -18,9 +18,7 @@ def test_attention_math_is_the_papers_formula():
     expected_weights = torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(4), dim=-1)
     torch.testing.assert_close(weights, expected_weights)
     torch.testing.assert_close(out, torch.einsum("bhqk,bhkd->bhqd", expected_weights, v))
-    torch.testing.assert_close(
-        out, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6, rtol=1e-5
-    )
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v), atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -140,8 +138,14 @@ def test_a_kind_is_a_kernel_called_on_heads_with_the_mask_and_bias():
     custom.load_state_dict(plain.state_dict())
     x, mask = torch.randn(2, 6, 16), AttentionMask(causal=True)
     torch.testing.assert_close(custom(x, mask=mask)[0], plain(x, mask=mask)[0])
-    assert seen == {"q": (2, 4, 6, 4), "k": (2, 4, 6, 4), "mask": mask, "bias": None, "dropout_p": 0.0,
-                    "need_weights": False}
+    assert seen == {
+        "q": (2, 4, 6, 4),
+        "k": (2, 4, 6, 4),
+        "mask": mask,
+        "bias": None,
+        "dropout_p": 0.0,
+        "need_weights": False,
+    }
 
 
 def test_a_kernel_with_parameters_is_a_submodule_of_the_attention():

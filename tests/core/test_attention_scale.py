@@ -23,8 +23,9 @@ MASKS = {
 }
 
 
-def _pair(scale: float | None, kernel=sdpa_kernel, d_model: int = 32, n_heads: int = 2) -> tuple[MultiHeadAttention,
-                                                                                                 MultiHeadAttention]:
+def _pair(
+    scale: float | None, kernel=sdpa_kernel, d_model: int = 32, n_heads: int = 2
+) -> tuple[MultiHeadAttention, MultiHeadAttention]:
     """A module with the paper's scale and one with ``scale``, holding the same weights."""
     torch.manual_seed(0)
     paper = MultiHeadAttention(d_model, n_heads, kernel=kernel).eval()
@@ -33,8 +34,9 @@ def _pair(scale: float | None, kernel=sdpa_kernel, d_model: int = 32, n_heads: i
     return paper, other
 
 
-def _reference(attn: MultiHeadAttention, x: torch.Tensor, mask: AttentionMask, scale: float) -> tuple[torch.Tensor,
-                                                                                                      torch.Tensor]:
+def _reference(
+    attn: MultiHeadAttention, x: torch.Tensor, mask: AttentionMask, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``softmax(scale * q k^T) v`` over the module's own projections, written out."""
     b, t, d = x.shape
     q, k, v = attn.in_proj(x).view(b, t, 3, attn.n_heads, attn.d_head).permute(2, 0, 3, 1, 4)  # (B, H, T, Dh)
@@ -78,8 +80,10 @@ def test_unit_scale_is_softmax_of_raw_dot_products(kernel, mask):
 def test_unit_scale_sharpens_the_weights_at_a_large_head_dimension():
     paper, unscaled = _pair(1.0, d_model=256, n_heads=1)
     x = torch.randn(2, 8, 256)
-    entropy = {name: float(-(w * w.clamp_min(1e-30).log()).sum(-1).mean())
-               for name, w in (("paper", paper(x, need_weights=True)[1]), ("unscaled", unscaled(x, need_weights=True)[1]))}
+    entropy = {
+        name: float(-(w * w.clamp_min(1e-30).log()).sum(-1).mean())
+        for name, w in (("paper", paper(x, need_weights=True)[1]), ("unscaled", unscaled(x, need_weights=True)[1]))
+    }
     assert entropy["unscaled"] < entropy["paper"]
 
 

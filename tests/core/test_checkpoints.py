@@ -15,8 +15,14 @@ FOLDERS = sorted(path.name for path in ROOT.iterdir() if (path / "config.json").
 
 
 def test_the_old_checkpoints_are_all_here():
-    assert FOLDERS == ["bert-tiny", "image-transformer-tiny", "local-global-encoder-tiny", "transformer-dmca-tiny",
-                       "transformer-tiny", "universal-transformer-tiny"]
+    assert FOLDERS == [
+        "bert-tiny",
+        "image-transformer-tiny",
+        "local-global-encoder-tiny",
+        "transformer-dmca-tiny",
+        "transformer-tiny",
+        "universal-transformer-tiny",
+    ]
 
 
 @pytest.mark.parametrize("name", FOLDERS)

@@ -36,15 +36,18 @@ def test_a_trillion_layers_is_refused_at_once_naming_the_field(capsys):
     assert "decoder.layers: Input should be less than or equal to 1024" in err
 
 
-@pytest.mark.parametrize(("variant", "override", "field"), [
-    ("transformer-tiny", "d_model=1000000", "d_model"),
-    ("transformer-tiny", "vocab_size=100000000000", "vocab_size"),
-    ("transformer-tiny", "max_len=100000000000", "max_len"),
-    ("universal-transformer-tiny", "encoder.layers=5000", "encoder.layers"),
-    ("vit-tiny", "image_size=[100000, 8]", "image_size.0"),
-    ("sagan-classifier-tiny", "widths=[8, 10000000]", "widths.1"),
-    ("local-global-encoder-tiny", "encoder.attention.window=100000000000", "encoder.attention.window"),
-])
+@pytest.mark.parametrize(
+    ("variant", "override", "field"),
+    [
+        ("transformer-tiny", "d_model=1000000", "d_model"),
+        ("transformer-tiny", "vocab_size=100000000000", "vocab_size"),
+        ("transformer-tiny", "max_len=100000000000", "max_len"),
+        ("universal-transformer-tiny", "encoder.layers=5000", "encoder.layers"),
+        ("vit-tiny", "image_size=[100000, 8]", "image_size.0"),
+        ("sagan-classifier-tiny", "widths=[8, 10000000]", "widths.1"),
+        ("local-global-encoder-tiny", "encoder.attention.window=100000000000", "encoder.attention.window"),
+    ],
+)
 def test_every_size_has_an_upper_bound(capsys, variant, override, field):
     assert f"{field}: Input should be less than or equal to" in refused(capsys, "show", variant, "--set", override)
 
@@ -78,25 +81,37 @@ def test_an_empty_list_of_attention_kinds_is_refused(capsys, variant):
     assert "encoder.attention: give one attention kind or a non-empty list of them, got an empty list" in err
 
 
-@pytest.mark.parametrize(("variant", "override", "field"), [
-    ("vit-tiny", "image_size=[-8, 8]", "image_size.0"),
-    ("vit-tiny", "image_size=[0, 8]", "image_size.0"),
-    ("sagan-classifier-tiny", "widths=[-8, 8]", "widths.0"),
-    ("sagan-classifier-tiny", "widths=[8, 0]", "widths.1"),
-    ("sagan-gan", "generator_widths=[-32, 32, 32]", "generator_widths.0"),
-    ("sagan-gan", "discriminator_widths=[32, 0, 32]", "discriminator_widths.1"),
-])
+@pytest.mark.parametrize(
+    ("variant", "override", "field"),
+    [
+        ("vit-tiny", "image_size=[-8, 8]", "image_size.0"),
+        ("vit-tiny", "image_size=[0, 8]", "image_size.0"),
+        ("sagan-classifier-tiny", "widths=[-8, 8]", "widths.0"),
+        ("sagan-classifier-tiny", "widths=[8, 0]", "widths.1"),
+        ("sagan-gan", "generator_widths=[-32, 32, 32]", "generator_widths.0"),
+        ("sagan-gan", "discriminator_widths=[32, 0, 32]", "discriminator_widths.1"),
+    ],
+)
 def test_negative_or_zero_image_sizes_and_widths_are_refused(capsys, variant, override, field):
     assert f"{field}: Input should be greater than or equal to 1" in refused(capsys, "show", variant, "--set", override)
 
 
-@pytest.mark.parametrize(("variant", "override", "field"), [
-    ("transformer-tiny", "d_model=1000000000000000000000000000000", "d_model"),
-    ("local-global-encoder-tiny", "encoder.attention=[{kind: local-global, global_positions: [100000000000000000000]}]",
-     "encoder.attention.0.global_positions"),
-    ("local-global-encoder-tiny", "encoder.attention={kind: block-sparse, block: 8, seed: 100000000000000000000}",
-     "encoder.attention.seed"),
-])
+@pytest.mark.parametrize(
+    ("variant", "override", "field"),
+    [
+        ("transformer-tiny", "d_model=1000000000000000000000000000000", "d_model"),
+        (
+            "local-global-encoder-tiny",
+            "encoder.attention=[{kind: local-global, global_positions: [100000000000000000000]}]",
+            "encoder.attention.0.global_positions",
+        ),
+        (
+            "local-global-encoder-tiny",
+            "encoder.attention={kind: block-sparse, block: 8, seed: 100000000000000000000}",
+            "encoder.attention.seed",
+        ),
+    ],
+)
 def test_integers_past_64_bits_are_refused_naming_the_field(capsys, variant, override, field):
     err = refused(capsys, "show", variant, "--set", override)
     assert f"{field}: " in err and ("fit in 64 bits" in err or "less than or equal to" in err)
@@ -131,16 +146,19 @@ def test_a_builder_refusal_is_a_config_error():
 
 
 # ---- silently accepted --------------------------------------------------------------------------
-@pytest.mark.parametrize(("variant", "override", "field"), [
-    ("transformer-tiny", "norm.eps=.inf", "norm.eps"),
-    ("transformer-tiny", "positional.base=.inf", "positional.base"),
-    ("transformer-tiny", "dropout=.nan", "dropout"),
-    ("universal-transformer-tiny", "encoder.halting_bias=.nan", "encoder.halting_bias"),
-    ("universal-transformer-tiny", "encoder.ponder_weight=.inf", "encoder.ponder_weight"),
-    ("bert-tiny", "init_std=.inf", "init_std"),
-    ("transformer-tiny", "encoder.attention.scale=.inf", "encoder.attention.scale"),
-    ("sagan-gan", "generator_lr_scale=.inf", "generator_lr_scale"),
-])
+@pytest.mark.parametrize(
+    ("variant", "override", "field"),
+    [
+        ("transformer-tiny", "norm.eps=.inf", "norm.eps"),
+        ("transformer-tiny", "positional.base=.inf", "positional.base"),
+        ("transformer-tiny", "dropout=.nan", "dropout"),
+        ("universal-transformer-tiny", "encoder.halting_bias=.nan", "encoder.halting_bias"),
+        ("universal-transformer-tiny", "encoder.ponder_weight=.inf", "encoder.ponder_weight"),
+        ("bert-tiny", "init_std=.inf", "init_std"),
+        ("transformer-tiny", "encoder.attention.scale=.inf", "encoder.attention.scale"),
+        ("sagan-gan", "generator_lr_scale=.inf", "generator_lr_scale"),
+    ],
+)
 def test_inf_and_nan_are_refused_naming_the_field(capsys, variant, override, field):
     assert f"{field}: Input should be a finite number" in refused(capsys, "show", variant, "--set", override)
 
@@ -158,13 +176,16 @@ def test_every_options_model_refuses_inf_and_nan():
         assert issubclass(model, Options) and model.model_config.get("allow_inf_nan") is False, model
 
 
-@pytest.mark.parametrize(("variant", "override", "field"), [
-    ("transformer-tiny", "n_heads=true", "n_heads"),
-    ("transformer-tiny", "decoder.layers=true", "decoder.layers"),
-    ("transformer-tiny", "norm.eps=true", "norm.eps"),
-    ("vit-tiny", "image_size=[true, 8]", "image_size"),
-    ("sagan-gan", "betas=[false, 0.9]", "betas"),
-])
+@pytest.mark.parametrize(
+    ("variant", "override", "field"),
+    [
+        ("transformer-tiny", "n_heads=true", "n_heads"),
+        ("transformer-tiny", "decoder.layers=true", "decoder.layers"),
+        ("transformer-tiny", "norm.eps=true", "norm.eps"),
+        ("vit-tiny", "image_size=[true, 8]", "image_size"),
+        ("sagan-gan", "betas=[false, 0.9]", "betas"),
+    ],
+)
 def test_booleans_are_not_taken_as_numbers(capsys, variant, override, field):
     assert f"{field}: expected a number, not a boolean" in refused(capsys, "show", variant, "--set", override)
 
@@ -174,12 +195,20 @@ def test_boolean_fields_still_take_booleans():
     assert (config.share_embeddings, config.final_norm, config.head.bias) == (False, True, True)
 
 
-@pytest.mark.parametrize(("name", "text", "key", "line"), [
-    ("config.yaml", "variant: transformer-tiny\nd_model: 32\nn_heads: 2\nd_model: 64\n", "d_model", 4),
-    ("config.yaml", "variant: transformer-tiny\nnorm:\n  kind: rmsnorm\n  eps: 0.1\n  kind: layernorm\n", "kind", 5),
-    ("config.json", '{"variant": "transformer-tiny", "d_model": 32, "d_model": 64}', "d_model", None),
-    ("config.json", '{"variant": "transformer-tiny", "norm": {"eps": 0.1, "eps": 0.2}}', "eps", None),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "key", "line"),
+    [
+        ("config.yaml", "variant: transformer-tiny\nd_model: 32\nn_heads: 2\nd_model: 64\n", "d_model", 4),
+        (
+            "config.yaml",
+            "variant: transformer-tiny\nnorm:\n  kind: rmsnorm\n  eps: 0.1\n  kind: layernorm\n",
+            "kind",
+            5,
+        ),
+        ("config.json", '{"variant": "transformer-tiny", "d_model": 32, "d_model": 64}', "d_model", None),
+        ("config.json", '{"variant": "transformer-tiny", "norm": {"eps": 0.1, "eps": 0.2}}', "eps", None),
+    ],
+)
 def test_a_key_set_twice_in_a_config_file_is_refused(tmp_path, name, text, key, line):
     (tmp_path / name).write_text(text)
     with pytest.raises(tz.ConfigError) as info:
@@ -203,14 +232,17 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
     assert tz.load_config(tmp_path / "config.yaml").norm.eps == 0.2
 
 
-@pytest.mark.parametrize(("task", "field"), [
-    ({"kind": "language-modeling", "files": ""}, "task.files"),
-    ({"kind": "text-mlm", "files": ["corpus.txt", "  "]}, "task.files"),
-    ({"kind": "language-modeling", "files": "corpus.txt", "test_files": ""}, "task.test_files"),
-    ({"kind": "seq2seq", "files": ""}, "task.files"),
-    ({"kind": "text-classification", "path": ""}, "task.path"),
-    ({"kind": "seq2seq", "path": {"train": ""}}, "task.path"),
-])
+@pytest.mark.parametrize(
+    ("task", "field"),
+    [
+        ({"kind": "language-modeling", "files": ""}, "task.files"),
+        ({"kind": "text-mlm", "files": ["corpus.txt", "  "]}, "task.files"),
+        ({"kind": "language-modeling", "files": "corpus.txt", "test_files": ""}, "task.test_files"),
+        ({"kind": "seq2seq", "files": ""}, "task.files"),
+        ({"kind": "text-classification", "path": ""}, "task.path"),
+        ({"kind": "seq2seq", "path": {"train": ""}}, "task.path"),
+    ],
+)
 def test_an_empty_file_pattern_is_refused(task, field):
     with pytest.raises(tz.ConfigError, match=f"{field}: .*is empty, which would read every file under the working"):
         load_train_config({"model": "transformer-tiny", "task": task})

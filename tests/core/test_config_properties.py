@@ -52,9 +52,15 @@ def _component_category(field: Any) -> str | None:
     return None
 
 
-FIELD_NAMES = sorted({name for variant in VARIANTS for name in _fields(REGISTRY.variant(variant).config)}
-                     | {name for category in CATEGORIES for options in REGISTRY.components(category).values()
-                        for name in _fields(options)})
+FIELD_NAMES = sorted(
+    {name for variant in VARIANTS for name in _fields(REGISTRY.variant(variant).config)}
+    | {
+        name
+        for category in CATEGORIES
+        for options in REGISTRY.components(category).values()
+        for name in _fields(options)
+    }
+)
 
 HUGE_INTS = [2**31, 2**53 + 1, 10**12, 2**63 - 1, 2**63, 2**64, -(2**63) - 1, 10**19, 10**30, 10**400]
 ODD_FLOATS = [math.inf, -math.inf, math.nan, 1e308, -1e308, 5e-324, -0.0]
@@ -165,8 +171,30 @@ def model_configs(draw: st.DrawFn) -> dict[str, Any]:
 
 yaml_text = st.one_of(
     st.text(alphabet="[]{}:,'\"!&*#|>-. 0123456789abexn\\\t", max_size=12),
-    st.sampled_from([".inf", "-.inf", ".nan", "true", "no", "[0.1", "{a: 1", "1e400", "0x10", "~", "*a", "!!binary x",
-                     str(10**30), "[]", "{}", "{kind: []}", "{kind: {a: 1}}", "- 1", "'", "a: b: c"]),
+    st.sampled_from(
+        [
+            ".inf",
+            "-.inf",
+            ".nan",
+            "true",
+            "no",
+            "[0.1",
+            "{a: 1",
+            "1e400",
+            "0x10",
+            "~",
+            "*a",
+            "!!binary x",
+            str(10**30),
+            "[]",
+            "{}",
+            "{kind: []}",
+            "{kind: {a: 1}}",
+            "- 1",
+            "'",
+            "a: b: c",
+        ]
+    ),
 )
 
 
@@ -197,8 +225,12 @@ def _builds_or_refuses(build: Any) -> None:
 
 
 # no wall-clock deadline: _limited bounds each example by the thread's own time, which a busy machine does not inflate
-PROPERTY = settings(max_examples=150, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PROPERTY = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @PROPERTY
@@ -208,10 +240,29 @@ def test_a_generated_model_config_builds_or_is_refused(config):
 
 
 @settings(PROPERTY, max_examples=60)
-@given(st.sampled_from(VARIANTS), st.lists(st.tuples(st.sampled_from([*FIELD_NAMES, "encoder.layers", "decoder.attention",
-                                                                       "norm.kind", "norm.eps", "head.kind",
-                                                                       "encoder.attention.window", "a..b", ".", ""]),
-                                                      yaml_text), max_size=3))
+@given(
+    st.sampled_from(VARIANTS),
+    st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    *FIELD_NAMES,
+                    "encoder.layers",
+                    "decoder.attention",
+                    "norm.kind",
+                    "norm.eps",
+                    "head.kind",
+                    "encoder.attention.window",
+                    "a..b",
+                    ".",
+                    "",
+                ]
+            ),
+            yaml_text,
+        ),
+        max_size=3,
+    ),
+)
 def test_generated_overrides_as_typed_build_or_are_refused(variant, pairs):
     _builds_or_refuses(lambda: tz.build_model(tz.load_config(variant, [f"{key}={text}" for key, text in pairs])))
 

@@ -116,7 +116,9 @@ def test_beam_never_scores_below_greedy_and_reports_true_scores(beam_size):
     with torch.no_grad():
         greedy_scores = sequence_log_prob(model, src, src_mask, greedy, eos_id=2)
         beam, scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=beam_size, max_new_tokens=10)
-        torch.testing.assert_close(scores, sequence_log_prob(model, src, src_mask, beam, eos_id=2), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            scores, sequence_log_prob(model, src, src_mask, beam, eos_id=2), atol=1e-4, rtol=1e-5
+        )
     assert (scores >= greedy_scores - 1e-5).all()
     if beam_size >= 4:
         assert (scores > greedy_scores + 1e-3).any(), "a wider beam finds better sequences on some inputs"
@@ -154,12 +156,16 @@ def test_static_cache_greedy_equals_uncached(positional):
 def test_static_cache_decodes_a_universal_transformer_and_a_prompt():
     model = tz.build_model("universal-transformer-tiny", **SMALL, **UNTIED).eval()
     src = torch.randint(3, 60, (3, 7))
-    assert torch.equal(greedy_decode(model, src, bos_id=1, max_new_tokens=12, static_cache=True),
-                       greedy_decode(model, src, bos_id=1, max_new_tokens=12, use_cache=False))
+    assert torch.equal(
+        greedy_decode(model, src, bos_id=1, max_new_tokens=12, static_cache=True),
+        greedy_decode(model, src, bos_id=1, max_new_tokens=12, use_cache=False),
+    )
     model = tz.build_model("transformer-tiny", encoder=None, positional="rotary", **SMALL, **UNTIED).eval()
     prompt = torch.randint(3, 60, (2, 5))
-    assert torch.equal(greedy_decode(model, prompt=prompt, max_new_tokens=12, static_cache=True),
-                       greedy_decode(model, prompt=prompt, max_new_tokens=12, use_cache=False))
+    assert torch.equal(
+        greedy_decode(model, prompt=prompt, max_new_tokens=12, static_cache=True),
+        greedy_decode(model, prompt=prompt, max_new_tokens=12, use_cache=False),
+    )
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -171,10 +177,12 @@ def test_static_cache_beam_search_equals_the_dynamic_cache(beam_size):
     src_mask = torch.ones_like(src)
     src_mask[0, 4:] = 0
     with torch.no_grad():
-        dynamic, dynamic_scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=beam_size,
-                                              max_new_tokens=10, static_cache=False)
-        static, static_scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=beam_size,
-                                            max_new_tokens=10, static_cache=True)
+        dynamic, dynamic_scores = beam_search(
+            model, src, src_mask, bos_id=1, eos_id=2, beam_size=beam_size, max_new_tokens=10, static_cache=False
+        )
+        static, static_scores = beam_search(
+            model, src, src_mask, bos_id=1, eos_id=2, beam_size=beam_size, max_new_tokens=10, static_cache=True
+        )
     assert torch.equal(static, dynamic)
     torch.testing.assert_close(static_scores, dynamic_scores, atol=1e-5, rtol=1e-5)
 
@@ -204,8 +212,9 @@ def test_a_static_cache_is_refused_where_the_model_cannot_take_it():
     src = torch.randint(3, 60, (2, 5))
     with pytest.raises(ValueError, match="max_len=16"):
         greedy_decode(model, src, bos_id=1, max_new_tokens=20, static_cache=True)
-    sparse = tz.build_model("transformer-tiny", **SMALL,
-                            decoder={"attention": {"kind": "sliding-window", "window": 4}}).eval()
+    sparse = tz.build_model(
+        "transformer-tiny", **SMALL, decoder={"attention": {"kind": "sliding-window", "window": 4}}
+    ).eval()
     with pytest.raises(ValueError, match="static cache"):
         greedy_decode(sparse, src, bos_id=1, max_new_tokens=4, static_cache=True)
     assert greedy_decode(sparse, src, bos_id=1, max_new_tokens=4).shape == (2, 5), "the default falls back"

@@ -45,25 +45,40 @@ def call(model, src: object, tgt: object | None = None):
 
 
 def test_the_families_are_all_here():
-    assert {"transformer-tiny", "bert-tiny", "universal-transformer-tiny", "universal-transformer-encoder-tiny",
-            "local-global-encoder-tiny", "transformer-dmca-tiny"} <= set(TOKEN_MODELS)
+    assert {
+        "transformer-tiny",
+        "bert-tiny",
+        "universal-transformer-tiny",
+        "universal-transformer-encoder-tiny",
+        "local-global-encoder-tiny",
+        "transformer-dmca-tiny",
+    } <= set(TOKEN_MODELS)
     assert {"vit-tiny", "image-transformer-tiny", "sagan-classifier-tiny"} <= set(IMAGE_MODELS)
 
 
 # ---- token ids ------------------------------------------------------------------------------
-@pytest.mark.parametrize("convert, message", [
-    (lambda t: t.tolist(), r"must be a torch.Tensor of shape \(batch, seq\) and dtype torch.long, got list \(convert it "
-                           r"with torch.as_tensor\)"),
-    (lambda t: t.numpy(), r"must be a torch.Tensor .*, got numpy.ndarray \(convert it with torch.as_tensor\)"),
-    (lambda t: t.to(torch.uint8), r"must be integers of dtype torch.long \(or torch.int32\), got torch.uint8; "
-                                  r"convert with .long\(\)"),
-    (lambda t: t.to(torch.int16), r"got torch.int16"),
-    (lambda t: t.float(), r"got torch.float32"),
-    (lambda t: t.bool(), r"got torch.bool"),
-    (lambda t: t[:0], r": an empty batch \(shape \(0, 5\)\); give at least one sequence"),
-    (lambda t: t[:, :0], r"the sequences of .* are empty \(shape \(2, 0\)\); give at least one token per sequence"),
-    (lambda t: t[0], r"must have shape \(batch, seq\), got shape \(5,\)"),
-])
+@pytest.mark.parametrize(
+    "convert, message",
+    [
+        (
+            lambda t: t.tolist(),
+            r"must be a torch.Tensor of shape \(batch, seq\) and dtype torch.long, got list \(convert it "
+            r"with torch.as_tensor\)",
+        ),
+        (lambda t: t.numpy(), r"must be a torch.Tensor .*, got numpy.ndarray \(convert it with torch.as_tensor\)"),
+        (
+            lambda t: t.to(torch.uint8),
+            r"must be integers of dtype torch.long \(or torch.int32\), got torch.uint8; "
+            r"convert with .long\(\)",
+        ),
+        (lambda t: t.to(torch.int16), r"got torch.int16"),
+        (lambda t: t.float(), r"got torch.float32"),
+        (lambda t: t.bool(), r"got torch.bool"),
+        (lambda t: t[:0], r": an empty batch \(shape \(0, 5\)\); give at least one sequence"),
+        (lambda t: t[:, :0], r"the sequences of .* are empty \(shape \(2, 0\)\); give at least one token per sequence"),
+        (lambda t: t[0], r"must have shape \(batch, seq\), got shape \(5,\)"),
+    ],
+)
 def test_token_ids_other_than_a_long_batch_are_refused(token_model, convert, message):
     with pytest.raises(ValueError, match=message):
         call(token_model, convert(ids(token_model)))
@@ -72,12 +87,19 @@ def test_token_ids_other_than_a_long_batch_are_refused(token_model, convert, mes
 def test_int32_ids_are_accepted_as_nn_embedding_accepts_them(token_model):
     good = ids(token_model)
     with torch.no_grad():
-        torch.testing.assert_close(call(token_model, good.int(), None).logits.shape,
-                                   call(token_model, good, None).logits.shape)
+        torch.testing.assert_close(
+            call(token_model, good.int(), None).logits.shape, call(token_model, good, None).logits.shape
+        )
 
 
-@pytest.mark.parametrize("head", [{"kind": "lm"}, {"kind": "sequence-classification", "num_classes": 3},
-                                  {"kind": "token-classification", "num_classes": 3}])
+@pytest.mark.parametrize(
+    "head",
+    [
+        {"kind": "lm"},
+        {"kind": "sequence-classification", "num_classes": 3},
+        {"kind": "token-classification", "num_classes": 3},
+    ],
+)
 def test_int32_targets_give_the_loss_of_int64_ones(head):
     torch.manual_seed(0)
     model = tz.build_model("bert-tiny", head=head, dropout=0.0)
@@ -92,11 +114,14 @@ def test_int32_labels_give_the_loss_of_int64_ones(image_model):
     torch.testing.assert_close(image_model.loss(output, labels.int()), image_model.loss(output, labels), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("convert, message", [
-    (lambda t: t.tolist(), "tgt must be a torch.Tensor"),
-    (lambda t: t.to(torch.uint8), "tgt must be integers of dtype torch.long"),
-    (lambda t: t[:0], r"tgt: an empty batch"),
-])
+@pytest.mark.parametrize(
+    "convert, message",
+    [
+        (lambda t: t.tolist(), "tgt must be a torch.Tensor"),
+        (lambda t: t.to(torch.uint8), "tgt must be integers of dtype torch.long"),
+        (lambda t: t[:0], r"tgt: an empty batch"),
+    ],
+)
 def test_target_ids_of_an_encoder_decoder_are_checked_too(convert, message):
     model = tz.build_model("transformer-tiny").eval()
     with pytest.raises(ValueError, match=message):
@@ -128,17 +153,26 @@ def images(model, batch: int = 2) -> torch.Tensor:
     return torch.rand(batch, model.config.channels, *model.config.image_size)
 
 
-@pytest.mark.parametrize("convert, message", [
-    (lambda x: x.tolist(), r"images must be a torch.Tensor of shape \(batch, 1, 8, 8\), got list"),
-    (lambda x: x.numpy(), r"got numpy.ndarray \(convert it with torch.as_tensor\)"),
-    (lambda x: x.double(), r"images must have the model's dtype torch.float32, got torch.float64; convert with "
-                           r".to\(torch.float32\)"),
-    (lambda x: x.half(), r"images must have the model's dtype torch.float32, got torch.float16; convert with "
-                         r".to\(torch.float32\), or run under torch.autocast"),
-    (lambda x: (x * 255).to(torch.uint8), "expected float images"),
-    (lambda x: x[:0], r"images: an empty batch \(shape \(0, 1, 8, 8\)\); give at least one image"),
-    (lambda x: x[0], r"expected images of shape \(batch, 1, 8, 8\), got \(1, 8, 8\)"),
-])
+@pytest.mark.parametrize(
+    "convert, message",
+    [
+        (lambda x: x.tolist(), r"images must be a torch.Tensor of shape \(batch, 1, 8, 8\), got list"),
+        (lambda x: x.numpy(), r"got numpy.ndarray \(convert it with torch.as_tensor\)"),
+        (
+            lambda x: x.double(),
+            r"images must have the model's dtype torch.float32, got torch.float64; convert with "
+            r".to\(torch.float32\)",
+        ),
+        (
+            lambda x: x.half(),
+            r"images must have the model's dtype torch.float32, got torch.float16; convert with "
+            r".to\(torch.float32\), or run under torch.autocast",
+        ),
+        (lambda x: (x * 255).to(torch.uint8), "expected float images"),
+        (lambda x: x[:0], r"images: an empty batch \(shape \(0, 1, 8, 8\)\); give at least one image"),
+        (lambda x: x[0], r"expected images of shape \(batch, 1, 8, 8\), got \(1, 8, 8\)"),
+    ],
+)
 def test_images_other_than_a_float_batch_of_the_models_dtype_are_refused(image_model, convert, message):
     with pytest.raises(ValueError, match=message):
         image_model(convert(images(image_model)))
@@ -179,12 +213,15 @@ def test_an_infinite_pixel_gives_no_finite_answer(image_model):
 
 
 # ---- the GAN --------------------------------------------------------------------------------
-@pytest.mark.parametrize("labels, message", [
-    ([1, 2], r"labels must be a torch.Tensor of class ids, of shape \(batch,\) and dtype long, got list"),
-    (np.array([1, 2]), "got numpy.ndarray"),
-    (torch.tensor([], dtype=torch.long), r"labels: an empty batch \(shape \(0,\)\)"),
-    (torch.tensor([1, 2], dtype=torch.uint8), "labels must be class ids of shape"),
-])
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ([1, 2], r"labels must be a torch.Tensor of class ids, of shape \(batch,\) and dtype long, got list"),
+        (np.array([1, 2]), "got numpy.ndarray"),
+        (torch.tensor([], dtype=torch.long), r"labels: an empty batch \(shape \(0,\)\)"),
+        (torch.tensor([1, 2], dtype=torch.uint8), "labels must be class ids of shape"),
+    ],
+)
 def test_gan_labels_other_than_a_long_batch_are_refused(gan, labels, message):
     with pytest.raises(ValueError, match=message):
         gan(labels)
@@ -192,11 +229,14 @@ def test_gan_labels_other_than_a_long_batch_are_refused(gan, labels, message):
         gan.discriminate(images(gan), labels)
 
 
-@pytest.mark.parametrize("noise, message", [
-    (lambda: torch.randn(2, 32).double(), "noise must have the model's dtype torch.float32, got torch.float64"),
-    (lambda: torch.randn(2, 32).tolist(), r"noise must be a torch.Tensor of shape \(batch, 32\), got list"),
-    (lambda: torch.randn(3, 32), r"noise must be \(batch, 32\) for 2 labels"),
-])
+@pytest.mark.parametrize(
+    "noise, message",
+    [
+        (lambda: torch.randn(2, 32).double(), "noise must have the model's dtype torch.float32, got torch.float64"),
+        (lambda: torch.randn(2, 32).tolist(), r"noise must be a torch.Tensor of shape \(batch, 32\), got list"),
+        (lambda: torch.randn(3, 32), r"noise must be \(batch, 32\) for 2 labels"),
+    ],
+)
 def test_gan_noise_is_checked(gan, noise, message):
     with pytest.raises(ValueError, match=message):
         gan(torch.tensor([1, 2]), noise=noise())
@@ -235,14 +275,17 @@ def translator():
     return tz.build_model("transformer-tiny", dropout=0.0).eval()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_new_tokens": -1}, "max_new_tokens must be an integer of at least 0, got -1"),
-    ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer of at least 0, got 2.5"),
-    ({"max_new_tokens": True}, "max_new_tokens must be an integer of at least 0, got True"),
-    ({"bos_id": -1}, "bos_id must be an integer of at least 0, got -1"),
-    ({"eos_id": 1.0}, "eos_id must be an integer of at least 0, got 1.0"),
-    ({"pad_id": -3}, "pad_id must be an integer of at least 0, got -3"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_new_tokens": -1}, "max_new_tokens must be an integer of at least 0, got -1"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer of at least 0, got 2.5"),
+        ({"max_new_tokens": True}, "max_new_tokens must be an integer of at least 0, got True"),
+        ({"bos_id": -1}, "bos_id must be an integer of at least 0, got -1"),
+        ({"eos_id": 1.0}, "eos_id must be an integer of at least 0, got 1.0"),
+        ({"pad_id": -3}, "pad_id must be an integer of at least 0, got -3"),
+    ],
+)
 def test_greedy_decoding_refuses_negative_or_fractional_counts_and_ids(translator, kwargs, message):
     with pytest.raises(ValueError, match=message):
         greedy_decode(translator, ids(translator), **{"bos_id": 1, "eos_id": 2, **kwargs})
@@ -263,15 +306,21 @@ def test_greedy_decoding_checks_its_prompt_and_source(translator):
         greedy_decode(lm, prompt=ids(lm)[:0])
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"beam_size": 0}, "beam_size must be an integer of at least 1, got 0"),
-    ({"beam_size": -2}, "beam_size must be an integer of at least 1, got -2"),
-    ({"beam_size": 2.0}, "beam_size must be an integer of at least 1, got 2.0"),
-    ({"max_new_tokens": -1}, "max_new_tokens must be an integer of at least 0, got -1"),
-    ({"bos_id": -1}, "bos_id must be an integer of at least 0"),
-    ({"eos_id": 10**6}, r"eos_id=1000000 and pad_id=1000000 must be token ids of the model's vocabulary, below 1000"),
-    ({"pad_id": 5000}, r"pad_id=5000 must be token ids of the model's vocabulary"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"beam_size": 0}, "beam_size must be an integer of at least 1, got 0"),
+        ({"beam_size": -2}, "beam_size must be an integer of at least 1, got -2"),
+        ({"beam_size": 2.0}, "beam_size must be an integer of at least 1, got 2.0"),
+        ({"max_new_tokens": -1}, "max_new_tokens must be an integer of at least 0, got -1"),
+        ({"bos_id": -1}, "bos_id must be an integer of at least 0"),
+        (
+            {"eos_id": 10**6},
+            r"eos_id=1000000 and pad_id=1000000 must be token ids of the model's vocabulary, below 1000",
+        ),
+        ({"pad_id": 5000}, r"pad_id=5000 must be token ids of the model's vocabulary"),
+    ],
+)
 def test_beam_search_refuses_bad_sizes_and_ids(translator, kwargs, message):
     with pytest.raises(ValueError, match=message):
         beam_search(translator, ids(translator), **{"bos_id": 1, "eos_id": 2, **kwargs})

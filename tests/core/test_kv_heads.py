@@ -81,8 +81,9 @@ def test_n_kv_heads_equal_to_n_heads_is_multi_head_attention():
     same.load_state_dict(mha.state_dict())  # the same layout: every name and shape
     x = torch.randn(2, 6, D)
     with torch.no_grad():
-        torch.testing.assert_close(same(x, mask=AttentionMask(causal=True))[0], mha(x, mask=AttentionMask(causal=True))[0],
-                                   atol=0, rtol=0)
+        torch.testing.assert_close(
+            same(x, mask=AttentionMask(causal=True))[0], mha(x, mask=AttentionMask(causal=True))[0], atol=0, rtol=0
+        )
 
 
 def test_key_value_parameters_shrink_by_the_group():
@@ -95,9 +96,14 @@ def test_key_value_parameters_shrink_by_the_group():
 def gqa_model(n_kv_heads: int | None, positional: str = "sinusoidal", **extra) -> torch.nn.Module:
     torch.manual_seed(0)
     attention = {"kind": "sdpa", "n_kv_heads": n_kv_heads}
-    return tz.build_model("transformer-tiny", **SMALL, positional=positional,
-                          encoder={"layers": 1, "attention": attention},
-                          decoder={"layers": 2, "attention": attention, "cross_attention": attention}, **extra).eval()
+    return tz.build_model(
+        "transformer-tiny",
+        **SMALL,
+        positional=positional,
+        encoder={"layers": 1, "attention": attention},
+        decoder={"layers": 2, "attention": attention, "cross_attention": attention},
+        **extra,
+    ).eval()
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
@@ -130,8 +136,13 @@ def test_cached_decoding_equals_uncached(positional, static):
 
 def test_decoder_only_generation_with_multi_query_attention_equals_uncached():
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", **SMALL, positional="rotary", encoder=None,
-                           decoder={"layers": 2, "attention": {"kind": "sdpa", "n_kv_heads": 1}}).eval()
+    model = tz.build_model(
+        "transformer-tiny",
+        **SMALL,
+        positional="rotary",
+        encoder=None,
+        decoder={"layers": 2, "attention": {"kind": "sdpa", "n_kv_heads": 1}},
+    ).eval()
     prompt = torch.randint(3, 60, (2, 4))
     with torch.no_grad():
         cached = generate(model, prompt=prompt, max_new_tokens=8, do_sample=True, seed=3)
@@ -140,8 +151,11 @@ def test_decoder_only_generation_with_multi_query_attention_equals_uncached():
 
 
 def test_a_value_that_does_not_divide_n_heads_is_refused_with_the_divisors():
-    with pytest.raises(ValueError, match=r"decoder.attention: n_kv_heads=3 does not divide n_heads=4; "
-                                         r"choose n_kv_heads among \[1, 2, 4\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"decoder.attention: n_kv_heads=3 does not divide n_heads=4; "
+        r"choose n_kv_heads among \[1, 2, 4\]",
+    ):
         tz.load_config({"variant": "transformer-tiny", "decoder": {"attention": {"kind": "sdpa", "n_kv_heads": 3}}})
     with pytest.raises(ValueError, match=r"decoder.cross_attention: n_kv_heads=3 does not divide"):
         tz.load_config({"variant": "transformer-tiny", "decoder": {"cross_attention": {"n_kv_heads": 3}}})
@@ -163,5 +177,6 @@ def test_a_kind_whose_build_drops_n_kv_heads_is_refused_when_the_model_is_built(
 
     ffn, norm = tz.load_config("transformer-tiny").ffn, tz.load_config("transformer-tiny").norm
     with pytest.raises(ValueError, match="forgetful attention built a module without n_kv_heads=2: its build"):
-        builders.transformer_layer(d_model=D, n_heads=H, d_ff=64, dropout=0.0, attention=Forgetful(n_kv_heads=2),
-                                   ffn=ffn, norm=norm)
+        builders.transformer_layer(
+            d_model=D, n_heads=H, d_ff=64, dropout=0.0, attention=Forgetful(n_kv_heads=2), ffn=ffn, norm=norm
+        )

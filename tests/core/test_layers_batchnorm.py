@@ -73,8 +73,9 @@ def test_eval_uses_the_running_statistics():
 
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_padded_tokens_do_not_change_a_training_models_logits(placement):
-    config = tz.load_config({"variant": "transformer-tiny", "norm": "batchnorm", "dropout": 0.0,
-                             "norm_placement": placement})
+    config = tz.load_config(
+        {"variant": "transformer-tiny", "norm": "batchnorm", "dropout": 0.0, "norm_placement": placement}
+    )
     torch.manual_seed(0)
     model = tz.build_model(config).train()
     vocab = config.vocab_size

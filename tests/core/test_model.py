@@ -12,7 +12,10 @@ SMALL = dict(vocab_size=40, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 
 def test_encoder_only_classifier():
     model = tz.build_model(
-        "transformer-tiny", decoder=None, head={"kind": "sequence-classification", "num_classes": 5, "pooling": "mean"}, **SMALL
+        "transformer-tiny",
+        decoder=None,
+        head={"kind": "sequence-classification", "num_classes": 5, "pooling": "mean"},
+        **SMALL,
     ).eval()
     assert model.architecture == "encoder-only"
     ids = torch.randint(1, 40, (3, 8))
@@ -82,16 +85,35 @@ def test_attention_weights_are_returned_only_when_asked():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda m: m(torch.tensor([[1, 40]]), torch.tensor([[1]])), r"contain 40, outside the vocabulary; ids must lie in \[0, 39\]"),
+        (
+            lambda m: m(torch.tensor([[1, 40]]), torch.tensor([[1]])),
+            r"contain 40, outside the vocabulary; ids must lie in \[0, 39\]",
+        ),
         (lambda m: m(torch.tensor([[1, -1]]), torch.tensor([[1]])), r"contain -1"),
-        (lambda m: m(torch.ones(2, 3, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)), r"shape \(batch, seq\)"),
+        (
+            lambda m: m(torch.ones(2, 3, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)),
+            r"shape \(batch, seq\)",
+        ),
         (lambda m: m(torch.ones(2, 3), torch.ones(2, 3, dtype=torch.long)), r"integers"),
-        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), src_mask=torch.ones(2, 4)), r"src_mask has shape \(2, 4\)"),
+        (
+            lambda m: m(
+                torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), src_mask=torch.ones(2, 4)
+            ),
+            r"src_mask has shape \(2, 4\)",
+        ),
         (lambda m: m(torch.ones(1, 600, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)), r"max_len=512"),
         (lambda m: m(torch.ones(1, 3, dtype=torch.long)), r"needs tgt"),
-        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(3, 3, dtype=torch.long)), r"src has batch size 2 but tgt has 3"),
+        (
+            lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(3, 3, dtype=torch.long)),
+            r"src has batch size 2 but tgt has 3",
+        ),
         (lambda m: m(torch.ones(2, 0, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)), r"empty"),
-        (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), src_mask=[[1, 1, 1]] * 2), r"src_mask must be a torch.Tensor"),
+        (
+            lambda m: m(
+                torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), src_mask=[[1, 1, 1]] * 2
+            ),
+            r"src_mask must be a torch.Tensor",
+        ),
     ],
 )
 def test_bad_inputs_say_what_was_expected(call, message):
@@ -107,8 +129,9 @@ def test_token_loss_is_the_mean_over_counted_targets_and_zero_when_none_count(sm
     logits = torch.randn(3, 5, 7, requires_grad=True)
     targets = torch.randint(0, 7, (3, 5))
     targets[0, :3] = -100
-    expected = torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten(), ignore_index=-100,
-                                                 label_smoothing=smoothing)
+    expected = torch.nn.functional.cross_entropy(
+        logits.flatten(0, -2), targets.flatten(), ignore_index=-100, label_smoothing=smoothing
+    )
     torch.testing.assert_close(token_loss(logits, targets, -100, smoothing), expected)
     # a masked-LM slice with no masked token: a plain mean is NaN, which would stop training
     none = token_loss(logits, torch.full((3, 5), -100), -100, smoothing)

@@ -22,10 +22,12 @@ from transformer_zoo.training.step import Stepper
 D_MODEL, D_FF = 8, 16
 
 
-def moe(experts: int = 4, top_k: int = 1, capacity_factor: float = 1.25, aux_loss_weight: float = 0.01,
-        seed: int = 0) -> MixtureOfExperts:
-    options = get_registry().component("ffn", "moe")(experts=experts, top_k=top_k, capacity_factor=capacity_factor,
-                                                     aux_loss_weight=aux_loss_weight)
+def moe(
+    experts: int = 4, top_k: int = 1, capacity_factor: float = 1.25, aux_loss_weight: float = 0.01, seed: int = 0
+) -> MixtureOfExperts:
+    options = get_registry().component("ffn", "moe")(
+        experts=experts, top_k=top_k, capacity_factor=capacity_factor, aux_loss_weight=aux_loss_weight
+    )
     torch.manual_seed(seed)
     return options.build(d_model=D_MODEL, d_ff=D_FF, dropout=0.0)
 
@@ -59,16 +61,22 @@ def reference(module: MixtureOfExperts, x: torch.Tensor, real: torch.Tensor, cap
                 continue
             load[e] += 1
             gate = probs[t, e] / sum(probs[t, c] for c in choice) if k == 2 else probs[t, e]
-            out[t] += gate * module.experts[e](tokens[t:t + 1])[0]
+            out[t] += gate * module.experts[e](tokens[t : t + 1])[0]
     first = [sum(1 for t, c in enumerate(choices) if mask[t] and c[0] == e) / n_real for e in range(experts)]
     mean_prob = [sum(probs[t, e].item() for t in range(len(tokens)) if mask[t]) / n_real for e in range(experts)]
     aux = module.aux_loss_weight * experts * sum(f * p for f, p in zip(first, mean_prob))
     return out.view(x.shape), load, dropped, capacity, aux
 
 
-@pytest.mark.parametrize(("top_k", "capacity_factor", "overflows"), [
-    (1, 4.0, False), (1, 0.5, True), (2, 2.0, False), (2, 0.5, True),
-])
+@pytest.mark.parametrize(
+    ("top_k", "capacity_factor", "overflows"),
+    [
+        (1, 4.0, False),
+        (1, 0.5, True),
+        (2, 2.0, False),
+        (2, 0.5, True),
+    ],
+)
 def test_routing_equals_the_reference_written_out_token_by_token(top_k, capacity_factor, overflows):
     module = moe(top_k=top_k, capacity_factor=capacity_factor)
     x, real = padded_batch()
@@ -136,8 +144,9 @@ def test_the_load_balancing_loss_is_the_formula_and_joins_the_model_loss():
     seen = []
     for module in model.modules():
         if isinstance(module, MixtureOfExperts):
-            module.register_forward_hook(lambda m, args, kwargs, out: seen.append((m, args[0], kwargs.get("real"))),
-                                         with_kwargs=True)
+            module.register_forward_hook(
+                lambda m, args, kwargs, out: seen.append((m, args[0], kwargs.get("real"))), with_kwargs=True
+            )
     out = model(**inputs())
     assert len(seen) == len(model.encoder.layers) + len(model.decoder.layers)
     by_hand = 0.0
@@ -150,8 +159,9 @@ def test_the_load_balancing_loss_is_the_formula_and_joins_the_model_loss():
     targets = torch.randint(1, 50, (2, 6))
     torch.testing.assert_close(model.loss(out, targets), model.head.loss(out.logits, targets) + by_hand)
     assert out.extras["encoder_moe_tokens"].shape == (len(model.encoder.layers), 4)
-    assert (out.extras["encoder_moe_tokens"].sum(-1) + out.extras["encoder_moe_dropped"] == 2 * 12).all(), \
+    assert (out.extras["encoder_moe_tokens"].sum(-1) + out.extras["encoder_moe_dropped"] == 2 * 12).all(), (
         "12 real source tokens, two choices each; padding not counted"
+    )
     assert out.extras["decoder_moe_capacity"].tolist() == [math.ceil(1.25 * 12 * 2 / 4)] * len(model.decoder.layers)
     model.loss(out, targets).backward()
     assert all(p.grad is not None for p in model.parameters()), "every expert and router gets a gradient"
@@ -180,8 +190,11 @@ def test_one_expert_with_room_for_every_token_is_the_dense_ffn():
     model = tiny(experts=1, capacity_factor=1.0)
     torch.manual_seed(0)
     mlp = tz.build_model("transformer-tiny", dropout=0.0, vocab_size=50).eval()
-    state = {key.replace("ffn.experts.0.", "ffn."): value for key, value in model.state_dict().items()
-             if ".router." not in key}
+    state = {
+        key.replace("ffn.experts.0.", "ffn."): value
+        for key, value in model.state_dict().items()
+        if ".router." not in key
+    }
     mlp.load_state_dict(state)
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(**inputs()).logits, mlp(**inputs()).logits, atol=1e-5, rtol=0)
@@ -195,11 +208,27 @@ def test_top_k_needs_enough_experts_and_is_one_or_two():
 
 
 def test_a_model_with_experts_takes_training_steps_and_round_trips(tmp_path):
-    config = load_train_config({
-        "model": {"variant": "transformer-tiny", "d_model": 16, "n_heads": 2, "d_ff": 32, "dropout": 0.1,
-                  "ffn": {"kind": "moe", "experts": 4, "top_k": 2, "capacity_factor": 1.0}},
-        "task": {"kind": "reverse", "train_size": 64, "test_size": 8, "train_lengths": [2, 6], "test_lengths": [7, 8]},
-        "steps": 3, "batch_size": 8})
+    config = load_train_config(
+        {
+            "model": {
+                "variant": "transformer-tiny",
+                "d_model": 16,
+                "n_heads": 2,
+                "d_ff": 32,
+                "dropout": 0.1,
+                "ffn": {"kind": "moe", "experts": 4, "top_k": 2, "capacity_factor": 1.0},
+            },
+            "task": {
+                "kind": "reverse",
+                "train_size": 64,
+                "test_size": 8,
+                "train_lengths": [2, 6],
+                "test_lengths": [7, 8],
+            },
+            "steps": 3,
+            "batch_size": 8,
+        }
+    )
     task = config.task.build()
     torch.manual_seed(config.seed)
     stepper = Stepper(config, task, tz.build_model(model_config_for(config, task)).train())
@@ -215,8 +244,12 @@ def test_a_model_with_experts_takes_training_steps_and_round_trips(tmp_path):
 def test_a_recurrent_stack_reports_each_step_and_adds_the_ponder_cost():
     torch.manual_seed(0)
     for act in (False, True):
-        model = tz.build_model("universal-transformer-encoder-tiny", ffn={"kind": "moe", "experts": 2}, dropout=0.0,
-                               encoder={"layers": 3, "act": act})
+        model = tz.build_model(
+            "universal-transformer-encoder-tiny",
+            ffn={"kind": "moe", "experts": 2},
+            dropout=0.0,
+            encoder={"layers": 3, "act": act},
+        )
         terms: list[torch.Tensor] = []
 
         def record(module, args, out, terms=terms):
@@ -236,8 +269,11 @@ def test_a_model_with_experts_exports_with_dynamic_shapes():
     dims = {key: {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for key in batch}
     program = torch.export.export(model, (), batch, dynamic_shapes=dims)
     generator = torch.Generator().manual_seed(4)
-    other = {"src": torch.randint(1, 50, (3, 9), generator=generator),
-             "tgt": torch.randint(1, 50, (3, 4), generator=generator), "src_mask": torch.ones(3, 9, dtype=torch.long)}
+    other = {
+        "src": torch.randint(1, 50, (3, 9), generator=generator),
+        "tgt": torch.randint(1, 50, (3, 4), generator=generator),
+        "src_mask": torch.ones(3, 9, dtype=torch.long),
+    }
     with torch.no_grad():
         out, expected = program.module()(**other), model(**other)
     torch.testing.assert_close(out.logits, expected.logits, atol=1e-5, rtol=0)
@@ -257,9 +293,16 @@ def test_a_model_copied_after_a_training_forward_keeps_the_routing_values():
 
 def test_cached_greedy_decoding_equals_uncached_when_no_token_is_dropped():
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", ffn={"kind": "moe", "experts": 4, "top_k": 2, "capacity_factor": 2.0},
-                           vocab_size=60, d_model=32, n_heads=4, d_ff=64, dropout=0.0,
-                           head={"tie_weights": False}).eval()
+    model = tz.build_model(
+        "transformer-tiny",
+        ffn={"kind": "moe", "experts": 4, "top_k": 2, "capacity_factor": 2.0},
+        vocab_size=60,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        dropout=0.0,
+        head={"tie_weights": False},
+    ).eval()
     src = torch.randint(3, 60, (4, 9))
     src_mask = torch.ones_like(src)
     src_mask[1, 5:] = 0

@@ -33,7 +33,9 @@ def test_dotted_overrides_are_typed():
     }
     config = tz.load_config({"variant": "transformer-tiny"}, ["encoder.layers=3", "decoder=null"])
     assert config.encoder.layers == 3 and config.decoder is None
-    assert parse_overrides(["positional.kind=rotary", "positional.base=500"]) == {"positional": {"kind": "rotary", "base": 500}}
+    assert parse_overrides(["positional.kind=rotary", "positional.base=500"]) == {
+        "positional": {"kind": "rotary", "base": 500}
+    }
     with pytest.raises(tz.ConfigError, match="write positional.kind=rotary instead"):
         parse_overrides(["positional=rotary", "positional.base=500"])
 
@@ -41,7 +43,9 @@ def test_dotted_overrides_are_typed():
 def test_a_changed_kind_replaces_the_old_options():
     merged = merge({"norm": {"kind": "batchnorm", "momentum": 0.2}}, {"norm": {"kind": "rmsnorm"}})
     assert merged == {"norm": {"kind": "rmsnorm"}}
-    config = tz.load_config({"variant": "transformer-tiny", "norm": {"kind": "batchnorm", "momentum": 0.2}}, {"norm": {"kind": "rmsnorm"}})
+    config = tz.load_config(
+        {"variant": "transformer-tiny", "norm": {"kind": "batchnorm", "momentum": 0.2}}, {"norm": {"kind": "rmsnorm"}}
+    )
     assert config.norm.kind == "rmsnorm"
 
 
@@ -61,7 +65,13 @@ def test_preset_values_merge_over_the_class_defaults():
         @staticmethod
         @hookimpl
         def tzoo_variants():
-            return [Variant(name="preset-merge", config=TransformerConfig, defaults={"head": {"bias": True}, "decoder": {"layers": 1}})]
+            return [
+                Variant(
+                    name="preset-merge",
+                    config=TransformerConfig,
+                    defaults={"head": {"bias": True}, "decoder": {"layers": 1}},
+                )
+            ]
 
     name = tz.register_plugin(Plugin)
     try:
@@ -146,16 +156,28 @@ def test_a_misspelt_key_in_a_nested_attention_kind_is_one_line_naming_its_path()
 @pytest.mark.parametrize(
     ("overrides", "line"),
     [
-        (["encoder.attention.window=-1"], "  encoder.attention.window: Input should be greater than or equal to 1 (got -1)"),
-        (["encoder.attention=[sdpa, {kind: local-global, window: 0}]"],
-         "  encoder.attention.1.window: Input should be greater than or equal to 1 (got 0)"),
+        (
+            ["encoder.attention.window=-1"],
+            "  encoder.attention.window: Input should be greater than or equal to 1 (got -1)",
+        ),
+        (
+            ["encoder.attention=[sdpa, {kind: local-global, window: 0}]"],
+            "  encoder.attention.1.window: Input should be greater than or equal to 1 (got 0)",
+        ),
         (["encoder.attention=[sdpa, nope]"], "  encoder.attention.1: unknown attention kind 'nope'"),
-        (["encoder.attention=[sdpa, {kind: sliding-window, window: 5000}]"],
-         "  encoder.attention.1: sliding-window window=5000 is not smaller than max_len=4096"),
-        (["encoder.attention=7"], "  encoder.attention: expected the name of one attention kind or a mapping with 'kind' or a "
-                                  "list of them, got int"),
-        (["encoder.attention=[]"], "  encoder.attention: give one attention kind or a non-empty list of them, got an "
-                                   "empty list"),
+        (
+            ["encoder.attention=[sdpa, {kind: sliding-window, window: 5000}]"],
+            "  encoder.attention.1: sliding-window window=5000 is not smaller than max_len=4096",
+        ),
+        (
+            ["encoder.attention=7"],
+            "  encoder.attention: expected the name of one attention kind or a mapping with 'kind' or a "
+            "list of them, got int",
+        ),
+        (
+            ["encoder.attention=[]"],
+            "  encoder.attention: give one attention kind or a non-empty list of them, got an empty list",
+        ),
     ],
 )
 def test_a_nested_error_names_the_users_path_on_one_line(overrides, line):

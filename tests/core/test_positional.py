@@ -172,9 +172,12 @@ def test_universal_transformer_keeps_one_start_at_every_step(monkeypatch):
 
     monkeypatch.setattr(stack_module, "add_positions", spy)
     torch.manual_seed(0)
-    model = model_with({"kind": "sinusoidal", "random_offset": 5}, variant="universal-transformer-tiny",
-                       encoder={"kind": "recurrent", "layers": 3, "act": False},
-                       decoder={"kind": "recurrent", "layers": 3, "act": True}).train()
+    model = model_with(
+        {"kind": "sinusoidal", "random_offset": 5},
+        variant="universal-transformer-tiny",
+        encoder={"kind": "recurrent", "layers": 3, "act": False},
+        decoder={"kind": "recurrent", "layers": 3, "act": True},
+    ).train()
     src, tgt = torch.randint(1, 60, (16, 9)), torch.randint(1, 60, (16, 6))
     model(src, tgt)
     assert len(calls) == 2, "the encoder's and the decoder's step signals"
@@ -210,8 +213,11 @@ def test_the_source_and_the_target_of_an_example_share_their_random_start(monkey
 
 @pytest.mark.parametrize("kind", ["rotary", "alibi"])
 def test_relative_schemes_refuse_a_random_offset(kind):
-    with pytest.raises(ConfigError, match=f"{kind} positions depend only on the distance between query and key.*"
-                                          "use sinusoidal or learned positions"):
+    with pytest.raises(
+        ConfigError,
+        match=f"{kind} positions depend only on the distance between query and key.*"
+        "use sinusoidal or learned positions",
+    ):
         tz.load_config({"variant": "transformer-tiny", "positional": {"kind": kind, "random_offset": 3}})
     assert tz.load_config({"variant": "transformer-tiny", "positional": {"kind": kind}}).positional.random_offset == 0
 
@@ -230,7 +236,10 @@ def test_bert_embeddings_start_at_a_random_offset_in_training():
     ids = torch.randint(1, 100, (8, 10))
     with torch.no_grad():
         trained, evaluated = bert.train().src_embed(ids), bert.eval().src_embed(ids)
-        unshifted = bert.src_embed.norm(bert.src_embed.token(ids) + bert.src_embed.token_type(torch.zeros_like(ids))
-                                    + bert.src_embed.positional.embedding.weight[:10])
+        unshifted = bert.src_embed.norm(
+            bert.src_embed.token(ids)
+            + bert.src_embed.token_type(torch.zeros_like(ids))
+            + bert.src_embed.positional.embedding.weight[:10]
+        )
     torch.testing.assert_close(evaluated, unshifted)
     assert not torch.allclose(trained, evaluated)

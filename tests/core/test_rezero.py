@@ -11,8 +11,15 @@ import transformer_zoo as tz
 from transformer_zoo.core.layers import TransformerLayer
 from transformer_zoo.core.masks import AttentionMask
 
-STACKED = ["transformer-tiny", "bert-tiny", "universal-transformer-tiny", "local-global-encoder-tiny",
-           "transformer-dmca-tiny", "vit-tiny", "image-transformer-tiny"]
+STACKED = [
+    "transformer-tiny",
+    "bert-tiny",
+    "universal-transformer-tiny",
+    "local-global-encoder-tiny",
+    "transformer-dmca-tiny",
+    "vit-tiny",
+    "image-transformer-tiny",
+]
 """A tiny variant of each family whose stacks are made of TransformerLayers."""
 
 
@@ -42,8 +49,10 @@ def test_a_model_without_rezero_keeps_its_state_dict(name):
     assert not any(key.endswith(".alpha") for key in plain.state_dict())
     assert all(layer.alpha is None for layer in layers(plain))
     torch.manual_seed(0)
-    off = tz.build_model(name, **{side: {"rezero": False} for side in ("encoder", "decoder")
-                                  if getattr(plain.config, side, None) is not None})
+    off = tz.build_model(
+        name,
+        **{side: {"rezero": False} for side in ("encoder", "decoder") if getattr(plain.config, side, None) is not None},
+    )
     assert off.state_dict().keys() == plain.state_dict().keys()
     assert all(torch.equal(off.state_dict()[key], value) for key, value in plain.state_dict().items())
 

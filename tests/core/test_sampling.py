@@ -57,16 +57,18 @@ def test_top_k_of_one_equals_greedy_and_the_same_seed_gives_the_same_tokens():
     again = generate(model, prompt=prompt, max_new_tokens=15, do_sample=True, temperature=1.5, seed=7)
     other = generate(model, prompt=prompt, max_new_tokens=15, do_sample=True, temperature=1.5, seed=8)
     assert torch.equal(first, again) and not torch.equal(first, other)
-    uncached = generate(model, prompt=prompt, max_new_tokens=15, do_sample=True, temperature=1.5, seed=7,
-                        use_cache=False)
+    uncached = generate(
+        model, prompt=prompt, max_new_tokens=15, do_sample=True, temperature=1.5, seed=7, use_cache=False
+    )
     assert torch.equal(uncached, first), "sampling on the cache draws what sampling without it draws"
 
 
 def test_generate_is_greedy_and_beam_search_too():
     model = tz.build_model("transformer-tiny", **SMALL).eval()
     src = torch.randint(3, 60, (3, 7))
-    assert torch.equal(generate(model, src, bos_id=1, max_new_tokens=8), greedy_decode(model, src, bos_id=1,
-                                                                                       max_new_tokens=8))
+    assert torch.equal(
+        generate(model, src, bos_id=1, max_new_tokens=8), greedy_decode(model, src, bos_id=1, max_new_tokens=8)
+    )
     beam, _ = beam_search(model, src, bos_id=1, eos_id=2, beam_size=3, max_new_tokens=8)
     assert torch.equal(generate(model, src, bos_id=1, eos_id=2, num_beams=3, max_new_tokens=8), beam)
 
@@ -82,19 +84,23 @@ def test_rows_end_at_any_eos_or_where_the_stop_condition_says():
         if hits:  # the same draws up to the first end id, filler after it
             first = hits[0]
             assert torch.equal(row[: first + 1], whole[: first + 1]) and (row[first + 1 :] == 0).all()
-    length_three = generate(model, prompt=prompt, max_new_tokens=12, pad_id=0,
-                            stop=lambda ids: torch.full((ids.size(0),), ids.size(1) >= 7))
+    length_three = generate(
+        model, prompt=prompt, max_new_tokens=12, pad_id=0, stop=lambda ids: torch.full((ids.size(0),), ids.size(1) >= 7)
+    )
     assert length_three.shape == (6, 7), "every row stopped after three new tokens"
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"do_sample": True, "temperature": -1.0}, "temperature"),
-    ({"do_sample": True, "top_p": 0.0}, "top_p"),
-    ({"do_sample": True, "min_p": 1.5}, "min_p"),
-    ({"do_sample": True, "top_k": 0}, "top_k"),
-    ({"num_beams": 2, "do_sample": True}, "num_beams"),
-    ({"stop": lambda ids: ids[:, 0] > 0}, "pad_id"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"do_sample": True, "temperature": -1.0}, "temperature"),
+        ({"do_sample": True, "top_p": 0.0}, "top_p"),
+        ({"do_sample": True, "min_p": 1.5}, "min_p"),
+        ({"do_sample": True, "top_k": 0}, "top_k"),
+        ({"num_beams": 2, "do_sample": True}, "num_beams"),
+        ({"stop": lambda ids: ids[:, 0] > 0}, "pad_id"),
+    ],
+)
 def test_bad_sampling_options_are_refused_with_what_is_allowed(options, message):
     model = tz.build_model("transformer-tiny", encoder=None, **SMALL).eval()
     with pytest.raises(ValueError, match=message):

@@ -18,8 +18,9 @@ MASK = 3
 def corrupt(seed: int = 0):
     ids = torch.randint(5, 200, (256, 128), generator=torch.Generator().manual_seed(100))
     ids[:, 0], ids[:, -1], ids[:, -10:-1] = 1, 2, 0  # bos ... eos, padding before it
-    inputs, targets = mask_tokens(ids, mask_id=MASK, vocab_size=200, special_ids=SPECIAL,
-                                  generator=torch.Generator().manual_seed(seed))
+    inputs, targets = mask_tokens(
+        ids, mask_id=MASK, vocab_size=200, special_ids=SPECIAL, generator=torch.Generator().manual_seed(seed)
+    )
     return ids, inputs, targets
 
 
@@ -47,8 +48,14 @@ def test_a_generator_makes_it_repeatable():
 def test_a_batch_always_has_something_to_predict():
     ids = torch.tensor([[1, 7, 8, 2, 0]])
     for seed in range(20):
-        _, targets = mask_tokens(ids, mask_id=MASK, vocab_size=10, special_ids=SPECIAL, probability=1e-9,
-                                 generator=torch.Generator().manual_seed(seed))
+        _, targets = mask_tokens(
+            ids,
+            mask_id=MASK,
+            vocab_size=10,
+            special_ids=SPECIAL,
+            probability=1e-9,
+            generator=torch.Generator().manual_seed(seed),
+        )
         chosen = (targets != 0).nonzero()[:, 1].tolist()
         assert len(chosen) == 1 and chosen[0] in (1, 2)
 
@@ -77,10 +84,14 @@ def test_a_task_declares_its_inputs_and_its_metrics_with_their_directions():
 
 def test_one_fitness_check_refuses_a_model_that_reads_none_of_the_inputs():
     assert ClassificationTask().unfit_reason(TOKEN_MODEL) is None
-    assert ClassificationTask().unfit_reason(IMAGE_CLASSIFIER) == \
-        "the model reads images, and this task has none (it offers tokens)"
-    assert ClassificationTask().unfit_reason(SimpleNamespace(encoder=None)) == \
-        "a classification task needs a model with an encoder"
+    assert (
+        ClassificationTask().unfit_reason(IMAGE_CLASSIFIER)
+        == "the model reads images, and this task has none (it offers tokens)"
+    )
+    assert (
+        ClassificationTask().unfit_reason(SimpleNamespace(encoder=None))
+        == "a classification task needs a model with an encoder"
+    )
     assert Sounds().unfit_reason(TOKEN_MODEL) == "the model reads tokens, and this task has none (it offers audio)"
     assert Sounds().unfit_reason(SimpleNamespace(inputs="audio")) is None
     assert Sounds().model_overrides(SimpleNamespace(inputs="audio")) == {"sample_rate": 16_000}

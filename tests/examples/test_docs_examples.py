@@ -20,8 +20,16 @@ import pytest
 import torch
 
 ROOT = Path(__file__).parents[2]
-PAGES = ["README.md", "docs/index.md", "docs/getting-started.md", "docs/configs.md", "docs/export.md",
-         "docs/variants/transformer.md", "docs/variants/bert.md", "docs/reference/transformer_zoo.md"]
+PAGES = [
+    "README.md",
+    "docs/index.md",
+    "docs/getting-started.md",
+    "docs/configs.md",
+    "docs/export.md",
+    "docs/variants/transformer.md",
+    "docs/variants/bert.md",
+    "docs/reference/transformer_zoo.md",
+]
 READERS_OWN = "path/to/"  # a block that reads the reader's own folder cannot run here
 CHECKED = re.compile(r"^(\s*)print\((.*)\)\s+# (.*)$")
 SHAPED = re.compile(r"^(\s*)([A-Za-z_]\w*) = .*\s# (\(\d+(?:, \d+)*,?\))(?::.*)?$")  # x = ...  # (2, 5): ...

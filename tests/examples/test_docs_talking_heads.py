@@ -52,8 +52,9 @@ def reference(attn, x, mask, logits_mix, weights_mix):
 
 def test_the_documented_kind_equals_the_formula_written_out(plugin):
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": "my-talking-heads"},
-                           **SIZES).eval()
+    model = tz.build_model(
+        "transformer-tiny", encoder=None, decoder={"layers": 1, "attention": "my-talking-heads"}, **SIZES
+    ).eval()
     attn = model.decoder.layers[0].self_attn
     assert isinstance(attn.kernel, plugin.TalkingHeadsKernel)
     with torch.no_grad():
@@ -72,8 +73,9 @@ def test_the_documented_kind_equals_the_formula_written_out(plugin):
 
 def test_at_initialisation_it_is_multi_head_attention(plugin):
     torch.manual_seed(0)
-    talking = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": "my-talking-heads"},
-                             decoder={"layers": 1}, **SIZES).eval()
+    talking = tz.build_model(
+        "transformer-tiny", encoder={"layers": 1, "attention": "my-talking-heads"}, decoder={"layers": 1}, **SIZES
+    ).eval()
     plain = tz.build_model("transformer-tiny", encoder={"layers": 1}, decoder={"layers": 1}, **SIZES).eval()
     plain.load_state_dict({k: v for k, v in talking.state_dict().items() if ".kernel." not in k})
     src, tgt = torch.randint(3, 50, (2, 6)), torch.randint(3, 50, (2, 5))
@@ -82,8 +84,9 @@ def test_at_initialisation_it_is_multi_head_attention(plugin):
 
 
 def test_the_mixing_matrices_are_parameters_that_train_and_move(plugin):
-    model = tz.build_model("transformer-tiny", encoder={"layers": 2, "attention": "my-talking-heads"},
-                           decoder={"layers": 1}, **SIZES)
+    model = tz.build_model(
+        "transformer-tiny", encoder={"layers": 2, "attention": "my-talking-heads"}, decoder={"layers": 1}, **SIZES
+    )
     names = dict(model.named_parameters())
     mixing = [f"encoder.layers.{i}.self_attn.kernel.{m}" for i in range(2) for m in ("logits_mix", "weights_mix")]
     assert all(names[name].shape == (4, 4) for name in mixing)
@@ -98,9 +101,12 @@ def test_the_mixing_matrices_are_parameters_that_train_and_move(plugin):
 
 def test_a_saved_model_loads_with_its_mixing_matrices(plugin, tmp_path):
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": {"kind": "my-talking-heads",
-                                                                                 "scale": 0.5}},
-                           decoder={"layers": 1}, **SIZES).eval()
+    model = tz.build_model(
+        "transformer-tiny",
+        encoder={"layers": 1, "attention": {"kind": "my-talking-heads", "scale": 0.5}},
+        decoder={"layers": 1},
+        **SIZES,
+    ).eval()
     with torch.no_grad():
         model.encoder.layers[0].self_attn.kernel.weights_mix.copy_(torch.randn(4, 4))
     again = tz.from_pretrained(model.save_pretrained(tmp_path / "talking"))

@@ -24,10 +24,14 @@ def test_the_documented_task_plugin_registers_and_trains(tmp_path):
         counts = {s: row["src"].count(s) for s in row["tgt"]}
         assert sorted(set(row["src"])) == sorted(row["tgt"])
         assert all(counts[a] >= counts[b] for a, b in zip(row["tgt"], row["tgt"][1:]))
-        config = load_train_config({
-            "model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64},
-            "task": {"kind": "by-frequency", "train_size": 50}, "steps": 2, "batch_size": 4,
-        })
+        config = load_train_config(
+            {
+                "model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64},
+                "task": {"kind": "by-frequency", "train_size": 50},
+                "steps": 2,
+                "batch_size": 4,
+            }
+        )
         summary = train(config, tmp_path, progress=False)
         assert set(summary["metrics"]["test"]) == {"token_accuracy", "sequence_accuracy"}
     finally:

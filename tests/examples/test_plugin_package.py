@@ -39,9 +39,25 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     copies = [shutil.copytree(package, work / package.name, ignore=artefacts) for package in (EXAMPLE, BROKEN)]
     target = work / "site"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir",
-         "--no-index", "--no-deps", "--no-build-isolation", "--target", str(target), *map(str, copies)],
-        capture_output=True, text=True, check=False, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-cache-dir",
+            "--no-index",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            *map(str, copies),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert result.returncode == 0, f"pip install failed:\n{result.stdout}\n{result.stderr}"
     return target
@@ -94,9 +110,7 @@ def find_kind_schemas(node: Any, kind: str) -> list[dict[str, Any]]:
 
 
 # ---- the command line ---------------------------------------------------------------------
-def test_tzoo_list_shows_the_new_variant(
-    site: Path, tmp_path: Path, listing: subprocess.CompletedProcess[str]
-) -> None:
+def test_tzoo_list_shows_the_new_variant(site: Path, tmp_path: Path, listing: subprocess.CompletedProcess[str]) -> None:
     assert listing.returncode == 0, listing.stderr
     assert "cosine-transformer-tiny" in listing.stdout
     result = tzoo(site, tmp_path, "list", "cosine-*", "--json")
@@ -131,7 +145,9 @@ def test_tzoo_schema_holds_the_new_kind(site: Path, tmp_path: Path) -> None:
     cosine = find_kind_schemas(schema, "cosine")
     assert cosine, "no schema for the attention kind 'cosine'"
     for options in cosine:
-        assert set(options["properties"]) == {"kind", "bias", "scale", "n_kv_heads", "init_scale"}, "the inherited fields stay"
+        assert set(options["properties"]) == {"kind", "bias", "scale", "n_kv_heads", "init_scale"}, (
+            "the inherited fields stay"
+        )
         assert options["properties"]["init_scale"]["description"]
         assert options["properties"]["init_scale"]["exclusiveMinimum"] == 0
 
@@ -177,11 +193,13 @@ def test_entry_point_autoload_can_be_disabled(site: Path, tmp_path: Path) -> Non
 
 # ---- the Python API -----------------------------------------------------------------------
 def test_plugin_errors_name_the_broken_plugin(site: Path, tmp_path: Path) -> None:
-    script = ("import warnings, transformer_zoo as tz\n"
-              "with warnings.catch_warnings(record=True) as caught:\n"
-              "    warnings.simplefilter('always')\n"
-              "    errors = tz.plugin_errors()\n"
-              "print(sorted(errors), [type(w.message).__name__ for w in caught])\n")
+    script = (
+        "import warnings, transformer_zoo as tz\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    errors = tz.plugin_errors()\n"
+        "print(sorted(errors), [type(w.message).__name__ for w in caught])\n"
+    )
     result = python(site, tmp_path, script)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['broken'] ['PluginWarning']"

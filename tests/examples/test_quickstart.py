@@ -43,7 +43,10 @@ def logits_of(model: torch.nn.Module) -> torch.Tensor:
 def test_quickstart_runs_and_saves(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "quickstart.py"), str(tmp_path)],
-        capture_output=True, text=True, check=False, timeout=120,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "reloaded outputs identical: True" in result.stdout
@@ -63,7 +66,9 @@ def test_quickstart_runs_without_an_output_folder() -> None:
 
 
 def test_every_example_config_is_checked() -> None:
-    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted([*MODEL_CONFIGS, *TRAIN_CONFIGS, "train-sagan-gan.yaml"])
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(
+        [*MODEL_CONFIGS, *TRAIN_CONFIGS, "train-sagan-gan.yaml"]
+    )
 
 
 def test_the_gan_training_config_is_the_papers_recipe() -> None:

@@ -12,8 +12,15 @@ import transformers
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
 
-SMALL = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-             max_position_embeddings=64, type_vocab_size=2)
+SMALL = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+    type_vocab_size=2,
+)
 
 
 def save(tmp_path, cls, name="ckpt", **overrides):
@@ -84,16 +91,24 @@ def test_masked_lm_logits_match_and_round_trip(tmp_path):
 def test_an_old_style_pytorch_bin_checkpoint_loads_the_same(tmp_path):
     """pytorch_model.bin, without the 'bert.' prefix, with LayerNorm gamma/beta (TensorFlow-era names)."""
     ref, path = save(tmp_path, transformers.BertForMaskedLM)
-    state = {k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
-             for k, v in ref.state_dict().items()}
+    state = {
+        k.removeprefix("bert.")
+        .replace("LayerNorm.weight", "LayerNorm.gamma")
+        .replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in ref.state_dict().items()
+    }
     assert any(k.endswith("LayerNorm.gamma") for k in state) and not any(k.startswith("bert.") for k in state)
     (path / "model.safetensors").unlink()
     torch.save(state, path / "pytorch_model.bin")
     ours, _ = load(path)
     ids, mask, types = batch()
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids, mask, types).logits, ref(input_ids=ids, attention_mask=mask,
-                                                                       token_type_ids=types).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours(ids, mask, types).logits,
+            ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_classification_heads_match(tmp_path):
@@ -104,9 +119,12 @@ def test_classification_heads_match(tmp_path):
     tok, _ = load(tok_path)
     assert seq.config.head.kind == "sequence-classification" and seq.config.head.num_classes == 3
     with torch.no_grad():
-        torch.testing.assert_close(seq(ids, mask, types).logits,
-                                   seq_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            seq(ids, mask, types).logits,
+            seq_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+            atol=1e-5,
+            rtol=0,
+        )
         theirs = tok_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
         torch.testing.assert_close(tok(ids, mask, types).logits[mask.bool()], theirs[mask.bool()], atol=1e-5, rtol=0)
 
@@ -125,12 +143,18 @@ def test_next_sentence_prediction_and_an_untied_decoder_match(tmp_path):
     assert nsp_messages == [] and untied_messages == []
     assert untied.head.decoder.proj.weight is not untied.src_embed.token.weight
     with torch.no_grad():
-        torch.testing.assert_close(nsp(ids, mask, types).logits,
-                                   nsp_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
-                                   atol=1e-5, rtol=0)
-        torch.testing.assert_close(untied(ids, mask, types).logits,
-                                   untied_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            nsp(ids, mask, types).logits,
+            nsp_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+            atol=1e-5,
+            rtol=0,
+        )
+        torch.testing.assert_close(
+            untied(ids, mask, types).logits,
+            untied_ref(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_mlm_labels_in_the_transformers_convention(tmp_path):
@@ -148,9 +172,16 @@ def test_mlm_labels_in_the_transformers_convention(tmp_path):
     ("cls", "overrides", "message"),
     [
         (transformers.BertForQuestionAnswering, {}, "architectures \\['BertForQuestionAnswering'\\] are not supported"),
-        (transformers.BertForSequenceClassification, {"num_labels": 1}, "num_labels=1 \\(regression\\) is not supported"),
-        (transformers.BertForSequenceClassification, {"num_labels": 3, "problem_type": "multi_label_classification"},
-         "problem_type='multi_label_classification'; only single-label"),
+        (
+            transformers.BertForSequenceClassification,
+            {"num_labels": 1},
+            "num_labels=1 \\(regression\\) is not supported",
+        ),
+        (
+            transformers.BertForSequenceClassification,
+            {"num_labels": 3, "problem_type": "multi_label_classification"},
+            "problem_type='multi_label_classification'; only single-label",
+        ),
     ],
 )
 def test_heads_it_cannot_build_are_refused(tmp_path, cls, overrides, message):
@@ -167,17 +198,23 @@ def test_a_config_without_model_type_is_read_by_its_architectures(tmp_path):
     ours, _ = load(path)
     ids, mask, types = batch()
     with torch.no_grad():
-        torch.testing.assert_close(ours.encode(ids, mask, types)[mask.bool()],
-                                   ref(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state[mask.bool()],
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours.encode(ids, mask, types)[mask.bool()],
+            ref(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state[mask.bool()],
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_a_folder_that_is_not_bert_is_refused(tmp_path):
     _, path = save(tmp_path, transformers.BertModel)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    with pytest.raises(ConfigError, match="is not a transformer-zoo config \\(it has model_type 'gpt2'\\) and no "
-                                          "plugin imports it; formats read: hf-bert"):
+    with pytest.raises(
+        ConfigError,
+        match="is not a transformer-zoo config \\(it has model_type 'gpt2'\\) and no "
+        "plugin imports it; formats read: hf-bert",
+    ):
         tz.from_pretrained(path)
 
 
@@ -188,10 +225,14 @@ def test_weights_that_do_not_fit_the_config_name_keys_and_shapes(tmp_path):
     with pytest.raises(ConfigError) as error:
         tz.from_pretrained(path)
     message = str(error.value)
-    assert ("shape mismatch bert.encoder.layer.0.intermediate.dense.weight -> encoder.layers.0.ffn.linear1.weight: "
-            "checkpoint (37, 32), model (40, 32)") in message
+    assert (
+        "shape mismatch bert.encoder.layer.0.intermediate.dense.weight -> encoder.layers.0.ffn.linear1.weight: "
+        "checkpoint (37, 32), model (40, 32)"
+    ) in message
     assert "not in the model the config describes: bert.encoder.layer.1.attention.output.dense.weight" in message
-    assert "not in the model the config describes: bert.encoder.layer.1.attention.self.query|key|value.weight" in message
+    assert (
+        "not in the model the config describes: bert.encoder.layer.1.attention.self.query|key|value.weight" in message
+    )
 
 
 def test_a_relative_position_checkpoint_is_refused(tmp_path):
@@ -216,8 +257,12 @@ def test_token_types_and_inputs_are_checked():
 def test_presets_have_the_published_sizes():
     sizes = {name: tz.load_config(name) for name in ("bert-tiny", "bert-mini", "bert-small", "bert-base")}
     shapes = {n: (c.encoder.layers, c.d_model, c.n_heads, c.d_ff) for n, c in sizes.items()}
-    assert shapes == {"bert-tiny": (2, 128, 2, 512), "bert-mini": (4, 256, 4, 1024), "bert-small": (4, 512, 8, 2048),
-                      "bert-base": (12, 768, 12, 3072)}
+    assert shapes == {
+        "bert-tiny": (2, 128, 2, 512),
+        "bert-mini": (4, 256, 4, 1024),
+        "bert-small": (4, 512, 8, 2048),
+        "bert-base": (12, 768, 12, 3072),
+    }
     base = tz.build_model("bert-base", pooler=False)  # BertForMaskedLM has no pooler
     reference = transformers.BertForMaskedLM(transformers.BertConfig())
     assert sum(p.numel() for p in base.parameters()) == sum(p.numel() for p in reference.parameters())
@@ -248,8 +293,16 @@ def test_bert_tiny_learns_listops(tmp_path):
     from transformer_zoo.training.trainer import train
 
     task = {"kind": "listops", "max_length": 32, "min_length": 8, "max_depth": 3, "train_size": 5000, "test_size": 500}
-    config = load_train_config({"model": {"variant": "bert-tiny", "dropout": 0.0}, "task": task, "steps": 500,
-                                "batch_size": 32, "lr": 1e-3, "warmup_steps": 50})
+    config = load_train_config(
+        {
+            "model": {"variant": "bert-tiny", "dropout": 0.0},
+            "task": task,
+            "steps": 500,
+            "batch_size": 32,
+            "lr": 1e-3,
+            "warmup_steps": 50,
+        }
+    )
     summary = train(config, tmp_path, progress=False)
     majority = get_registry().component("task", "listops").model_validate(task).build().majority_accuracy("test")
     print("bert-tiny on listops:", summary["metrics"]["test"], "majority", majority)

@@ -53,8 +53,9 @@ def load_cleanly(cls, path):
 def assert_same_zoo_model(again, model):
     """The same config (the variant's name aside, and the pooler as built) and the same weights."""
     ours, theirs = model.config.model_dump(), again.config.model_dump()
-    assert {k: v for k, v in theirs.items() if k not in ("variant", "pooler")} == \
-           {k: v for k, v in ours.items() if k not in ("variant", "pooler")}
+    assert {k: v for k, v in theirs.items() if k not in ("variant", "pooler")} == {
+        k: v for k, v in ours.items() if k not in ("variant", "pooler")
+    }
     assert (again.pooler is None) == (model.pooler is None)
     assert again.state_dict().keys() == model.state_dict().keys()
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
@@ -105,22 +106,35 @@ def test_an_untied_decoder_is_saved_under_its_own_name(tmp_path):
     assert decoder.data_ptr() != embeddings.data_ptr()
     ids, mask, types = batch()
     with torch.no_grad():
-        torch.testing.assert_close(model(ids, mask, types).logits,
-                                   reference(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            model(ids, mask, types).logits,
+            reference(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+            atol=1e-5,
+            rtol=0,
+        )
     assert_same_zoo_model(tz.from_pretrained(tmp_path), model)
 
 
-@pytest.mark.parametrize(("cls", "architecture", "overrides"), [
-    (transformers.BertForMaskedLM, None, {}),
-    (transformers.BertForSequenceClassification, None, {"num_labels": 3}),
-    (transformers.BertModel, "BertModel", {}),
-])
+@pytest.mark.parametrize(
+    ("cls", "architecture", "overrides"),
+    [
+        (transformers.BertForMaskedLM, None, {}),
+        (transformers.BertForSequenceClassification, None, {"num_labels": 3}),
+        (transformers.BertModel, "BertModel", {}),
+    ],
+)
 def test_a_transformers_folder_comes_back_as_transformers_wrote_it(tmp_path, cls, architecture, overrides):
     """transformers -> zoo (test_bert.py checks the outputs) -> format='hf': the same tensors under the same names."""
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=37, max_position_embeddings=64, **overrides)
+    config = transformers.BertConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        **overrides,
+    )
     cls(config).save_pretrained(tmp_path / "theirs")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*the checkpoint has no weights for the head")  # a BertModel folder's
@@ -136,17 +150,26 @@ def test_a_transformers_folder_comes_back_as_transformers_wrote_it(tmp_path, cls
     assert {k: written[k] for k in shared} == {k: original[k] for k in shared}
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"norm_placement": "pre"}, "norm_placement is 'pre'; transformers' BERT needs 'post'"),
-    ({"positional": "sinusoidal"}, "positional.kind is 'sinusoidal'; transformers' BERT needs 'learned'"),
-    ({"encoder": {"layers": 2, "attention": {"kind": "sliding-window", "window": 4}}},
-     "encoder.attention.kind is 'sliding-window'; transformers' BERT needs 'sdpa'"),
-    ({"ffn": {"kind": "mlp", "activation": "gelu", "inner_dropout": True}},
-     "ffn.inner_dropout is True; transformers' BERT needs False"),
-    ({"type_vocab_size": 0}, "type_vocab_size is 0; transformers' BERT always adds token-type embeddings"),
-    ({"head": {"kind": "sequence-classification", "num_classes": 3, "pooling": "mean"}},
-     "head.pooling is 'mean'; transformers' BERT needs 'cls'"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"norm_placement": "pre"}, "norm_placement is 'pre'; transformers' BERT needs 'post'"),
+        ({"positional": "sinusoidal"}, "positional.kind is 'sinusoidal'; transformers' BERT needs 'learned'"),
+        (
+            {"encoder": {"layers": 2, "attention": {"kind": "sliding-window", "window": 4}}},
+            "encoder.attention.kind is 'sliding-window'; transformers' BERT needs 'sdpa'",
+        ),
+        (
+            {"ffn": {"kind": "mlp", "activation": "gelu", "inner_dropout": True}},
+            "ffn.inner_dropout is True; transformers' BERT needs False",
+        ),
+        ({"type_vocab_size": 0}, "type_vocab_size is 0; transformers' BERT always adds token-type embeddings"),
+        (
+            {"head": {"kind": "sequence-classification", "num_classes": 3, "pooling": "mean"}},
+            "head.pooling is 'mean'; transformers' BERT needs 'cls'",
+        ),
+    ],
+)
 def test_what_transformers_cannot_express_is_refused_by_name(tmp_path, overrides, message):
     model = tz.build_model("bert", **{**SMALL, **overrides})
     with pytest.raises(ConfigError, match=message.replace("(", "\\(").replace(")", "\\)")) as error:
@@ -159,8 +182,11 @@ def test_what_transformers_cannot_express_is_refused_by_name(tmp_path, overrides
 
 def test_formats_and_architectures_that_do_not_apply_are_refused(tmp_path):
     bert = zoo_model(HEADS["BertForMaskedLM"])
-    with pytest.raises(ConfigError, match="architecture='BertForSequenceClassification': a bert model with a 'lm' head "
-                                          "saves as 'BertForMaskedLM' or 'BertModel'"):
+    with pytest.raises(
+        ConfigError,
+        match="architecture='BertForSequenceClassification': a bert model with a 'lm' head "
+        "saves as 'BertForMaskedLM' or 'BertModel'",
+    ):
         bert.save_pretrained(tmp_path, format="hf", architecture="BertForSequenceClassification")
     with pytest.raises(ConfigError, match="the model has no pooler \\(pooler is None\\); BertModel has one"):
         bert.save_pretrained(tmp_path, format="hf", architecture="BertModel")

@@ -39,8 +39,14 @@ def rows(n: int, seed: int = 0) -> list[dict[str, str]]:
         if rng.random() < 0.5:
             words[rng.randrange(len(words))] = "cat"
         sentence = " ".join(words)
-        out.append({"sentence": sentence, "topic": "cat" if "cat" in words else "other",
-                    "question": sentence, "answer": " ".join(reversed(words))})
+        out.append(
+            {
+                "sentence": sentence,
+                "topic": "cat" if "cat" in words else "other",
+                "question": sentence,
+                "answer": " ".join(reversed(words)),
+            }
+        )
     return out
 
 
@@ -79,7 +85,9 @@ def task_on(kind, path, **options):
 def test_each_kind_reads_csv_jsonl_and_parquet_alike_with_a_seeded_split(data, kind):
     """The same rows in three formats give the same examples; the held-out split is the same for
     the same seed, another for another seed."""
-    csv_task, jsonl_task, parquet_task = (task_on(kind, data / f"data.{suffix}") for suffix in ("csv", "jsonl", "parquet"))
+    csv_task, jsonl_task, parquet_task = (
+        task_on(kind, data / f"data.{suffix}") for suffix in ("csv", "jsonl", "parquet")
+    )
     assert (csv_task.pad_id, csv_task.bos_id, csv_task.eos_id) == (0, 1, 2)
     for split in ("train", "test"):
         assert csv_task.dataset(split)[:] == jsonl_task.dataset(split)[:] == parquet_task.dataset(split)[:]
@@ -129,8 +137,9 @@ def test_language_modeling_cuts_the_text_stream_into_windows(data):
 
 def test_splits_are_read_from_a_saved_dataset_a_folder_and_a_mapping(data, tmp_path):
     examples = rows(60, seed=3)
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(examples[:50]),
-                          "test": datasets.Dataset.from_list(examples[50:])}).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(examples[:50]), "test": datasets.Dataset.from_list(examples[50:])}
+    ).save_to_disk(str(tmp_path / "saved"))
     saved = task_on("text-classification", tmp_path / "saved")
     assert saved.raw["test"]["sentence"] == [r["sentence"] for r in examples[50:]]
     assert len(saved.dataset("train")) == 50
@@ -139,9 +148,13 @@ def test_splits_are_read_from_a_saved_dataset_a_folder_and_a_mapping(data, tmp_p
     write_csv(tmp_path / "folder" / "test.csv", examples[50:])
     folder = task_on("text-classification", tmp_path / "folder")
     assert folder.raw["test"]["sentence"] == saved.raw["test"]["sentence"]
-    mapping = make("seq2seq", path={"train": str(tmp_path / "folder" / "train.csv"),
-                                    "dev": str(tmp_path / "folder" / "test.csv")},
-                   test_split="dev", vocab_size=300, **COLUMNS["seq2seq"])
+    mapping = make(
+        "seq2seq",
+        path={"train": str(tmp_path / "folder" / "train.csv"), "dev": str(tmp_path / "folder" / "test.csv")},
+        test_split="dev",
+        vocab_size=300,
+        **COLUMNS["seq2seq"],
+    )
     assert mapping.raw["test"]["answer"] == [r["answer"] for r in examples[50:]]
 
 
@@ -151,8 +164,11 @@ def test_mistakes_a_user_can_make_are_named_with_what_would_be_right(data, tmp_p
     (tmp_path / "data.xlsx").write_text("not read")
     with pytest.raises(ConfigError, match="unknown format '.xlsx'; give .csv, .tsv, .json, .jsonl, .parquet, .txt"):
         task_on("text-classification", tmp_path / "data.xlsx")
-    with pytest.raises(ConfigError, match="text='body': split 'train' .* has no such column; its columns are "
-                                          "sentence, topic, question, answer \\(set text to one of them\\)"):
+    with pytest.raises(
+        ConfigError,
+        match="text='body': split 'train' .* has no such column; its columns are "
+        "sentence, topic, question, answer \\(set text to one of them\\)",
+    ):
         make("text-classification", path=str(data / "data.csv"), text="body", label="topic")
     write_csv(tmp_path / "one.csv", rows(1))
     with pytest.raises(ConfigError, match="holds 1 example\\(s\\): too few to hold out test_fraction=0.1"):
@@ -167,12 +183,17 @@ def test_mistakes_a_user_can_make_are_named_with_what_would_be_right(data, tmp_p
     (tmp_path / "unseen").mkdir()
     write_csv(tmp_path / "unseen" / "train.csv", rows(20))
     write_csv(tmp_path / "unseen" / "test.csv", [{**rows(1)[0], "topic": "fish"}])
-    with pytest.raises(ConfigError, match="split 'test' has the label 'fish', which is not among the classes "
-                                          "\\('cat', 'other'.*every label must appear in training"):
+    with pytest.raises(
+        ConfigError,
+        match="split 'test' has the label 'fish', which is not among the classes "
+        "\\('cat', 'other'.*every label must appear in training",
+    ):
         task_on("text-classification", tmp_path / "unseen")
     with pytest.raises(ConfigError, match="split 'train' has the label 'other', .*the labels option.*add it to labels"):
         task_on("text-classification", data / "data.csv", labels=["cat", "dog"])
-    with pytest.raises(ConfigError, match="every pair of split 'train' has a side longer than max_len=1 .*too_long: truncate"):
+    with pytest.raises(
+        ConfigError, match="every pair of split 'train' has a side longer than max_len=1 .*too_long: truncate"
+    ):
         task_on("seq2seq", data / "data.csv", max_len=1).dataset("train")
     with pytest.raises(ValueError, match="exactly one of path .* and dataset_name"):
         make("seq2seq")
@@ -194,8 +215,9 @@ def test_an_empty_path_is_refused_rather_than_read_as_the_working_directory():
 
 def test_a_hub_dataset_is_read_by_name_and_offline_says_to_give_a_path(monkeypatch):
     """datasets.load_dataset stands in for the network: a DatasetDict with a validation split."""
-    hub = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows(30)),
-                                "validation": datasets.Dataset.from_list(rows(10, seed=1))})
+    hub = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows(30)), "validation": datasets.Dataset.from_list(rows(10, seed=1))}
+    )
     asked = []
     monkeypatch.setattr(datasets, "load_dataset", lambda *args: asked.append(args) or hub)
     task = make("language-modeling", dataset_name="some/corpus", dataset_config="en", text="sentence", vocab_size=300)
@@ -205,7 +227,9 @@ def test_a_hub_dataset_is_read_by_name_and_offline_says_to_give_a_path(monkeypat
         raise ConnectionError("Couldn't reach the Hugging Face Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ConfigError, match="could not load the Hugging Face dataset 'imdb' .* give a local file or folder as path"):
+    with pytest.raises(
+        ConfigError, match="could not load the Hugging Face dataset 'imdb' .* give a local file or folder as path"
+    ):
         make("text-classification", dataset_name="imdb")
 
 
@@ -214,10 +238,23 @@ def test_classification_learns_and_a_run_keeps_its_classes(tmp_path):
     with the majority class at 0.6 or less; the run folder keeps the classes and the tokenizer,
     and evaluating it again gives the same score."""
     write_csv(tmp_path / "cats.csv", rows(1000, seed=5))
-    options = {"kind": "text-classification", "path": str(tmp_path / "cats.csv"), "vocab_size": 300,
-               "max_test_examples": 200, **COLUMNS["text-classification"]}
-    config = load_train_config({"model": {"variant": "transformer-tiny", "dropout": 0.0}, "task": options,
-                                "steps": 200, "batch_size": 32, "lr": 3e-3, "warmup_steps": 30})
+    options = {
+        "kind": "text-classification",
+        "path": str(tmp_path / "cats.csv"),
+        "vocab_size": 300,
+        "max_test_examples": 200,
+        **COLUMNS["text-classification"],
+    }
+    config = load_train_config(
+        {
+            "model": {"variant": "transformer-tiny", "dropout": 0.0},
+            "task": options,
+            "steps": 200,
+            "batch_size": 32,
+            "lr": 3e-3,
+            "warmup_steps": 30,
+        }
+    )
     summary = train(config, tmp_path / "run", progress=False)
     majority = make(**options).majority_accuracy("test")
     print("text-classification:", summary["metrics"]["test"], "majority", majority)
@@ -230,8 +267,9 @@ def test_classification_learns_and_a_run_keeps_its_classes(tmp_path):
 
 def test_a_model_unfit_for_a_kind_is_refused(data, tmp_path):
     options = {"path": str(data / "data.csv"), "vocab_size": 300, **COLUMNS["seq2seq"]}
-    config = load_train_config({"model": {"variant": "transformer-tiny", "decoder": None}, "steps": 1,
-                                "task": {"kind": "seq2seq", **options}})
+    config = load_train_config(
+        {"model": {"variant": "transformer-tiny", "decoder": None}, "steps": 1, "task": {"kind": "seq2seq", **options}}
+    )
     with pytest.raises(ValueError, match="needs an encoder-decoder model"):
         train(config, tmp_path, progress=False)
 
@@ -242,14 +280,42 @@ def test_compare_runs_both_kinds_over_two_seeds(tmp_path):
 
     write_csv(tmp_path / "cats.csv", rows(300, seed=7))
     write_jsonl(tmp_path / "pairs.jsonl", rows(300, seed=8))
-    tasks = [{"kind": "text-classification", "path": str(tmp_path / "cats.csv"), "vocab_size": 300,
-              "max_test_examples": 30, **COLUMNS["text-classification"]},
-             {"kind": "seq2seq", "path": str(tmp_path / "pairs.jsonl"), "vocab_size": 300, "max_len": 12,
-              "max_test_examples": 30, **COLUMNS["seq2seq"]}]
-    results = compare(load_spec({"name": "own-data", "variants": ["transformer-tiny"], "tasks": tasks, "steps": 30,
-                                 "seeds": [0, 1], "train": {"batch_size": 16}}), tmp_path / "report")
+    tasks = [
+        {
+            "kind": "text-classification",
+            "path": str(tmp_path / "cats.csv"),
+            "vocab_size": 300,
+            "max_test_examples": 30,
+            **COLUMNS["text-classification"],
+        },
+        {
+            "kind": "seq2seq",
+            "path": str(tmp_path / "pairs.jsonl"),
+            "vocab_size": 300,
+            "max_len": 12,
+            "max_test_examples": 30,
+            **COLUMNS["seq2seq"],
+        },
+    ]
+    results = compare(
+        load_spec(
+            {
+                "name": "own-data",
+                "variants": ["transformer-tiny"],
+                "tasks": tasks,
+                "steps": 30,
+                "seeds": [0, 1],
+                "train": {"batch_size": 16},
+            }
+        ),
+        tmp_path / "report",
+    )
     assert sorted((r.task, r.seed) for r in results.runs) == [
-        ("seq2seq", 0), ("seq2seq", 1), ("text-classification", 0), ("text-classification", 1)]
+        ("seq2seq", 0),
+        ("seq2seq", 1),
+        ("text-classification", 0),
+        ("text-classification", 1),
+    ]
     for run in results.runs:
         assert run.steps == 30 and run.metric in run.metrics["test"]
     seq2seq = next(r for r in results.runs if r.task == "seq2seq")

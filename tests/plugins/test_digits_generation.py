@@ -47,12 +47,16 @@ def test_frechet_distance_matches_the_formula_with_scipy_sqrtm():
     a = rng.normal(size=(400, 6)) @ rng.normal(size=(6, 6))
     b = rng.normal(size=(300, 6)) @ rng.normal(size=(6, 6)) + 0.5
     cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    expected = ((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(cov_a + cov_b - 2 * scipy.linalg.sqrtm(cov_a @ cov_b).real)
+    expected = ((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(
+        cov_a + cov_b - 2 * scipy.linalg.sqrtm(cov_a @ cov_b).real
+    )
     assert frechet_distance(torch.from_numpy(a), torch.from_numpy(b)) == pytest.approx(expected, rel=1e-6)
     shift = np.array([3.0, 0, 0, 4.0, 0, 0])  # same covariance: the distance is |shift|^2 = 25
     assert frechet_distance(torch.from_numpy(a), torch.from_numpy(a + shift)) == pytest.approx(25.0, rel=1e-6)
     singular = np.c_[a[:, :3], np.zeros((400, 3))]  # dead features, as a ReLU network has
-    assert frechet_distance(torch.from_numpy(singular), torch.from_numpy(singular + shift)) == pytest.approx(25.0, rel=1e-6)
+    assert frechet_distance(torch.from_numpy(singular), torch.from_numpy(singular + shift)) == pytest.approx(
+        25.0, rel=1e-6
+    )
 
 
 def test_real_images_score_near_perfect_and_noise_far_from_it(task):

@@ -142,8 +142,9 @@ def test_linformer_equals_softmax_over_projected_keys_and_values():
 
 @pytest.mark.parametrize("kind", ["linear", "performer"])
 def test_cached_decoding_equals_uncached(kind):
-    model = tz.build_model("transformer-tiny", encoder=None, decoder={"attention": {"kind": kind}}, **SMALL,
-                           **UNTIED).eval()
+    model = tz.build_model(
+        "transformer-tiny", encoder=None, decoder={"attention": {"kind": kind}}, **SMALL, **UNTIED
+    ).eval()
     prompt = torch.randint(3, 60, (3, 5))
     cached = greedy_decode(model, prompt=prompt, max_new_tokens=12)
     assert len(set(cached[:, 5:].flatten().tolist())) > 3, "the decoded tokens vary, so a broken cache would show"
@@ -167,8 +168,9 @@ def test_the_decoding_cache_does_not_grow_with_the_tokens_decoded(kind):
         model.decode(torch.randint(3, 60, (2, 4)), cache=cache)
         for _ in range(12):
             model.decode(torch.randint(3, 60, (2, 1)), cache=cache)
-            sizes.append([{name: tuple(t.shape) for name, t in self_cache.state.items()}
-                          for self_cache, _ in cache.layers])
+            sizes.append(
+                [{name: tuple(t.shape) for name, t in self_cache.state.items()} for self_cache, _ in cache.layers]
+            )
     assert cache.offset == 16
     assert all(self_cache.key is None for self_cache, _ in cache.layers), "no keys are kept"
     assert all(step == sizes[0] for step in sizes), "the running sums keep one size"
@@ -183,20 +185,29 @@ def test_beam_search_reorders_the_running_sums(kind):
     those of its sequences scored without a cache."""
     from transformer_zoo.core.decoding import beam_search, sequence_log_prob
 
-    model = tz.build_model("transformer-tiny", **SMALL, encoder={"layers": 1, "attention": "linformer"},
-                           decoder={"layers": 2, "attention": kind, "cross_attention": kind}).eval()
+    model = tz.build_model(
+        "transformer-tiny",
+        **SMALL,
+        encoder={"layers": 1, "attention": "linformer"},
+        decoder={"layers": 2, "attention": kind, "cross_attention": kind},
+    ).eval()
     src = torch.randint(3, 60, (4, 7))
     src_mask = torch.ones_like(src)
     src_mask[0, 4:] = 0
     with torch.no_grad():
         beam, scores = beam_search(model, src, src_mask, bos_id=1, eos_id=2, beam_size=3, max_new_tokens=8)
-        torch.testing.assert_close(scores, sequence_log_prob(model, src, src_mask, beam, eos_id=2), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(
+            scores, sequence_log_prob(model, src, src_mask, beam, eos_id=2), atol=1e-4, rtol=1e-5
+        )
 
 
 @pytest.mark.parametrize("kind", ["linear", "performer", "linformer"])
 def test_each_kind_trains_and_round_trips(kind, tmp_path):
-    side = {"encoder": {"layers": 1, "attention": kind}, "decoder": None, "head": "sequence-classification"} \
-        if kind == "linformer" else {"encoder": None, "decoder": {"layers": 1, "attention": kind}}
+    side = (
+        {"encoder": {"layers": 1, "attention": kind}, "decoder": None, "head": "sequence-classification"}
+        if kind == "linformer"
+        else {"encoder": None, "decoder": {"layers": 1, "attention": kind}}
+    )
     model = tz.build_model("transformer-tiny", **{**SMALL, "dropout": 0.1}, **side)
     src = torch.randint(3, 60, (2, 9))
     mask = PADDING.clone()
@@ -210,19 +221,22 @@ def test_each_kind_trains_and_round_trips(kind, tmp_path):
         assert torch.equal(tz.from_pretrained(tmp_path)(src).logits, model(src).logits)
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ({"positional": "alibi", "encoder": {"attention": "linear"}}, "cannot add the bias alibi"),
-    ({"positional": "alibi", "encoder": {"attention": "performer"}}, "cannot add the bias alibi"),
-    ({"positional": "alibi", "encoder": {"attention": "linformer"}}, "cannot add the bias alibi"),
-    ({"positional": "rotary", "decoder": {"attention": "linear"}}, "running sums over keys"),
-    ({"positional": "rotary", "decoder": {"attention": "performer"}}, "running sums over keys"),
-    ({"encoder": {"attention": {"kind": "linear", "scale": 1.0}}}, "does not apply scale"),
-    ({"encoder": {"attention": {"kind": "performer", "features": 0}}}, "features"),
-    ({"encoder": {"attention": {"kind": "performer", "feature": 8}}}, "did you mean 'features'"),
-    ({"encoder": {"attention": {"kind": "linformer", "seq_len": 100}}}, "seq_len=100 is below max_len=512"),
-    ({"encoder": {"attention": {"kind": "linformer", "projected_length": 512}}}, "nothing is compressed"),
-    ({"decoder": {"cross_attention": "linformer"}}, "is for self-attention"),
-])
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"positional": "alibi", "encoder": {"attention": "linear"}}, "cannot add the bias alibi"),
+        ({"positional": "alibi", "encoder": {"attention": "performer"}}, "cannot add the bias alibi"),
+        ({"positional": "alibi", "encoder": {"attention": "linformer"}}, "cannot add the bias alibi"),
+        ({"positional": "rotary", "decoder": {"attention": "linear"}}, "running sums over keys"),
+        ({"positional": "rotary", "decoder": {"attention": "performer"}}, "running sums over keys"),
+        ({"encoder": {"attention": {"kind": "linear", "scale": 1.0}}}, "does not apply scale"),
+        ({"encoder": {"attention": {"kind": "performer", "features": 0}}}, "features"),
+        ({"encoder": {"attention": {"kind": "performer", "feature": 8}}}, "did you mean 'features'"),
+        ({"encoder": {"attention": {"kind": "linformer", "seq_len": 100}}}, "seq_len=100 is below max_len=512"),
+        ({"encoder": {"attention": {"kind": "linformer", "projected_length": 512}}}, "nothing is compressed"),
+        ({"decoder": {"cross_attention": "linformer"}}, "is for self-attention"),
+    ],
+)
 def test_what_a_kind_cannot_take_is_refused_at_validation(config, message):
     with pytest.raises(tz.ConfigError, match=message):
         tz.load_config("transformer-tiny", config)

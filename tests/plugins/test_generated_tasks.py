@@ -13,7 +13,12 @@ from transformer_zoo.registry import get_registry
 
 
 def make(kind: str, **options):
-    return get_registry().component("task", kind).model_validate({"kind": kind, "train_size": 200, "test_size": 50, **options}).build()
+    return (
+        get_registry()
+        .component("task", kind)
+        .model_validate({"kind": kind, "train_size": 200, "test_size": 50, **options})
+        .build()
+    )
 
 
 @pytest.mark.parametrize("kind", ["copy", "reverse", "sort", "addition"])
@@ -77,7 +82,16 @@ def test_listops_labels_are_the_values_of_the_expressions():
                 stack.append([token[1:]])
             elif token == "]":
                 op, *args = stack.pop()
-                value = {"MAX": max, "MIN": min, "MED": lambda a: sorted(a)[(len(a) - 1) // 2] if len(a) % 2 else int((sorted(a)[len(a) // 2 - 1] + sorted(a)[len(a) // 2]) / 2), "SM": lambda a: sum(a) % 10}[op](args)
+                value = {
+                    "MAX": max,
+                    "MIN": min,
+                    "MED": lambda a: (
+                        sorted(a)[(len(a) - 1) // 2]
+                        if len(a) % 2
+                        else int((sorted(a)[len(a) // 2 - 1] + sorted(a)[len(a) // 2]) / 2)
+                    ),
+                    "SM": lambda a: sum(a) % 10,
+                }[op](args)
                 if not stack:
                     return value
                 stack[-1].append(value)
@@ -99,7 +113,9 @@ def test_listops_refuses_impossible_lengths():
     with pytest.raises(tz.ConfigError, match="min_length=50 is larger than max_length=20"):
         from transformer_zoo.training.config import load_train_config
 
-        load_train_config({"model": "transformer-tiny", "task": {"kind": "listops", "min_length": 50, "max_length": 20}})
+        load_train_config(
+            {"model": "transformer-tiny", "task": {"kind": "listops", "min_length": 50, "max_length": 20}}
+        )
     with pytest.raises(ValueError, match="could not generate expressions"):
         make("listops", max_depth=1, max_args=2, min_length=30, max_length=40).dataset("test")
 
@@ -127,8 +143,12 @@ def test_typed_input_in_each_notation():
     expected = {"src": [FIRST_SYMBOL + 1, FIRST_SYMBOL + 2, plus, FIRST_SYMBOL + 3, FIRST_SYMBOL + 4]}
     assert addition.parse_input("12+34") == addition.parse_input("1 2 + 3 4") == expected
     assert addition.token_strings(expected["src"]) == ["1", "2", "+", "3", "4"]
-    for bad, message in [("1++2", "joined by one '+'"), ("+12", "joined by one '+'"), ("1 2", "joined by one '+'"),
-                         ("1a+2", "'a' is not a symbol of task 'addition'")]:
+    for bad, message in [
+        ("1++2", "joined by one '+'"),
+        ("+12", "joined by one '+'"),
+        ("1 2", "joined by one '+'"),
+        ("1a+2", "'a' is not a symbol of task 'addition'"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             addition.parse_input(bad)
     with pytest.raises(ValueError, match="'\\+' is not a symbol of task 'reverse'; use symbols 0-9"):

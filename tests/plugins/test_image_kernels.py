@@ -15,9 +15,16 @@ from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.plugins.image.kernels import Local2dPattern, local_2d_attention
 
 
-@pytest.mark.parametrize(("grid", "block", "memory"), [((7, 9), (2, 3), (1, 2)), ((8, 8), (4, 4), (0, 0)),
-                                                        ((6, 5), (1, 5), (2, 0)), ((5, 7), (2, 3), (1, 1)),
-                                                        ((3, 4), (1, 1), (10, 10))])
+@pytest.mark.parametrize(
+    ("grid", "block", "memory"),
+    [
+        ((7, 9), (2, 3), (1, 2)),
+        ((8, 8), (4, 4), (0, 0)),
+        ((6, 5), (1, 5), (2, 0)),
+        ((5, 7), (2, 3), (1, 1)),
+        ((3, 4), (1, 1), (10, 10)),
+    ],
+)
 def test_local_2d_equals_full_attention_under_the_2d_mask(grid, block, memory):
     pattern = Local2dPattern(grid=grid, query_block=block, memory=memory)
     torch.manual_seed(0)
@@ -27,8 +34,9 @@ def test_local_2d_equals_full_attention_under_the_2d_mask(grid, block, memory):
     out = local_2d_attention(q, k, v, pattern)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     grad = torch.randn_like(out)
-    for mine, theirs in zip(torch.autograd.grad((out * grad).sum(), (q, k, v)),
-                            torch.autograd.grad((expected * grad).sum(), (q, k, v))):
+    for mine, theirs in zip(
+        torch.autograd.grad((out * grad).sum(), (q, k, v)), torch.autograd.grad((expected * grad).sum(), (q, k, v))
+    ):
         torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
     if any(b + 2 * m < g for b, m, g in zip(block, memory, grid)):  # a memory block smaller than the grid
         assert not mask.all(), "the pattern is local"
@@ -44,13 +52,16 @@ def test_local_2d_mask_is_the_query_block_grown_by_the_memory_margin():
     assert torch.equal(seen, expected)
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"grid": (4, 4), "query_block": (5, 1), "memory": (0, 0)}, "query_block \\(5, 1\\) is larger than the grid"),
-    ({"grid": (4, 4), "query_block": (0, 1), "memory": (0, 0)}, "query_block must be two positive integers"),
-    ({"grid": (4, 4), "query_block": (2, 2), "memory": (-1, 0)}, "memory must be two non-negative integers"),
-    ({"grid": (4, 4), "query_block": 2, "memory": (1, 1)}, "query_block must be two positive integers"),
-    ({"grid": (4, 4), "query_block": (2, 2), "memory": (1.5, 0)}, "memory must be two non-negative integers"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"grid": (4, 4), "query_block": (5, 1), "memory": (0, 0)}, "query_block \\(5, 1\\) is larger than the grid"),
+        ({"grid": (4, 4), "query_block": (0, 1), "memory": (0, 0)}, "query_block must be two positive integers"),
+        ({"grid": (4, 4), "query_block": (2, 2), "memory": (-1, 0)}, "memory must be two non-negative integers"),
+        ({"grid": (4, 4), "query_block": 2, "memory": (1, 1)}, "query_block must be two positive integers"),
+        ({"grid": (4, 4), "query_block": (2, 2), "memory": (1.5, 0)}, "memory must be two non-negative integers"),
+    ],
+)
 def test_bad_local_2d_patterns_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         Local2dPattern(**fields)
@@ -62,8 +73,9 @@ def test_local_2d_is_a_sparse_pattern_the_kernel_chooser_computes():
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=pattern.dense())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.testing.assert_close(flex_attention_kernel(q, k, v, pattern, compiled=False), expected, atol=1e-5,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            flex_attention_kernel(q, k, v, pattern, compiled=False), expected, atol=1e-5, rtol=1e-5
+        )
     for choice in ("dense", "blocked", "auto"):
         out, _ = PatternKernel(pattern, choice)(q, k, v, AttentionMask(), None, 0.0, False)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -80,15 +80,22 @@ def test_images_of_the_wrong_shape_name_the_expected_one(name):
         model(torch.rand(2, 3, 8, 8))
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"patch": 3}, "patch=3 does not divide image_size=\\[8, 8\\]"),
-    ({"encoder": {"attention": {"kind": "local-2d"}}}, "use pooling: mean"),
-    ({"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "grid": [2, 2]}}},
-     "encoder.attention.grid \\[2, 2\\] is not the patch grid \\[4, 4\\]"),
-    ({"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "query_block": [8, 2]}}},
-     "query_block \\(8, 2\\) is larger than the grid \\(4, 4\\)"),
-    ({"d_model": 65, "n_heads": 5}, "learned-2d positions need an even d_model"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"patch": 3}, "patch=3 does not divide image_size=\\[8, 8\\]"),
+        ({"encoder": {"attention": {"kind": "local-2d"}}}, "use pooling: mean"),
+        (
+            {"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "grid": [2, 2]}}},
+            "encoder.attention.grid \\[2, 2\\] is not the patch grid \\[4, 4\\]",
+        ),
+        (
+            {"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "query_block": [8, 2]}}},
+            "query_block \\(8, 2\\) is larger than the grid \\(4, 4\\)",
+        ),
+        ({"d_model": 65, "n_heads": 5}, "learned-2d positions need an even d_model"),
+    ],
+)
 def test_bad_image_configs_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         tz.load_config("vit-tiny", overrides)
@@ -102,7 +109,9 @@ def test_bad_sagan_configs_are_refused():
 
 
 def test_an_image_encoder_checks_its_attention_kinds_against_its_token_count():
-    with pytest.raises(ConfigError, match="encoder.attention: sliding-window window=1000 is not smaller than max_len=17"):
+    with pytest.raises(
+        ConfigError, match="encoder.attention: sliding-window window=1000 is not smaller than max_len=17"
+    ):
         tz.load_config("vit-tiny", {"encoder": {"attention": {"kind": "sliding-window", "window": 1000}}})
     model = tz.build_model("vit-tiny", encoder={"attention": {"kind": "sliding-window", "window": 4}})
     assert model(torch.rand(2, 1, 8, 8)).logits.shape == (2, 10)

@@ -105,12 +105,15 @@ def test_the_block_mask_is_built_once_per_pattern_length_and_padding_and_reused(
         other[0, 60:] = False
         out = flex_attention_kernel(q, k, v, p, other, compiled=False)
         assert BLOCK_MASKS.built == built + 4, "another padding never reuses a mask"
-        torch.testing.assert_close(out[0, :, :60], chunked_attention(q, k, v, p, other)[0, :, :60], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out[0, :, :60], chunked_attention(q, k, v, p, other)[0, :, :60], atol=1e-5, rtol=1e-5
+        )
         padding[1, 50:] = False  # changed in place: its mask is stale
         out = flex_attention_kernel(q, k, v, p, padding, compiled=False)
         assert BLOCK_MASKS.built == built + 5
-        torch.testing.assert_close(out[1, :, :50], chunked_attention(q, k, v, p, padding)[1, :, :50], atol=1e-5,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            out[1, :, :50], chunked_attention(q, k, v, p, padding)[1, :, :50], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_the_block_mask_cache_keeps_at_most_its_size():
@@ -134,16 +137,27 @@ def test_a_dilated_window_sees_every_d_th_key():
     assert p.dense(30, 30)[15].nonzero().flatten().tolist() == [3, 6, 9, 12, 15, 18, 21, 24, 27]
 
 
-@pytest.mark.parametrize("attention", [
-    {"kind": "sliding-window", "window": 6, "kernel": "chunked"},
-    {"kind": "sliding-window", "window": 3, "dilation": 2, "kernel": "chunked"},
-    {"kind": "block-local", "block": 8, "kernel": "chunked"},
-    {"kind": "local-global", "window": 4, "global_positions": [0, 9], "kernel": "chunked"},
-    {"kind": "memory-compressed", "compression": 3},
-])
+@pytest.mark.parametrize(
+    "attention",
+    [
+        {"kind": "sliding-window", "window": 6, "kernel": "chunked"},
+        {"kind": "sliding-window", "window": 3, "dilation": 2, "kernel": "chunked"},
+        {"kind": "block-local", "block": 8, "kernel": "chunked"},
+        {"kind": "local-global", "window": 4, "global_positions": [0, 9], "kernel": "chunked"},
+        {"kind": "memory-compressed", "compression": 3},
+    ],
+)
 def test_causal_kinds_never_see_the_future(attention):
-    model = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 2, "attention": attention},
-                           vocab_size=50, d_model=32, n_heads=4, d_ff=64, dropout=0.0).eval()
+    model = tz.build_model(
+        "transformer-tiny",
+        encoder=None,
+        decoder={"layers": 2, "attention": attention},
+        vocab_size=50,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        dropout=0.0,
+    ).eval()
     ids = torch.randint(3, 50, (2, 41))
     base = model(ids).logits
     for t in range(0, 40, 3):
@@ -155,9 +169,16 @@ def test_causal_kinds_never_see_the_future(attention):
 
 
 def test_memory_compressed_equals_attention_over_convolved_keys():
-    model = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": {"kind": "memory-compressed"}},
-                           decoder=None, head={"kind": "sequence-classification"}, d_model=32, n_heads=4,
-                           vocab_size=50, dropout=0.0).eval()
+    model = tz.build_model(
+        "transformer-tiny",
+        encoder={"layers": 1, "attention": {"kind": "memory-compressed"}},
+        decoder=None,
+        head={"kind": "sequence-classification"},
+        d_model=32,
+        n_heads=4,
+        vocab_size=50,
+        dropout=0.0,
+    ).eval()
     attn = model.encoder.layers[0].self_attn
     x = torch.randn(2, 10, 32)
     out, _ = attn(x)
@@ -174,8 +195,11 @@ def test_kernels_agree_inside_a_model():
     outputs = {}
     for kernel in ("dense", "chunked"):
         torch.manual_seed(0)
-        model = tz.build_model("local-global-encoder-tiny", dropout=0.0,
-                               encoder={"layers": 2, "attention": {"kind": "local-global", "window": 16, "kernel": kernel}})
+        model = tz.build_model(
+            "local-global-encoder-tiny",
+            dropout=0.0,
+            encoder={"layers": 2, "attention": {"kind": "local-global", "window": 16, "kernel": kernel}},
+        )
         ids = torch.randint(3, 1000, (2, 300))
         mask = torch.ones_like(ids)
         mask[1, 250:] = 0
@@ -186,9 +210,15 @@ def test_kernels_agree_inside_a_model():
 def test_dmca_decodes_the_same_with_and_without_the_cache():
     from transformer_zoo.core.decoding import greedy_decode
 
-    model = tz.build_model("transformer-dmca-tiny", dropout=0.0, head={"kind": "lm", "tie_weights": False},
-                           decoder={"layers": 4, "attention": [{"kind": "block-local", "block": 4, "kernel": "chunked"},
-                                                               {"kind": "memory-compressed"}]}).eval()
+    model = tz.build_model(
+        "transformer-dmca-tiny",
+        dropout=0.0,
+        head={"kind": "lm", "tie_weights": False},
+        decoder={
+            "layers": 4,
+            "attention": [{"kind": "block-local", "block": 4, "kernel": "chunked"}, {"kind": "memory-compressed"}],
+        },
+    ).eval()
     layers = model.decoder.layers
     assert [type(layer.self_attn).__name__ for layer in layers] == ["SparseAttention", "MemoryCompressedAttention"] * 2
     prompt = torch.randint(3, 1000, (2, 6))
@@ -211,13 +241,17 @@ def test_dmca_starts_with_logits_of_unit_scale_as_the_transformer_decoder_does()
     ("attention", "message"),
     [
         ({"kind": "sliding-window", "window": 512}, "window=512 is not smaller than max_len=512"),
-        ({"kind": "local-global", "window": 8, "global_positions": [0, 600]},
-         "global_positions \\[600\\] are outside 0..511"),
+        (
+            {"kind": "local-global", "window": 8, "global_positions": [0, 600]},
+            "global_positions \\[600\\] are outside 0..511",
+        ),
         ({"kind": "block-sparse", "block": 128}, "block=128 divides max_len=512 into 4 blocks, but each block sees 5"),
         ({"kind": "block-local", "block": 1024}, "block=1024 is not smaller than max_len=512"),
         ({"kind": "sliding-window", "window": 0}, "window"),
-        ({"kind": "sliding-window", "window": 4, "dilation": 512},
-         "sliding-window dilation=512 is not smaller than max_len=512: each query would see only itself"),
+        (
+            {"kind": "sliding-window", "window": 4, "dilation": 512},
+            "sliding-window dilation=512 is not smaller than max_len=512: each query would see only itself",
+        ),
     ],
 )
 def test_bad_patterns_are_refused(attention, message):
@@ -226,16 +260,20 @@ def test_bad_patterns_are_refused(attention, message):
 
 
 def test_a_dilated_window_may_reach_past_max_len():
-    config = tz.load_config("transformer-tiny", {"encoder": {"attention": {"kind": "sliding-window", "window": 100,
-                                                                           "dilation": 6}}})
+    config = tz.load_config(
+        "transformer-tiny", {"encoder": {"attention": {"kind": "sliding-window", "window": 100, "dilation": 6}}}
+    )
     assert config.encoder.attention.dilation == 6, "201 of 512 keys at most: sparse, not full attention"
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"window": 4, "dilation": 0}, "dilation must be >= 1"),
-    ({"block": 16, "dilation": 2}, "dilation is for a band"),
-    ({"window": 4, "random_blocks": 1}, "random_blocks are blocks of keys"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"window": 4, "dilation": 0}, "dilation must be >= 1"),
+        ({"block": 16, "dilation": 2}, "dilation is for a band"),
+        ({"window": 4, "random_blocks": 1}, "random_blocks are blocks of keys"),
+    ],
+)
 def test_patterns_that_the_kernels_cannot_agree_on_are_refused(fields, message):
     from transformer_zoo.plugins.local_global.kernels import Pattern
 
@@ -244,8 +282,14 @@ def test_patterns_that_the_kernels_cannot_agree_on_are_refused(fields, message):
 
 
 def test_block_sparse_in_a_decoder_is_refused():
-    model = tz.build_model("transformer-tiny", encoder=None, decoder={"layers": 1, "attention": {"kind": "block-sparse",
-                           "block": 8, "random_blocks": 0}}, d_model=32, n_heads=4, vocab_size=50)
+    model = tz.build_model(
+        "transformer-tiny",
+        encoder=None,
+        decoder={"layers": 1, "attention": {"kind": "block-sparse", "block": 8, "random_blocks": 0}},
+        d_model=32,
+        n_heads=4,
+        vocab_size=50,
+    )
     with pytest.raises(ValueError, match="block-sparse attention is for encoders"):
         model(torch.randint(3, 50, (1, 40)))
 
@@ -272,12 +316,17 @@ def test_one_rule_chooses_the_kernel_of_every_sparse_kind():
 
 
 def test_sparse_kinds_refuse_alibi_and_cross_attention_at_validation():
-    with pytest.raises(ConfigError, match="encoder.attention: sliding-window attention does not form every query-key "
-                                          "score.*use sinusoidal, learned or rotary"):
+    with pytest.raises(
+        ConfigError,
+        match="encoder.attention: sliding-window attention does not form every query-key "
+        "score.*use sinusoidal, learned or rotary",
+    ):
         tz.load_config("transformer-tiny", {"positional": "alibi", "encoder": {"attention": "sliding-window"}})
     for kind in ("memory-compressed", "sliding-window", "block-sparse"):
-        with pytest.raises(ConfigError, match=f"decoder.cross_attention: {kind} attention is for self-attention.*"
-                                              "keep cross_attention: sdpa"):
+        with pytest.raises(
+            ConfigError,
+            match=f"decoder.cross_attention: {kind} attention is for self-attention.*keep cross_attention: sdpa",
+        ):
             tz.load_config("transformer-tiny", {"decoder": {"cross_attention": kind}})
     tz.load_config("transformer-tiny", {"encoder": None, "decoder": {"cross_attention": "memory-compressed"}})  # unused
 

@@ -36,8 +36,11 @@ def test_data_is_seeded_fixed_length_and_in_range(kind):
 
 def test_defaults_of_each_kind():
     defaults = {kind: (o.positions, o.operation) for kind in KINDS for o in [make(kind).options]}
-    assert defaults == {"near-pair": ((1, 2), "sum"), "far-pair": ((1, -1), "sum"),
-                        "ordered-pair": ((1, -1), "difference")}
+    assert defaults == {
+        "near-pair": ((1, 2), "sum"),
+        "far-pair": ((1, -1), "sum"),
+        "ordered-pair": ((1, -1), "difference"),
+    }
 
 
 def test_labels_on_hand_examples():
@@ -73,18 +76,25 @@ def test_majority_baseline_is_about_one_over_symbols():
     assert task.metrics == {"accuracy": "higher"}
 
 
-@pytest.mark.parametrize(("task", "message"), [
-    ({"kind": "far-pair", "positions": [1, 65]},
-     "positions=[1, 65]: 65 is outside the 64 symbols (length=64); use 1..64, or -64..-1 counting from the end"),
-    ({"kind": "near-pair", "positions": [0, 2], "length": 16}, "positions=[0, 2]: 0 is outside the 16 symbols"),
-    ({"kind": "near-pair", "positions": [-17, 2], "length": 16}, "-17 is outside the 16 symbols"),
-    ({"kind": "near-pair", "positions": [3, 3]}, "positions=[3, 3] are the same symbol when length=64"),
-    ({"kind": "far-pair", "length": 16, "positions": [16, -1]},
-     "positions=[16, -1] are the same symbol when length=16"),
-    ({"kind": "ordered-pair", "symbols": 1}, "task.symbols: Input should be greater than or equal to 2"),
-    ({"kind": "ordered-pair", "operation": "product"}, "task.operation: Input should be 'sum' or 'difference'"),
-    ({"kind": "near-pair", "positions": [1, 2, 3]}, "task.positions: Tuple should have at most 2 items"),
-])
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        (
+            {"kind": "far-pair", "positions": [1, 65]},
+            "positions=[1, 65]: 65 is outside the 64 symbols (length=64); use 1..64, or -64..-1 counting from the end",
+        ),
+        ({"kind": "near-pair", "positions": [0, 2], "length": 16}, "positions=[0, 2]: 0 is outside the 16 symbols"),
+        ({"kind": "near-pair", "positions": [-17, 2], "length": 16}, "-17 is outside the 16 symbols"),
+        ({"kind": "near-pair", "positions": [3, 3]}, "positions=[3, 3] are the same symbol when length=64"),
+        (
+            {"kind": "far-pair", "length": 16, "positions": [16, -1]},
+            "positions=[16, -1] are the same symbol when length=16",
+        ),
+        ({"kind": "ordered-pair", "symbols": 1}, "task.symbols: Input should be greater than or equal to 2"),
+        ({"kind": "ordered-pair", "operation": "product"}, "task.operation: Input should be 'sum' or 'difference'"),
+        ({"kind": "near-pair", "positions": [1, 2, 3]}, "task.positions: Tuple should have at most 2 items"),
+    ],
+)
 def test_bad_options_name_the_field_and_what_is_allowed(task, message):
     with pytest.raises(tz.ConfigError) as error:
         load_train_config({"model": "bert-tiny", "task": task})
@@ -118,11 +128,17 @@ def test_a_small_encoder_learns_near_pair(tmp_path):
     chance about 25%) reaches at least 90% test accuracy in 600 steps of 64 examples (about 10 s on
     a CPU). The label is independent of either symbol alone, so the loss does not move until the
     model has found both positions; smaller models and batches stay at chance far longer."""
-    config = load_train_config({
-        "model": {"variant": "local-global-encoder-tiny", "encoder": {"attention": "sdpa"}, "dropout": 0.0},
-        "task": {"kind": "near-pair", "length": 8, "symbols": 4, "test_size": 200},
-        "steps": 600, "batch_size": 64, "lr": 3e-3, "warmup_steps": 80, "device": "cpu",
-    })
+    config = load_train_config(
+        {
+            "model": {"variant": "local-global-encoder-tiny", "encoder": {"attention": "sdpa"}, "dropout": 0.0},
+            "task": {"kind": "near-pair", "length": 8, "symbols": 4, "test_size": 200},
+            "steps": 600,
+            "batch_size": 64,
+            "lr": 3e-3,
+            "warmup_steps": 80,
+            "device": "cpu",
+        }
+    )
     summary = train(config, tmp_path, progress=False)
     accuracy = summary["metrics"]["test"]["accuracy"]
     majority = config.task.build().majority_accuracy("test")

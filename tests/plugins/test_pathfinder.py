@@ -49,11 +49,22 @@ def test_a_model_too_short_for_the_image_is_refused_and_bad_options_say_why():
 def test_a_small_encoder_learns_a_small_pathfinder_above_chance(tmp_path):
     """10 x 10 images with two strokes of 6 steps: chance is 50%, and 120 steps of 64 examples
     reach at least 60% on 300 test images (a binomial test against chance gives p < 0.001)."""
-    config = load_train_config({
-        "model": {"variant": "local-global-encoder-tiny", "encoder": {"attention": "sdpa"}, "dropout": 0.0,
-                  "max_len": 108},
-        "task": SMALL, "steps": 120, "batch_size": 64, "lr": 2e-3, "warmup_steps": 50, "device": "cpu",
-    })
+    config = load_train_config(
+        {
+            "model": {
+                "variant": "local-global-encoder-tiny",
+                "encoder": {"attention": "sdpa"},
+                "dropout": 0.0,
+                "max_len": 108,
+            },
+            "task": SMALL,
+            "steps": 120,
+            "batch_size": 64,
+            "lr": 2e-3,
+            "warmup_steps": 50,
+            "device": "cpu",
+        }
+    )
     summary = train(config, tmp_path, progress=False)
     accuracy = summary["metrics"]["test"]["accuracy"]
     assert stats.binomtest(round(accuracy * 300), 300, 0.5, alternative="greater").pvalue < 1e-3

@@ -21,14 +21,42 @@ UNTIED = {"head": {"tie_weights": False}}  # a random tied model only repeats it
 # ---- T5 -----------------------------------------------------------------------------------
 # (key - query distance, bucket) with T5's defaults: 32 buckets, max_distance 128. Bidirectional:
 # 16 per direction, 8 exact; later keys in 16..31. Unidirectional: 32 for earlier keys, 16 exact.
-BIDIRECTIONAL = [(0, 0), (-1, 1), (-7, 7), (-8, 8), (-12, 9), (-20, 10), (-50, 13), (-100, 15), (-1000, 15),
-                 (1, 17), (7, 23), (8, 24), (20, 26), (200, 31)]
-UNIDIRECTIONAL = [(0, 0), (-1, 1), (-15, 15), (-16, 16), (-20, 17), (-32, 21), (-64, 26), (-100, 30), (-1000, 31),
-                  (1, 0), (50, 0)]
+BIDIRECTIONAL = [
+    (0, 0),
+    (-1, 1),
+    (-7, 7),
+    (-8, 8),
+    (-12, 9),
+    (-20, 10),
+    (-50, 13),
+    (-100, 15),
+    (-1000, 15),
+    (1, 17),
+    (7, 23),
+    (8, 24),
+    (20, 26),
+    (200, 31),
+]
+UNIDIRECTIONAL = [
+    (0, 0),
+    (-1, 1),
+    (-15, 15),
+    (-16, 16),
+    (-20, 17),
+    (-32, 21),
+    (-64, 26),
+    (-100, 30),
+    (-1000, 31),
+    (1, 0),
+    (50, 0),
+]
 
 
-@pytest.mark.parametrize(("bidirectional", "table"), [(True, BIDIRECTIONAL), (False, UNIDIRECTIONAL)],
-                         ids=["bidirectional", "unidirectional"])
+@pytest.mark.parametrize(
+    ("bidirectional", "table"),
+    [(True, BIDIRECTIONAL), (False, UNIDIRECTIONAL)],
+    ids=["bidirectional", "unidirectional"],
+)
 def test_t5_buckets_match_a_table_by_hand(bidirectional, table):
     relative = torch.tensor([distance for distance, _ in table])
     buckets = relative_position_bucket(relative, bidirectional=bidirectional, num_buckets=32, max_distance=128)
@@ -40,10 +68,12 @@ def test_t5_buckets_equal_transformers(bidirectional):
     t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
     relative = torch.arange(-300, 301)[None, :]
     for num_buckets, max_distance in ((32, 128), (8, 20), (64, 256)):
-        expected = t5.T5Attention._relative_position_bucket(relative, bidirectional=bidirectional,
-                                                            num_buckets=num_buckets, max_distance=max_distance)
-        got = relative_position_bucket(relative, bidirectional=bidirectional, num_buckets=num_buckets,
-                                       max_distance=max_distance)
+        expected = t5.T5Attention._relative_position_bucket(
+            relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        )
+        got = relative_position_bucket(
+            relative, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        )
         assert torch.equal(got, expected), (num_buckets, max_distance)
 
 
@@ -59,7 +89,9 @@ def bucket_by_hand(relative: int, bidirectional: bool, num_buckets: int, max_dis
     max_exact = num_buckets // 2
     if distance < max_exact:
         return bucket + distance
-    large = max_exact + int(math.log(distance / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    large = max_exact + int(
+        math.log(distance / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    )
     return bucket + min(large, num_buckets - 1)
 
 
@@ -87,8 +119,9 @@ def attention_by_hand(attn: MultiHeadAttention, x: torch.Tensor, mask: Attention
     b, t, d = x.shape
     h, dh = attn.n_heads, attn.d_head
     q, k, v = (part.view(b, t, h, dh).transpose(1, 2) for part in attn.in_proj(x).split(d, dim=-1))  # (B, H, T, Dh)
-    scores = torch.tensor([[[[logit(bb, hh, i, j, q, k) for j in range(t)] for i in range(t)] for hh in range(h)]
-                           for bb in range(b)])
+    scores = torch.tensor(
+        [[[[logit(bb, hh, i, j, q, k) for j in range(t)] for i in range(t)] for hh in range(h)] for bb in range(b)]
+    )
     allowed = mask.dense(t, t)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
@@ -99,9 +132,13 @@ def attention_by_hand(attn: MultiHeadAttention, x: torch.Tensor, mask: Attention
 
 def masks(t: int) -> list[AttentionMask]:
     padding = torch.ones(2, t, dtype=torch.bool)
-    padding[1, t - 2:] = False
-    return [AttentionMask(), AttentionMask(causal=True), AttentionMask(padding=padding),
-            AttentionMask(padding=padding, causal=True)]
+    padding[1, t - 2 :] = False
+    return [
+        AttentionMask(),
+        AttentionMask(causal=True),
+        AttentionMask(padding=padding),
+        AttentionMask(padding=padding, causal=True),
+    ]
 
 
 def test_t5_attention_adds_the_bias_of_each_pair():
@@ -161,8 +198,12 @@ def test_shaw_positions_are_end_aligned_or_start_at_the_static_offset():
 
 
 # ---- in models ----------------------------------------------------------------------------
-RELATIVE = ["t5-bias", {"kind": "t5-bias", "bidirectional": False, "num_buckets": 8, "max_distance": 16},
-            "shaw", {"kind": "shaw", "max_relative_position": 2}]
+RELATIVE = [
+    "t5-bias",
+    {"kind": "t5-bias", "bidirectional": False, "num_buckets": 8, "max_distance": 16},
+    "shaw",
+    {"kind": "shaw", "max_relative_position": 2},
+]
 IDS = ["t5-bias", "t5-bias-unidirectional", "shaw", "shaw-clip-2"]
 
 
@@ -214,14 +255,18 @@ def test_one_table_per_stack_shared_by_its_layers(positional, tmp_path):
 @pytest.mark.parametrize("positional", ["t5-bias", "shaw"])
 def test_a_model_exports_with_a_dynamic_length(positional):
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", positional=positional, encoder={"layers": 1}, decoder={"layers": 1},
-                           **SMALL).eval()
+    model = tz.build_model(
+        "transformer-tiny", positional=positional, encoder={"layers": 1}, decoder={"layers": 1}, **SMALL
+    ).eval()
 
     def inputs(batch: int, length: int) -> dict[str, torch.Tensor]:
         src_mask = torch.ones(batch, length, dtype=torch.long)
-        src_mask[0, length // 2:] = 0
-        return {"src": torch.randint(3, 60, (batch, length)), "src_mask": src_mask,
-                "tgt": torch.randint(3, 60, (batch, length - 1))}
+        src_mask[0, length // 2 :] = 0
+        return {
+            "src": torch.randint(3, 60, (batch, length)),
+            "src_mask": src_mask,
+            "tgt": torch.randint(3, 60, (batch, length - 1)),
+        }
 
     dynamic = {name: {0: torch.export.Dim.DYNAMIC, 1: torch.export.Dim.DYNAMIC} for name in ("src", "src_mask", "tgt")}
     program = torch.export.export(model, (), inputs(2, 6), dynamic_shapes=dynamic)
@@ -230,13 +275,16 @@ def test_a_model_exports_with_a_dynamic_length(positional):
         torch.testing.assert_close(program.module()(**longer).logits, model(**longer).logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize(("positional", "message"), [
-    ({"kind": "t5-bias", "num_buckets": 3}, "num_buckets=3 leaves 1 per direction"),
-    ({"kind": "t5-bias", "num_buckets": 32, "max_distance": 8}, "max_distance=8 must pass the 8 exact distances"),
-    ({"kind": "shaw", "max_relative_position": 0}, "max_relative_position"),
-    ({"kind": "shaw", "random_offset": 4}, "depend only on the distance"),
-    ({"kind": "t5-bias", "random_offset": 4}, "depend only on the distance"),
-])
+@pytest.mark.parametrize(
+    ("positional", "message"),
+    [
+        ({"kind": "t5-bias", "num_buckets": 3}, "num_buckets=3 leaves 1 per direction"),
+        ({"kind": "t5-bias", "num_buckets": 32, "max_distance": 8}, "max_distance=8 must pass the 8 exact distances"),
+        ({"kind": "shaw", "max_relative_position": 0}, "max_relative_position"),
+        ({"kind": "shaw", "random_offset": 4}, "depend only on the distance"),
+        ({"kind": "t5-bias", "random_offset": 4}, "depend only on the distance"),
+    ],
+)
 def test_bad_options_are_refused_at_validation(positional, message):
     with pytest.raises(tz.ConfigError, match=message):
         tz.load_config({"variant": "transformer-tiny", "positional": positional})
@@ -245,5 +293,10 @@ def test_bad_options_are_refused_at_validation(positional, message):
 @pytest.mark.parametrize("positional", ["t5-bias", "shaw"])
 def test_kinds_that_form_no_scores_refuse_them(positional):
     with pytest.raises(tz.ConfigError, match="cannot add the bias"):
-        tz.load_config({"variant": "local-global-encoder-tiny", "positional": positional,
-                        "encoder": {"attention": {"kind": "sliding-window"}}})
+        tz.load_config(
+            {
+                "variant": "local-global-encoder-tiny",
+                "positional": positional,
+                "encoder": {"attention": {"kind": "sliding-window"}},
+            }
+        )

@@ -17,16 +17,22 @@ from transformer_zoo.plugins.tasks.digits_generation import DigitsGenerationTask
 from transformer_zoo.training.config import TrainConfig
 from transformer_zoo.training.trainer import train
 
-SMALL = {"variant": "sagan-gan", "generator_widths": [16, 16, 8], "discriminator_widths": [8, 16, 16], "reduction": 4,
-         "noise_dim": 8}
+SMALL = {
+    "variant": "sagan-gan",
+    "generator_widths": [16, 16, 8],
+    "discriminator_widths": [8, 16, 16],
+    "reduction": 4,
+    "noise_dim": 8,
+}
 
 
 def test_both_networks_are_spectrally_normalised_and_attend():
     model = tz.build_model("sagan-gan")
     for network in (model.generator, model.discriminator):
         layers = [m for m in network.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.Embedding))]
-        conditional = {id(m) for cbn in network.modules() if isinstance(cbn, ConditionalBatchNorm2d)
-                       for m in (cbn.gain, cbn.bias)}
+        conditional = {
+            id(m) for cbn in network.modules() if isinstance(cbn, ConditionalBatchNorm2d) for m in (cbn.gain, cbn.bias)
+        }
         for layer in layers:
             assert parametrize.is_parametrized(layer, "weight") == (id(layer) not in conditional)
         blocks = [m for m in network.modules() if isinstance(m, SelfAttention2d)]
@@ -103,8 +109,15 @@ def test_a_step_updates_the_discriminator_then_the_generator_each_with_its_own_o
     real_loss = DigitsGenerationTask.loss
 
     def loss(self, model, batch, phase="model"):
-        snapshots.append((phase, {name: [p.detach().clone() for p in getattr(model, name).parameters()]
-                                  for name in ("generator", "discriminator")}))
+        snapshots.append(
+            (
+                phase,
+                {
+                    name: [p.detach().clone() for p in getattr(model, name).parameters()]
+                    for name in ("generator", "discriminator")
+                },
+            )
+        )
         return real_loss(self, model, batch, phase)
 
     monkeypatch.setattr(DigitsGenerationTask, "loss", loss)
@@ -131,8 +144,11 @@ def test_phases_must_train_every_parameter_exactly_once(tmp_path, monkeypatch):
     monkeypatch.setattr(SaganGan, "phases", lambda self: [Phase("generator", tuple(self.generator.parameters()))])
     with pytest.raises(ValueError, match="must train every trainable parameter of the model exactly once"):
         train(_config(steps=1), tmp_path, progress=False)
-    monkeypatch.setattr(SaganGan, "phases", lambda self: [Phase("all", tuple(self.parameters())),
-                                                          Phase("generator", tuple(self.generator.parameters()))])
+    monkeypatch.setattr(
+        SaganGan,
+        "phases",
+        lambda self: [Phase("all", tuple(self.parameters())), Phase("generator", tuple(self.generator.parameters()))],
+    )
     with pytest.raises(ValueError, match="exactly once"):
         train(_config(steps=1), tmp_path, progress=False)
 

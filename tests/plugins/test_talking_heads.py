@@ -46,8 +46,12 @@ def test_talking_heads_equals_the_einsums_written_out():
     bias = positional.bias(7, 7, x.device)
     padding = torch.ones(2, 7, dtype=torch.bool)
     padding[1, 5:] = False
-    for mask in (AttentionMask(), AttentionMask(causal=True), AttentionMask(padding=padding),
-                 AttentionMask(padding=padding, causal=True)):
+    for mask in (
+        AttentionMask(),
+        AttentionMask(causal=True),
+        AttentionMask(padding=padding),
+        AttentionMask(padding=padding, causal=True),
+    ):
         expected, expected_weights = talking_heads_by_hand(attn, x, mask, bias)
         with torch.no_grad():
             out, weights = attn(x, mask=mask, need_weights=True)
@@ -57,8 +61,12 @@ def test_talking_heads_equals_the_einsums_written_out():
 
 def test_at_initialisation_it_is_multi_head_attention():
     torch.manual_seed(0)
-    talking = tz.build_model("transformer-tiny", encoder={"layers": 1, "attention": "talking-heads"},
-                             decoder={"layers": 1, "attention": "talking-heads"}, **SMALL).eval()
+    talking = tz.build_model(
+        "transformer-tiny",
+        encoder={"layers": 1, "attention": "talking-heads"},
+        decoder={"layers": 1, "attention": "talking-heads"},
+        **SMALL,
+    ).eval()
     plain = tz.build_model("transformer-tiny", encoder={"layers": 1}, decoder={"layers": 1}, **SMALL).eval()
     plain.load_state_dict({k: v for k, v in talking.state_dict().items() if ".kernel." not in k})
     src, tgt = torch.randint(3, 60, (2, 6)), torch.randint(3, 60, (2, 5))
@@ -68,8 +76,9 @@ def test_at_initialisation_it_is_multi_head_attention():
 
 def test_the_mixing_matrices_train_and_are_saved(tmp_path):
     torch.manual_seed(0)
-    model = tz.build_model("transformer-tiny", encoder={"layers": 2, "attention": "talking-heads"},
-                           decoder={"layers": 1}, **SMALL)
+    model = tz.build_model(
+        "transformer-tiny", encoder={"layers": 2, "attention": "talking-heads"}, decoder={"layers": 1}, **SMALL
+    )
     names = dict(model.named_parameters())
     mixing = [f"encoder.layers.{i}.self_attn.kernel.{m}" for i in range(2) for m in ("logits_mix", "weights_mix")]
     assert all(names[name].shape == (4, 4) for name in mixing)

@@ -26,8 +26,12 @@ from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.trainer import train
 
 WORDS = "the a cat dog bird sat ran flew on under over mat log tree red big small quickly".split()
-LEXICON = dict(zip("one two three four five six seven eight nine ten red blue cat dog".split(),
-                   "eins zwei drei vier fuenf sechs sieben acht neun zehn rot blau katze hund".split()))
+LEXICON = dict(
+    zip(
+        "one two three four five six seven eight nine ten red blue cat dog".split(),
+        "eins zwei drei vier fuenf sechs sieben acht neun zehn rot blau katze hund".split(),
+    )
+)
 SMALL_MODEL = {"variant": "transformer-tiny", "d_model": 64, "n_heads": 4, "d_ff": 128, "dropout": 0.0}
 
 
@@ -52,8 +56,10 @@ def make(kind: str, **options):
     return get_registry().component("task", kind).model_validate({"kind": kind, **options}).build()
 
 
-LENGTHS = {"language-modeling": {"max_len": 32, "max_test_examples": 100},
-           "text-mlm": {"seq_len": 32, "max_test_sequences": 100}}  # each kind's names for them
+LENGTHS = {
+    "language-modeling": {"max_len": 32, "max_test_examples": 100},
+    "text-mlm": {"seq_len": 32, "max_test_sequences": 100},
+}  # each kind's names for them
 
 
 def text_task(kind, corpus, **options):
@@ -156,8 +162,9 @@ def unigram_perplexity(task) -> float:
 
 
 def run(tmp_path, task, steps, model=SMALL_MODEL, lr=3e-3):
-    config = load_train_config({"model": model, "task": task, "steps": steps, "batch_size": 32, "lr": lr,
-                                "warmup_steps": 30})
+    config = load_train_config(
+        {"model": model, "task": task, "steps": steps, "batch_size": 32, "lr": lr, "warmup_steps": 30}
+    )
     return train(config, tmp_path, progress=False)
 
 
@@ -170,8 +177,11 @@ def test_language_modeling_learns_beyond_word_frequencies(corpus, tmp_path):
     assert summary["metrics"]["test"]["perplexity"] <= 0.6 * baseline
 
 
-@pytest.mark.parametrize(("model", "steps", "lr"), [(SMALL_MODEL, 200, 3e-3), ({"variant": "bert-tiny", "dropout": 0.0}, 300, 1e-3)],
-                         ids=["transformer", "bert"])
+@pytest.mark.parametrize(
+    ("model", "steps", "lr"),
+    [(SMALL_MODEL, 200, 3e-3), ({"variant": "bert-tiny", "dropout": 0.0}, 300, 1e-3)],
+    ids=["transformer", "bert"],
+)
 def test_text_mlm_recovers_masked_tokens(corpus, tmp_path, model, steps, lr):
     """A few hundred steps: masked-token accuracy at least 1.5x the share of the most common token
     (measured: 0.39 for the small transformer encoder, 0.41 for bert-tiny; the share is 0.20)."""
@@ -221,12 +231,12 @@ def test_a_hub_dataset_is_read_by_name(monkeypatch):
     """The hub path, with datasets.load_dataset standing in for the network: a WMT-style
     DatasetDict with a 'translation' column and a validation split but no test split."""
     rows = [{"translation": {"de": f"hallo {i}", "en": f"hello {i}"}} for i in range(40)]
-    hub = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows[:30]),
-                                "validation": datasets.Dataset.from_list(rows[30:])})
+    hub = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows[:30]), "validation": datasets.Dataset.from_list(rows[30:])}
+    )
     asked = []
     monkeypatch.setattr(datasets, "load_dataset", lambda *args: asked.append(args) or hub)
-    task = make("seq2seq", dataset_name="wmt-like", dataset_config="de-en", source="de", target="en",
-                vocab_size=300)
+    task = make("seq2seq", dataset_name="wmt-like", dataset_config="de-en", source="de", target="en", vocab_size=300)
     assert asked[0] == ("wmt-like", "de-en")
     assert task.dataset("test")["target_text"] == [f"hello {i}" for i in range(30, 40)]
     assert len(task.dataset("train")) == 30
@@ -237,15 +247,19 @@ def test_an_unreachable_hub_dataset_says_what_to_do_offline(monkeypatch):
         raise ConnectionError("Couldn't reach the Hugging Face Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ConfigError, match="could not load the Hugging Face dataset 'wmt16' .* give a local file or folder"):
+    with pytest.raises(
+        ConfigError, match="could not load the Hugging Face dataset 'wmt16' .* give a local file or folder"
+    ):
         make("seq2seq", dataset_name="wmt16", dataset_config="de-en")
 
 
 def test_the_split_is_part_of_the_cache_key(corpus):
     """Changing test_fraction re-splits: no stale tokenized split is served."""
+
     def task(fraction):
-        return make("seq2seq", files=str(corpus / "pairs.tsv"), vocab_size=300, test_fraction=fraction,
-                    max_test_examples=10_000)
+        return make(
+            "seq2seq", files=str(corpus / "pairs.tsv"), vocab_size=300, test_fraction=fraction, max_test_examples=10_000
+        )
 
     assert len(task(0.1).dataset("test")) == 300 and len(task(0.5).dataset("test")) == 1500
     assert len(task(0.5).dataset("train")) == 1500
@@ -254,8 +268,7 @@ def test_the_split_is_part_of_the_cache_key(corpus):
 def test_a_resumed_text_run_uses_its_own_tokenizer(corpus, tmp_path, monkeypatch):
     """Resumed after the tokenizer cache is gone, a text-mlm run ends exactly as an uninterrupted one."""
     options = {"kind": "text-mlm", "files": str(corpus), "vocab_size": 300, "seq_len": 16, "max_test_sequences": 10}
-    config = load_train_config({"model": {**SMALL_MODEL, "dropout": 0.1}, "task": options, "steps": 8,
-                                "batch_size": 8})
+    config = load_train_config({"model": {**SMALL_MODEL, "dropout": 0.1}, "task": options, "steps": 8, "batch_size": 8})
     train(config, tmp_path / "straight", progress=False)
     train(config, tmp_path / "resumed", progress=False, stop_after=4)
     saved = (tmp_path / "resumed" / "tokenizer" / "tokenizer.json").read_text()
@@ -284,11 +297,32 @@ def test_the_former_kinds_resolve_to_the_new_ones_with_a_warning():
 def test_a_saved_config_of_a_former_kind_loads_as_it_meant(corpus):
     """train.json of an older run holds every option of the former kind: it loads, with the
     former option names and defaults read as they were."""
-    text_lm = {"kind": "text-lm", "files": str(corpus), "test_files": None, "sample_by": "line", "test_fraction": 0.1,
-               "seq_len": 32, "max_test_sequences": 100, "tokenizer": None, "vocab_size": 300, "seed": 0}
-    translation = {"kind": "translation", "files": str(corpus / "pairs.tsv"), "test_files": None, "dataset_name": None,
-                   "dataset_config": None, "test_fraction": 0.1, "max_len": 128, "max_test_pairs": 100, "beam_size": 1,
-                   "tokenizer": None, "vocab_size": 300, "seed": 0}
+    text_lm = {
+        "kind": "text-lm",
+        "files": str(corpus),
+        "test_files": None,
+        "sample_by": "line",
+        "test_fraction": 0.1,
+        "seq_len": 32,
+        "max_test_sequences": 100,
+        "tokenizer": None,
+        "vocab_size": 300,
+        "seed": 0,
+    }
+    translation = {
+        "kind": "translation",
+        "files": str(corpus / "pairs.tsv"),
+        "test_files": None,
+        "dataset_name": None,
+        "dataset_config": None,
+        "test_fraction": 0.1,
+        "max_len": 128,
+        "max_test_pairs": 100,
+        "beam_size": 1,
+        "tokenizer": None,
+        "vocab_size": 300,
+        "seed": 0,
+    }
     with pytest.warns(RenamedWarning, match="'text-lm' is now called 'language-modeling'"):
         lm = load_train_config({"model": SMALL_MODEL, "task": text_lm}).task
     assert (lm.kind, lm.max_len, lm.max_test_examples, lm.files) == ("language-modeling", 32, 100, str(corpus))
@@ -312,9 +346,13 @@ def test_a_former_kind_reads_the_same_data_as_the_new_one(corpus):
 
 def test_a_former_option_name_is_read_with_a_warning(corpus):
     with pytest.warns(RenamedWarning, match="option 'seq_len' is now called 'max_len'"):
-        options = get_registry().component("task", "language-modeling").model_validate(
-            {"kind": "language-modeling", "files": str(corpus), "seq_len": 32})
+        options = (
+            get_registry()
+            .component("task", "language-modeling")
+            .model_validate({"kind": "language-modeling", "files": str(corpus), "seq_len": 32})
+        )
     assert options.max_len == 32
     with pytest.raises(ValueError, match="seq_len is the former name of max_len; give max_len only"):
         get_registry().component("task", "language-modeling").model_validate(
-            {"kind": "language-modeling", "files": str(corpus), "seq_len": 32, "max_len": 16})
+            {"kind": "language-modeling", "files": str(corpus), "seq_len": 32, "max_len": 16}
+        )

@@ -34,8 +34,13 @@ def copy_layer(ours, ref) -> None:
 
 def build(**overrides):
     config = dict(
-        vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=FF, dropout=0.0,
-        encoder={"layers": LAYERS}, decoder={"layers": LAYERS},
+        vocab_size=VOCAB,
+        d_model=D,
+        n_heads=H,
+        d_ff=FF,
+        dropout=0.0,
+        encoder={"layers": LAYERS},
+        decoder={"layers": LAYERS},
     )
     return tz.build_model("transformer", **{**config, **overrides}).eval()
 
@@ -80,11 +85,16 @@ def test_decoder_matches_torch():
     _, _, src_mask, tgt_mask = padded_batch()
     causal = future_mask(6)
     expected = ref(
-        x, memory, tgt_mask=causal, tgt_key_padding_mask=~tgt_mask.bool(),
-        memory_key_padding_mask=~src_mask.bool(), tgt_is_causal=True,
+        x,
+        memory,
+        tgt_mask=causal,
+        tgt_key_padding_mask=~tgt_mask.bool(),
+        memory_key_padding_mask=~src_mask.bool(),
+        tgt_is_causal=True,
     )
     got = model.decoder(
-        x, memory,
+        x,
+        memory,
         self_mask=AttentionMask(padding=tgt_mask.bool(), causal=True),
         memory_mask=AttentionMask(padding=src_mask.bool()),
     ).hidden
@@ -106,10 +116,13 @@ def test_full_model_matches_torch(placement):
 
     src, tgt, src_mask, tgt_mask = padded_batch()
     hidden = ref(
-        model.src_embed(src), model.tgt_embed(tgt),
-        src_key_padding_mask=~src_mask.bool(), tgt_key_padding_mask=~tgt_mask.bool(),
+        model.src_embed(src),
+        model.tgt_embed(tgt),
+        src_key_padding_mask=~src_mask.bool(),
+        tgt_key_padding_mask=~tgt_mask.bool(),
         memory_key_padding_mask=~src_mask.bool(),
-        tgt_mask=future_mask(tgt.size(1)), tgt_is_causal=True,
+        tgt_mask=future_mask(tgt.size(1)),
+        tgt_is_causal=True,
     )
     out = model(src, tgt, src_mask=src_mask, tgt_mask=tgt_mask)
     torch.testing.assert_close(out.hidden, hidden, atol=1e-5, rtol=1e-5)
@@ -157,8 +170,16 @@ def test_trainings_inverse_sqrt_schedule_is_equation_3():
     """With lr = (d_model * warmup)^-0.5, training's schedule is d_model^-0.5 * min(n^-0.5, n * warmup^-1.5)
     at training step n (the paper's eq. 3); step n is the optimizer step with index n - 1."""
     d_model, warmup = 512, 4000
-    config = load_train_config({"model": {"variant": "transformer-base"}, "task": {"kind": "copy"}, "steps": 100000,
-                                "schedule": "inverse-sqrt", "warmup_steps": warmup, "lr": (d_model * warmup) ** -0.5})
+    config = load_train_config(
+        {
+            "model": {"variant": "transformer-base"},
+            "task": {"kind": "copy"},
+            "steps": 100000,
+            "schedule": "inverse-sqrt",
+            "warmup_steps": warmup,
+            "lr": (d_model * warmup) ** -0.5,
+        }
+    )
     rates = [config.lr * lr_factor(index, config) for index in range(8000)]
     paper = [d_model**-0.5 * min(n**-0.5, n * warmup**-1.5) for n in range(1, 8001)]
     assert rates == pytest.approx(paper, rel=1e-12)

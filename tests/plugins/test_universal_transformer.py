@@ -84,7 +84,9 @@ def test_halted_positions_stop_changing():
     steps_taken = out.extras["ponder_time"].ceil().long() - 1
     assert len(entering) == int(steps_taken.max()), "the loop ends when the last position halts"
     frozen = 0
-    for (b, i), n in zip(torch.cartesian_prod(torch.arange(3), torch.arange(10)).tolist(), steps_taken.flatten().tolist()):
+    for (b, i), n in zip(
+        torch.cartesian_prod(torch.arange(3), torch.arange(10)).tolist(), steps_taken.flatten().tolist()
+    ):
         for later in entering[n + 1 :]:
             assert torch.equal(later[b, i], entering[n][b, i])
             frozen += 1
@@ -125,11 +127,16 @@ def test_universal_transformer_tiny_learns_to_reverse(tmp_path):
     from transformer_zoo.training.config import load_train_config
     from transformer_zoo.training.trainer import train
 
-    config = load_train_config({
-        "model": {"variant": "universal-transformer-tiny", "dropout": 0.0},
-        "task": {"kind": "reverse", "train_lengths": [1, 8], "test_lengths": [9, 12], "test_size": 200},
-        "steps": 1000, "batch_size": 64, "lr": 1e-3, "warmup_steps": 100,
-    })
+    config = load_train_config(
+        {
+            "model": {"variant": "universal-transformer-tiny", "dropout": 0.0},
+            "task": {"kind": "reverse", "train_lengths": [1, 8], "test_lengths": [9, 12], "test_size": 200},
+            "steps": 1000,
+            "batch_size": 64,
+            "lr": 1e-3,
+            "warmup_steps": 100,
+        }
+    )
     summary = train(config, tmp_path, progress=False)
     print("universal-transformer-tiny on reverse:", summary["metrics"])
     assert summary["metrics"]["test"]["token_accuracy"] >= 0.90
@@ -157,7 +164,9 @@ def test_act_weights_ponder_and_cost_follow_graves():
     stack = model.encoder
     stack.layer = MarkChannel(stack.layer)
     probabilities = []
-    stack.halting.register_forward_hook(lambda m, args, out: probabilities.append(torch.sigmoid(out.detach().float()).squeeze(-1)))
+    stack.halting.register_forward_hook(
+        lambda m, args, out: probabilities.append(torch.sigmoid(out.detach().float()).squeeze(-1))
+    )
     src = torch.randint(3, 60, (3, 11))
     padding = torch.ones(3, 11, dtype=torch.bool)
     padding[2, 7:] = False
@@ -225,8 +234,9 @@ def test_skipping_halted_positions_computes_the_dense_outputs_and_gradients(plac
 
 def test_skipping_keeps_a_decoder_causal():
     torch.manual_seed(0)
-    model = tz.build_model("universal-transformer-tiny", **SMALL, encoder=None,
-                           decoder={"kind": "recurrent", "layers": 5, "act": True}).eval()
+    model = tz.build_model(
+        "universal-transformer-tiny", **SMALL, encoder=None, decoder={"kind": "recurrent", "layers": 5, "act": True}
+    ).eval()
     with torch.no_grad():
         model.decoder.halting.weight.normal_(std=2.0)
         model.decoder.halting.bias.fill_(-1.0)

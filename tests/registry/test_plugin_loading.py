@@ -23,7 +23,6 @@ from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, g
 from transformer_zoo.registry import manager
 
 
-
 class ScaleNorm(NormOptions):
     """A norm kind offered by the plugins below."""
 
@@ -80,10 +79,21 @@ def test_a_plugin_calling_sys_exit_at_import_is_reported_and_the_rest_load(modul
 
 
 def test_the_cli_survives_a_plugin_that_exits(modules: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(modules), os.environ.get("PYTHONPATH", "")]),
-           "TZOO_PLUGINS": "exits_plugin", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, "-m", "transformer_zoo", "list", "transformer-tiny", "--json"],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(modules), os.environ.get("PYTHONPATH", "")]),
+        "TZOO_PLUGINS": "exits_plugin",
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_zoo", "list", "transformer-tiny", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert '"transformer-tiny"' in result.stdout
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -104,7 +114,8 @@ def test_a_hook_without_hookimpl_is_warned_about(modules: Path) -> None:
     assert "unmarked" not in registry.load_errors, "it loads: only the unmarked function is ignored"
     assert registry.load_warnings["unmarked"] == [
         "tzoo_variants looks like a hook implementation but lacks @hookimpl (from transformer_zoo import hookimpl), "
-        "so it is ignored"]
+        "so it is ignored"
+    ]
 
 
 def test_a_marked_plugin_gives_no_warning(recwarn: pytest.WarningsRecorder) -> None:
@@ -119,13 +130,17 @@ def test_a_marked_plugin_gives_no_warning(recwarn: pytest.WarningsRecorder) -> N
 def test_a_clash_names_the_clashing_name_and_what_was_dropped() -> None:
     plugin = make_plugin(
         tzoo_components=lambda: [ScaleNorm],
-        tzoo_variants=lambda: [Variant(name="transformer-tiny", config=TransformerConfig),
-                               Variant(name="my-tiny", config=TransformerConfig)],
+        tzoo_variants=lambda: [
+            Variant(name="transformer-tiny", config=TransformerConfig),
+            Variant(name="my-tiny", config=TransformerConfig),
+        ],
     )
     with pytest.raises(DuplicateNameError) as raised:
         tz.register_plugin(plugin, "clashing")
     message = str(raised.value)
-    assert "variant 'transformer-tiny' is provided by plugin 'tzoo.transformer' and again by plugin 'clashing'" in message
+    assert (
+        "variant 'transformer-tiny' is provided by plugin 'tzoo.transformer' and again by plugin 'clashing'" in message
+    )
     assert "its other offers were not registered either: norm kind 'scalenorm', variant 'my-tiny'" in message
     assert "my-tiny" not in tz.list_variants() and "scalenorm" not in get_registry().components("norm")
     assert not get_registry().pm.has_plugin("clashing")
@@ -231,24 +246,38 @@ def test_an_entry_point_plugin_named_again_is_loaded_once(installed_twice, recwa
     assert [name for name, _ in registry.pm.list_name_plugin()].count("twice") == 1
 
 
-def test_an_entry_point_plugin_also_in_tzoo_plugins_is_loaded_once(installed_twice, monkeypatch: pytest.MonkeyPatch,
-                                                                     recwarn: pytest.WarningsRecorder) -> None:
+def test_an_entry_point_plugin_also_in_tzoo_plugins_is_loaded_once(
+    installed_twice, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder
+) -> None:
     monkeypatch.setenv("TZOO_PLUGINS", "twice_plugin, twice_plugin")
     registry = Registry().load()
     assert registry.load_errors == {} and not [w for w in recwarn if issubclass(w.category, PluginWarning)]
     assert registry.provider("norm", "twicenorm") == "twice"
 
 
-@pytest.mark.parametrize("argv", [["--plugin", "twice_plugin", "list"], ["list", "--plugin", "twice_plugin"],
-                                  ["--plugin", "twice_plugin", "list", "--plugin", "twice_plugin"]],
-                         ids=["before", "after", "both"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--plugin", "twice_plugin", "list"],
+        ["list", "--plugin", "twice_plugin"],
+        ["--plugin", "twice_plugin", "list", "--plugin", "twice_plugin"],
+    ],
+    ids=["before", "after", "both"],
+)
 def test_the_cli_loads_an_entry_point_plugin_given_again_once(installed_twice, argv: list[str], capsys) -> None:
     from transformer_zoo.cli import main
 
     assert main([*argv, "--kind", "norm", "--json"]) == 0
     captured = capsys.readouterr()
     rows = [row for row in json.loads(captured.out) if row["name"] == "twicenorm"]
-    assert rows == [{"name": "twicenorm", "kind": "norm", "plugin": "twice", "description": "A norm kind of the plugin loaded twice."}]
+    assert rows == [
+        {
+            "name": "twicenorm",
+            "kind": "norm",
+            "plugin": "twice",
+            "description": "A norm kind of the plugin loaded twice.",
+        }
+    ]
     assert "already registered" not in captured.err and "warning" not in captured.err
 
 

@@ -50,7 +50,19 @@ def notebook_plugin():
     plugin = make_plugin(
         tzoo_components=lambda: [ScaleNorm],
         tzoo_variants=lambda: [
-            Variant(name="scalenorm-tiny", config=TransformerConfig, defaults={"norm": "scalenorm", "vocab_size": 30, "d_model": 16, "n_heads": 2, "d_ff": 32, "encoder": {"layers": 1}, "decoder": {"layers": 1}})
+            Variant(
+                name="scalenorm-tiny",
+                config=TransformerConfig,
+                defaults={
+                    "norm": "scalenorm",
+                    "vocab_size": 30,
+                    "d_model": 16,
+                    "n_heads": 2,
+                    "d_ff": 32,
+                    "encoder": {"layers": 1},
+                    "decoder": {"layers": 1},
+                },
+            )
         ],
     )
     name = tz.register_plugin(plugin, "notebook")
@@ -95,7 +107,9 @@ def test_unregister_removes_everything_it_offered(notebook_plugin):
 
 def test_duplicate_names_are_errors_naming_both_plugins(notebook_plugin):
     clash = make_plugin(tzoo_components=lambda: [ScaleNorm])
-    with pytest.raises(DuplicateNameError, match="'scalenorm' is provided by plugin 'notebook' and again by plugin 'clash'"):
+    with pytest.raises(
+        DuplicateNameError, match="'scalenorm' is provided by plugin 'notebook' and again by plugin 'clash'"
+    ):
         tz.register_plugin(clash, "clash")
     assert not get_registry().pm.has_plugin("clash"), "a refused plugin is not left half-registered"
     twice = make_plugin(tzoo_variants=lambda: [Variant(name="transformer-tiny", config=TransformerConfig)])
@@ -113,8 +127,11 @@ def test_registering_the_same_plugin_twice_is_a_no_op(notebook_plugin):
 
 
 def test_another_plugin_under_a_taken_name_is_one_clear_error(notebook_plugin):
-    with pytest.raises(PluginLoadError, match="already registered under the name 'notebook' \\(from module plugin\\); "
-                                              "register this one under another name$"):
+    with pytest.raises(
+        PluginLoadError,
+        match="already registered under the name 'notebook' \\(from module plugin\\); "
+        "register this one under another name$",
+    ):
         tz.register_plugin(make_plugin(tzoo_components=lambda: []), notebook_plugin)
 
 
@@ -148,14 +165,25 @@ def test_unknown_kind_lists_the_close_names():
 
 
 def test_list_variants_takes_wildcards():
-    assert tz.list_variants("transformer-*") == ["transformer-base", "transformer-big", "transformer-dmca-tiny", "transformer-tiny"]
+    assert tz.list_variants("transformer-*") == [
+        "transformer-base",
+        "transformer-big",
+        "transformer-dmca-tiny",
+        "transformer-tiny",
+    ]
     assert tz.list_variants("nothing-*") == []
 
 
 # ---- an unknown name says how to load the plugin that may provide it ----------------------------
-@pytest.mark.parametrize("lookup", [lambda r: r.component("norm", "scalenorm"), lambda r: r.variant("scalenorm-tiny"),
-                                    lambda r: tz.load_config({"variant": "transformer-tiny", "norm": "scalenorm"})],
-                         ids=["kind", "variant", "config"])
+@pytest.mark.parametrize(
+    "lookup",
+    [
+        lambda r: r.component("norm", "scalenorm"),
+        lambda r: r.variant("scalenorm-tiny"),
+        lambda r: tz.load_config({"variant": "transformer-tiny", "norm": "scalenorm"}),
+    ],
+    ids=["kind", "variant", "config"],
+)
 def test_an_unknown_name_says_a_plugin_may_be_missing_and_how_to_load_one(lookup):
     with pytest.raises(tz.ZooError) as raised:
         lookup(get_registry())
@@ -240,17 +268,24 @@ def test_providers_of_names_the_module_behind_every_kind_and_variant(notebook_pl
 
 def test_a_missing_plugin_of_a_saved_run_is_named_with_how_to_load_it(notebook_plugin):
     registry = get_registry()
-    record = {"variant:transformer-tiny": "transformer_zoo.plugins.transformer", "norm:fancy": "fancy_pkg.zoo",
-              "task:my-task": "my_pkg.tasks"}
+    record = {
+        "variant:transformer-tiny": "transformer_zoo.plugins.transformer",
+        "norm:fancy": "fancy_pkg.zoo",
+        "task:my-task": "my_pkg.tasks",
+    }
     assert registry.missing_plugins(record) == {"norm:fancy": "fancy_pkg.zoo", "task:my-task": "my_pkg.tasks"}
     assert registry.missing_plugin_hint(record, "task", "my-task") == (
         "task kind 'my-task' was provided by plugin module 'my_pkg.tasks' when this run was saved; load it with "
-        "--plugin my_pkg.tasks or TZOO_PLUGINS=my_pkg.tasks")
+        "--plugin my_pkg.tasks or TZOO_PLUGINS=my_pkg.tasks"
+    )
     assert registry.missing_plugin_hint(record, "variant", "transformer-tiny") == ""
     assert registry.missing_plugin_hint(None) == ""
-    with pytest.raises(tz.ConfigError, match="unknown norm kind 'fancy'.*; norm kind 'fancy' was provided by plugin "
-                                             "module 'fancy_pkg.zoo' when this run was saved; load it with --plugin "
-                                             "fancy_pkg.zoo or TZOO_PLUGINS=fancy_pkg.zoo"):
+    with pytest.raises(
+        tz.ConfigError,
+        match="unknown norm kind 'fancy'.*; norm kind 'fancy' was provided by plugin "
+        "module 'fancy_pkg.zoo' when this run was saved; load it with --plugin "
+        "fancy_pkg.zoo or TZOO_PLUGINS=fancy_pkg.zoo",
+    ):
         with registry.saved_plugins(record):
             tz.load_config({"variant": "transformer-tiny", "norm": "fancy"})
     with pytest.raises(ValueError, match="^boom; norm kind 'fancy'"):  # any ValueError: a pydantic one included

@@ -13,10 +13,14 @@ from transformer_zoo.training.checkpoints import RunFolderBusy, RunFolderError, 
 from transformer_zoo.training.config import load_train_config, model_config_for
 from transformer_zoo.training.step import TrainingDiverged, phase_optimizers
 
-CONFIG = {"model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64},
-          "task": {"kind": "reverse", "train_size": 50, "test_size": 10, "train_lengths": [1, 6],
-                   "test_lengths": [7, 8]},
-          "steps": 6, "batch_size": 4, "checkpoint_every": 2, "checkpoint_minutes": None}
+CONFIG = {
+    "model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64},
+    "task": {"kind": "reverse", "train_size": 50, "test_size": 10, "train_lengths": [1, 6], "test_lengths": [7, 8]},
+    "steps": 6,
+    "batch_size": 4,
+    "checkpoint_every": 2,
+    "checkpoint_minutes": None,
+}
 
 
 def tiny(seed: int):

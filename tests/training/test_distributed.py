@@ -18,10 +18,21 @@ from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.trainer import train
 
 CONFIG = {
-    "model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.0,
-              "encoder": {"layers": 2}},
+    "model": {
+        "variant": "transformer-tiny",
+        "d_model": 32,
+        "n_heads": 2,
+        "d_ff": 64,
+        "dropout": 0.0,
+        "encoder": {"layers": 2},
+    },
     "task": {"kind": "listops", "train_size": 200, "test_size": 20, "max_length": 24},
-    "steps": 8, "batch_size": 8, "lr": 0.003, "warmup_steps": 2, "log_every": 1, "checkpoint_every": 4,
+    "steps": 8,
+    "batch_size": 8,
+    "lr": 0.003,
+    "warmup_steps": 2,
+    "log_every": 1,
+    "checkpoint_every": 4,
 }
 
 
@@ -34,8 +45,20 @@ def free_port() -> int:
 def torchrun(tmp_path, config: dict, out, processes: int = 2, command: str = "train") -> subprocess.CompletedProcess:
     path = tmp_path / f"{out.name}.json"
     path.write_text(json.dumps(config))
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={processes}",
-               f"--master-port={free_port()}", "-m", "transformer_zoo", command, str(path), "--out", str(out), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={processes}",
+        f"--master-port={free_port()}",
+        "-m",
+        "transformer_zoo",
+        command,
+        str(path),
+        "--out",
+        str(out),
+        "--json",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two processes on a 2-core machine
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
@@ -63,8 +86,12 @@ def test_two_gloo_processes_follow_the_curve_of_one_with_the_same_global_batch(t
     task = load_train_config(CONFIG).task.build()
     batch = task.collate([task.dataset("test")[i] for i in range(20)])
     with torch.no_grad():
-        torch.testing.assert_close(ddp(src=batch["src"], src_mask=batch["src_mask"]).logits,
-                                   one(src=batch["src"], src_mask=batch["src_mask"]).logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            ddp(src=batch["src"], src_mask=batch["src_mask"]).logits,
+            one(src=batch["src"], src_mask=batch["src_mask"]).logits,
+            rtol=1e-4,
+            atol=1e-4,
+        )
     assert summary["metrics"]["test"]["accuracy"] == pytest.approx(single["metrics"]["test"]["accuracy"])
 
 
@@ -96,8 +123,12 @@ def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded
     batch = task.collate([task.dataset("test")[i] for i in range(20)])
     fsdp, one = (tz.from_pretrained(tmp_path / name / "model").eval() for name in ("fsdp", "one"))
     with torch.no_grad():
-        torch.testing.assert_close(fsdp(src=batch["src"], src_mask=batch["src_mask"]).logits,
-                                   one(src=batch["src"], src_mask=batch["src_mask"]).logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            fsdp(src=batch["src"], src_mask=batch["src_mask"]).logits,
+            one(src=batch["src"], src_mask=batch["src_mask"]).logits,
+            rtol=1e-4,
+            atol=1e-4,
+        )
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
@@ -116,8 +147,14 @@ def test_compare_on_a_torchrun_job_trains_each_run_over_the_processes(tmp_path):
     from transformer_zoo.comparing.records import CompareResults
 
     model = CONFIG["model"]
-    spec = {"name": "two", "variants": [model, "sagan-gan"], "tasks": [CONFIG["task"], "digits-generation"],
-            "steps": 8, "seeds": [0], "train": {k: CONFIG[k] for k in ("batch_size", "lr", "warmup_steps", "log_every")}}
+    spec = {
+        "name": "two",
+        "variants": [model, "sagan-gan"],
+        "tasks": [CONFIG["task"], "digits-generation"],
+        "steps": 8,
+        "seeds": [0],
+        "train": {k: CONFIG[k] for k in ("batch_size", "lr", "warmup_steps", "log_every")},
+    }
     result = torchrun(tmp_path, spec, tmp_path / "report", command="compare")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["report"].endswith("report.md"), "process 0 alone reports"
@@ -128,8 +165,9 @@ def test_compare_on_a_torchrun_job_trains_each_run_over_the_processes(tmp_path):
     assert gan and "trains in phases ['discriminator', 'generator'], which run in one process only" in gan[0]
     # the run followed one process's curve with the same global batch
     single = train(load_train_config({**CONFIG, "checkpoint_every": 0}), tmp_path / "one", progress=False)
-    torch.testing.assert_close(torch.tensor([h["loss"] for h in results.runs[0].curve if "loss" in h]), curve(single),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        torch.tensor([h["loss"] for h in results.runs[0].curve if "loss" in h]), curve(single), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_a_compare_whose_batch_does_not_split_over_the_processes_is_refused_before_training(tmp_path):

@@ -47,19 +47,39 @@ def _evaluate(run_dir, *extra, pythonpath=None):
     env = {k: v for k, v in os.environ.items() if k not in ("TZOO_PLUGINS", "PYTHONPATH")}
     if pythonpath:
         env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([sys.executable, "-m", "transformer_zoo", *extra, "evaluate", str(run_dir)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "transformer_zoo", *extra, "evaluate", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_a_run_names_the_plugin_it_needs_where_that_plugin_is_missing(plugin_module, tmp_path):
     module, folder = plugin_module
     get_registry().register_module(module)
-    config = load_train_config({
-        "model": {"variant": "transformer-tiny", "d_model": 16, "n_heads": 2, "d_ff": 32,
-                  "encoder": {"layers": 1, "attention": "recorded-sdpa"}, "decoder": {"layers": 1}},
-        "task": {"kind": "reverse", "train_size": 40, "test_size": 8, "train_lengths": [1, 4], "test_lengths": [5, 6]},
-        "steps": 2, "batch_size": 4,
-    })
+    config = load_train_config(
+        {
+            "model": {
+                "variant": "transformer-tiny",
+                "d_model": 16,
+                "n_heads": 2,
+                "d_ff": 32,
+                "encoder": {"layers": 1, "attention": "recorded-sdpa"},
+                "decoder": {"layers": 1},
+            },
+            "task": {
+                "kind": "reverse",
+                "train_size": 40,
+                "test_size": 8,
+                "train_lengths": [1, 4],
+                "test_lengths": [5, 6],
+            },
+            "steps": 2,
+            "batch_size": 4,
+        }
+    )
     run_dir = tmp_path / "run"
     train(config, run_dir, progress=False)
     record = json.loads((run_dir / "plugins.json").read_text())
@@ -82,12 +102,27 @@ def test_a_run_saved_before_the_record_still_loads_and_errors_are_unchanged(tmp_
     from transformer_zoo.training import evaluate_run
     from transformer_zoo.training.checkpoints import read_plugins
 
-    config = load_train_config({
-        "model": {"variant": "transformer-tiny", "d_model": 16, "n_heads": 2, "d_ff": 32,
-                  "encoder": {"layers": 1}, "decoder": {"layers": 1}},
-        "task": {"kind": "reverse", "train_size": 40, "test_size": 8, "train_lengths": [1, 4], "test_lengths": [5, 6]},
-        "steps": 2, "batch_size": 4,
-    })
+    config = load_train_config(
+        {
+            "model": {
+                "variant": "transformer-tiny",
+                "d_model": 16,
+                "n_heads": 2,
+                "d_ff": 32,
+                "encoder": {"layers": 1},
+                "decoder": {"layers": 1},
+            },
+            "task": {
+                "kind": "reverse",
+                "train_size": 40,
+                "test_size": 8,
+                "train_lengths": [1, 4],
+                "test_lengths": [5, 6],
+            },
+            "steps": 2,
+            "batch_size": 4,
+        }
+    )
     run_dir = tmp_path / "run"
     train(config, run_dir, progress=False)
     (run_dir / "plugins.json").unlink()

@@ -9,10 +9,13 @@ from transformer_zoo.api import build_model
 from transformer_zoo.training.config import load_train_config, model_config_for
 from transformer_zoo.training.step import Stepper, TrainingDiverged, flop_rates
 
-CONFIG = {"model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.1},
-          "task": {"kind": "reverse", "train_size": 100, "test_size": 10, "train_lengths": [1, 6],
-                   "test_lengths": [7, 8]},
-          "steps": 4, "batch_size": 8, "grad_clip": 1.0}
+CONFIG = {
+    "model": {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.1},
+    "task": {"kind": "reverse", "train_size": 100, "test_size": 10, "train_lengths": [1, 6], "test_lengths": [7, 8]},
+    "steps": 4,
+    "batch_size": 8,
+    "grad_clip": 1.0,
+}
 
 
 def tiny_stepper() -> Stepper:
@@ -47,8 +50,11 @@ def test_a_stepper_stops_on_a_non_finite_loss_before_stepping():
 
 
 def test_flop_rates_need_a_count_and_a_peak():
-    assert flop_rates(2e12, 10, 2.0, None, 1) == {"train_flops_per_step": 2e12, "train_tflops_per_second": 10.0,
-                                                   "mfu": None}
+    assert flop_rates(2e12, 10, 2.0, None, 1) == {
+        "train_flops_per_step": 2e12,
+        "train_tflops_per_second": 10.0,
+        "mfu": None,
+    }
     assert flop_rates(2e12, 10, 2.0, 20.0, 2)["mfu"] == pytest.approx(0.25)
     nothing = dict.fromkeys(("train_flops_per_step", "train_tflops_per_second", "mfu"))
     assert flop_rates(None, 0, 1.0, 20.0, 1) == nothing

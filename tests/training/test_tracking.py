@@ -19,8 +19,9 @@ TRAIN_SCALARS = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_
 
 
 def config(**overrides):
-    return load_train_config({"model": MODEL, "task": TASK, "steps": 12, "batch_size": 8, "log_every": 2,
-                              "eval_every": 6, **overrides})
+    return load_train_config(
+        {"model": MODEL, "task": TASK, "steps": 12, "batch_size": 8, "log_every": 2, "eval_every": 6, **overrides}
+    )
 
 
 def csv_steps(run_dir) -> dict[str, list[int]]:
@@ -46,8 +47,12 @@ def test_a_run_writes_its_curves_as_csv_and_tensorboard_events(tmp_path):
         assert steps["test_long/sequence_accuracy"] == [12]
     events = EventAccumulator(str(tmp_path))
     events.Reload()
-    assert events.Scalars("train/loss")[-1].value == pytest.approx([p for p in summary["history"] if "loss" in p][-1]["loss"])
-    assert events.Scalars("test/token_accuracy")[-1].value == pytest.approx(summary["metrics"]["test"]["token_accuracy"])
+    assert events.Scalars("train/loss")[-1].value == pytest.approx(
+        [p for p in summary["history"] if "loss" in p][-1]["loss"]
+    )
+    assert events.Scalars("test/token_accuracy")[-1].value == pytest.approx(
+        summary["metrics"]["test"]["token_accuracy"]
+    )
     assert all(point["grad_norm"] > 0 for point in summary["history"] if "loss" in point)
 
 

@@ -22,8 +22,15 @@ from transformer_zoo.core.tasks import Seq2SeqTask
 from transformer_zoo.training.config import RESUMABLE_FIELDS, TrainConfig, load_train_config
 from transformer_zoo.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted, train
 
-MODEL = {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.1,
-         "encoder": {"layers": 1}, "decoder": {"layers": 1}}
+MODEL = {
+    "variant": "transformer-tiny",
+    "d_model": 32,
+    "n_heads": 2,
+    "d_ff": 64,
+    "dropout": 0.1,
+    "encoder": {"layers": 1},
+    "decoder": {"layers": 1},
+}
 TASK = {"kind": "reverse", "train_size": 200, "test_size": 10, "train_lengths": [1, 6], "test_lengths": [7, 8]}
 BASE = {"model": MODEL, "task": TASK, "steps": 8, "batch_size": 8, "log_every": 1}
 
@@ -42,8 +49,13 @@ def step_of(folder) -> int:
 
 def tzoo(*args: str) -> subprocess.Popen:
     """``tzoo ARGS`` in a process of its own (one thread, as the machine's other tests)."""
-    return subprocess.Popen([sys.executable, "-m", "transformer_zoo", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "transformer_zoo", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def config_file(tmp_path, **overrides) -> str:
@@ -171,8 +183,11 @@ def test_a_second_ctrl_c_stops_at_once_keeping_the_last_checkpoint(tmp_path, mon
         return real_save(self, step)
 
     monkeypatch.setattr(Trainer, "save", save)
-    with pytest.raises(TrainingInterrupted, match=r"interrupted at step 3 of 8, without saving it; kept: the "
-                                                  r"checkpoint of step 2 .* resume from step 2"):
+    with pytest.raises(
+        TrainingInterrupted,
+        match=r"interrupted at step 3 of 8, without saving it; kept: the "
+        r"checkpoint of step 2 .* resume from step 2",
+    ):
         train(small_config(checkpoint_every=2), tmp_path, progress=False)
     assert [c.name for c in candidates(tmp_path)] == ["checkpoint"] and step_of(tmp_path / "checkpoint") == 2
 
@@ -181,13 +196,16 @@ def test_a_second_ctrl_c_stops_at_once_keeping_the_last_checkpoint(tmp_path, mon
 def test_ctrl_c_during_compare_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     interrupt_at(monkeypatch, 2)
     spec = tmp_path / "spec.yaml"
-    spec.write_text(json.dumps({"variants": [MODEL], "tasks": [TASK], "steps": 4, "seeds": [0, 1],
-                                "train": {"batch_size": 4}}))
+    spec.write_text(
+        json.dumps({"variants": [MODEL], "tasks": [TASK], "steps": 4, "seeds": [0, 1], "train": {"batch_size": 4}})
+    )
     assert main(["compare", str(spec), "--out", str(tmp_path / "out")]) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"comparison interrupted with 0 of 2 runs finished (in {tmp_path / 'out' / 'runs'}); the run "
-                       "in progress saved its step 2; run the same command again to go on: finished runs are reused "
-                       "and the others resume from their checkpoints")
+    assert err[-1] == (
+        f"comparison interrupted with 0 of 2 runs finished (in {tmp_path / 'out' / 'runs'}); the run "
+        "in progress saved its step 2; run the same command again to go on: finished runs are reused "
+        "and the others resume from their checkpoints"
+    )
 
 
 # ---- checkpoints by time -----------------------------------------------------------------------
@@ -236,8 +254,11 @@ def test_weights_made_non_finite_by_a_finite_loss_step_are_never_saved(tmp_path,
         return losses
 
     monkeypatch.setattr(Trainer, "step", step)
-    with pytest.raises(TrainingDiverged, match=r"became non-finite after step 2, by step 3 \(not saved\); kept: the "
-                                               r"checkpoint of step 2"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"became non-finite after step 2, by step 3 \(not saved\); kept: the "
+        r"checkpoint of step 2",
+    ):
         train(small_config(checkpoint_every=1), tmp_path, progress=False)
     assert step_of(tmp_path / "checkpoint") == 2
     assert all(torch.isfinite(t).all() for t in weights(tmp_path / "checkpoint").values())
@@ -248,14 +269,28 @@ def test_weights_made_non_finite_by_a_finite_loss_step_are_never_saved(tmp_path,
 def test_a_resumed_run_that_diverges_again_suggests_starting_over(tmp_path, monkeypatch):
     train(small_config(), tmp_path, progress=False, stop_after=4)
     nan_loss_at(monkeypatch, 2)
-    with pytest.raises(TrainingDiverged, match=r"at step 6; kept: the checkpoint of step 4 .*; this run resumed from "
-                                               r"step 4 and diverged again, .*: start over \(--restart\) with a lower lr"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"at step 6; kept: the checkpoint of step 4 .*; this run resumed from "
+        r"step 4 and diverged again, .*: start over \(--restart\) with a lower lr",
+    ):
         train(small_config(), tmp_path, progress=False)
 
 
-@pytest.mark.parametrize(("field", "value"), [("lr", float("inf")), ("lr", float("nan")), ("lr", 1e39), ("seed", 10**19),
-                                              ("seed", -1), ("steps", 10**20), ("checkpoint_minutes", 0),
-                                              ("max_seconds", float("inf")), ("grad_clip", float("nan"))])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("lr", float("inf")),
+        ("lr", float("nan")),
+        ("lr", 1e39),
+        ("seed", 10**19),
+        ("seed", -1),
+        ("steps", 10**20),
+        ("checkpoint_minutes", 0),
+        ("max_seconds", float("inf")),
+        ("grad_clip", float("nan")),
+    ],
+)
 def test_non_finite_and_out_of_range_training_values_are_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         small_config(**{field: value})
@@ -314,14 +349,17 @@ def crashed(tmp_path, straight, layout: dict[str, int | None]):
     return run
 
 
-@pytest.mark.parametrize(("layout", "resumed"), [
-    ({".checkpoint.tmp": 6}, 6),  # the double crash: only a complete .tmp is left
-    ({".checkpoint.old": 3, ".checkpoint.tmp": 6}, 6),  # a crash after checkpoint was renamed .old
-    ({"checkpoint": 3, ".checkpoint.tmp": 6}, 6),  # a crash before the swap began
-    ({"checkpoint": 6, ".checkpoint.old": 3}, 6),  # a crash before .old was removed
-    ({"checkpoint": 3, ".checkpoint.tmp": None}, 3),  # a crash while writing .tmp
-    ({".checkpoint.old": 3, ".checkpoint.tmp": None}, 3),
-])
+@pytest.mark.parametrize(
+    ("layout", "resumed"),
+    [
+        ({".checkpoint.tmp": 6}, 6),  # the double crash: only a complete .tmp is left
+        ({".checkpoint.old": 3, ".checkpoint.tmp": 6}, 6),  # a crash after checkpoint was renamed .old
+        ({"checkpoint": 3, ".checkpoint.tmp": 6}, 6),  # a crash before the swap began
+        ({"checkpoint": 6, ".checkpoint.old": 3}, 6),  # a crash before .old was removed
+        ({"checkpoint": 3, ".checkpoint.tmp": None}, 3),  # a crash while writing .tmp
+        ({".checkpoint.old": 3, ".checkpoint.tmp": None}, 3),
+    ],
+)
 def test_recovery_takes_the_newest_complete_checkpoint_of_the_three(tmp_path, straight, layout, resumed):
     run = crashed(tmp_path, straight, layout)
     summary = train(small_config(), run, progress=False)
@@ -346,8 +384,11 @@ def test_a_crash_right_after_recovering_from_tmp_keeps_what_it_recovered(tmp_pat
 def test_partial_files_of_a_killed_save_are_removed_by_the_next_run(tmp_path, straight):
     run = crashed(tmp_path, straight, {"checkpoint": 6})
     (run / "model").mkdir()
-    leftovers = [run / "model" / ".model.safetensors.k2j3.tmp", run / "checkpoint" / ".config.json.x8.tmp",
-                 run / ".summary.json.a1.tmp"]
+    leftovers = [
+        run / "model" / ".model.safetensors.k2j3.tmp",
+        run / "checkpoint" / ".config.json.x8.tmp",
+        run / ".summary.json.a1.tmp",
+    ]
     for path in leftovers:
         path.write_bytes(b"")
     train(small_config(), run, progress=False)
@@ -365,6 +406,7 @@ def edit_state(**changes):
         state = json.loads(path.read_text())
         state.update(changes)
         path.write_text(json.dumps({k: v for k, v in state.items() if v is not ...}))
+
     return edit
 
 
@@ -380,6 +422,7 @@ def edit_optimizer(change):
         states = torch.load(path, weights_only=True)
         change(states)
         torch.save(states, path)
+
     return edit
 
 
@@ -392,18 +435,32 @@ DAMAGE = {
     "empty weights": ("model.safetensors", lambda p: p.write_bytes(b""), "is not a readable safetensors file"),
     "no weights": ("model.safetensors", lambda p: p.unlink(), "is missing"),
     "transposed weight": ("model.safetensors", transpose_one, r"holds .* of shape \[\d+, \d+\], and the model's is"),
-    "NaN weight": ("model.safetensors", lambda p: safetensors.torch.save_file(
-        {k: v * float("nan") for k, v in safetensors.torch.load_file(str(p)).items()}, str(p)), "non-finite"),
+    "NaN weight": (
+        "model.safetensors",
+        lambda p: safetensors.torch.save_file(
+            {k: v * float("nan") for k, v in safetensors.torch.load_file(str(p)).items()}, str(p)
+        ),
+        "non-finite",
+    ),
     "garbage optimizer": ("optimizer.pt", lambda p: p.write_bytes(b"garbage" * 100), "not a readable optimizer state"),
     "truncated optimizer": ("optimizer.pt", truncate, "not a readable optimizer state"),
     "empty optimizer": ("optimizer.pt", lambda p: p.write_bytes(b""), r"not a readable optimizer state \(EOFError"),
     "optimizer of a list": ("optimizer.pt", lambda p: torch.save([1, 2], p), "not a mapping of optimizers"),
-    "transposed moment": ("optimizer.pt", edit_optimizer(lambda s: first_moment(s).update(
-        exp_avg=first_moment(s)["exp_avg"].t().contiguous())), "has exp_avg of shape"),
-    "no schedule": ("optimizer.pt", edit_optimizer(lambda s: s["schedulers"].update(model={})),
-                    "no learning-rate schedule state"),
-    "schedule of another step": ("optimizer.pt", edit_optimizer(lambda s: s["schedulers"]["model"].update(
-        last_epoch=2)), "schedule is at step 2, and state.json at step 3"),
+    "transposed moment": (
+        "optimizer.pt",
+        edit_optimizer(lambda s: first_moment(s).update(exp_avg=first_moment(s)["exp_avg"].t().contiguous())),
+        "has exp_avg of shape",
+    ),
+    "no schedule": (
+        "optimizer.pt",
+        edit_optimizer(lambda s: s["schedulers"].update(model={})),
+        "no learning-rate schedule state",
+    ),
+    "schedule of another step": (
+        "optimizer.pt",
+        edit_optimizer(lambda s: s["schedulers"]["model"].update(last_epoch=2)),
+        "schedule is at step 2, and state.json at step 3",
+    ),
     "empty state": ("state.json", lambda p: p.write_text(""), "is not readable JSON"),
     "state of a list": ("state.json", lambda p: p.write_text("[]"), "holds list, not a mapping"),
     "no rng": ("state.json", edit_state(rng=...), "lacks 'rng'"),
@@ -424,15 +481,19 @@ def test_a_damaged_checkpoint_is_a_clear_error_naming_the_file(tmp_path, straigh
     with pytest.raises(CheckpointError, match=message) as caught:
         train(small_config(), run, progress=False)
     assert str(run / "checkpoint" / name) in str(caught.value)
-    assert str(caught.value).endswith("no intact checkpoint is left: start over with --restart, or train into "
-                                      "another --out")
+    assert str(caught.value).endswith(
+        "no intact checkpoint is left: start over with --restart, or train into another --out"
+    )
 
 
 def test_a_checkpoint_of_another_model_is_refused_even_without_train_json(tmp_path, straight):
     run = crashed(tmp_path, straight, {"checkpoint": 3})
     (run / "train.json").unlink()
-    with pytest.raises(CheckpointError, match=r"model.safetensors holds .* of shape \[\d+(, \d+)?\], and the model's "
-                                              r"is .*; it was written for another model"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.safetensors holds .* of shape \[\d+(, \d+)?\], and the model's "
+        r"is .*; it was written for another model",
+    ):
         train(small_config(model={**MODEL, "d_model": 48}), run, progress=False)
 
 

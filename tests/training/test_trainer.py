@@ -65,8 +65,11 @@ def test_a_checkpoint_of_other_phases_is_refused_with_a_way_out(tmp_path):
     train(config, tmp_path, progress=False, stop_after=2)
     path = tmp_path / "checkpoint" / "optimizer.pt"
     torch.save({"optimizers": {"generator": {}}, "schedulers": {"generator": {}}}, path)
-    with pytest.raises(ValueError, match=r"optimizers for the phases \['generator'\], and the model trains in "
-                                         r"\['model'\]; .* start over \(--restart\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"optimizers for the phases \['generator'\], and the model trains in "
+        r"\['model'\]; .* start over \(--restart\)",
+    ):
         train(config, tmp_path, progress=False)
 
 
@@ -86,7 +89,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch
         return value * float("nan") if calls["n"] == 6 else value
 
     monkeypatch.setattr(Seq2SeqTask, "loss", loss)
-    with pytest.raises(TrainingDiverged, match=f"at step 6; kept: the checkpoint of step 4 in {tmp_path / 'checkpoint'}"):
+    with pytest.raises(
+        TrainingDiverged, match=f"at step 6; kept: the checkpoint of step 4 in {tmp_path / 'checkpoint'}"
+    ):
         train(small_config(checkpoint_every=2), tmp_path, progress=False)
     state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
     assert state["step"] == 4
@@ -112,11 +117,18 @@ def test_a_variant_unfit_for_the_task_is_refused_before_training(tmp_path):
         train(config, tmp_path, progress=False)
 
 
-@pytest.mark.parametrize(("model", "error", "message"), [
-    ("nope", tz.UnknownNameError, "model: unknown variant 'nope'"),
-    ({}, tz.ConfigError, "model: a config needs a 'variant' key"),
-    ({**SMALL_MODEL, "d_model": "wide"}, tz.ConfigError, "(?s)model: invalid config .*d_model: Input should be a valid"),
-])
+@pytest.mark.parametrize(
+    ("model", "error", "message"),
+    [
+        ("nope", tz.UnknownNameError, "model: unknown variant 'nope'"),
+        ({}, tz.ConfigError, "model: a config needs a 'variant' key"),
+        (
+            {**SMALL_MODEL, "d_model": "wide"},
+            tz.ConfigError,
+            "(?s)model: invalid config .*d_model: Input should be a valid",
+        ),
+    ],
+)
 def test_a_bad_model_in_a_training_config_is_named_as_the_model(tmp_path, model, error, message):
     config = load_train_config({"model": model, "task": SMALL_TASK, "steps": 2})
     with pytest.raises(error, match=message):
@@ -151,7 +163,9 @@ def test_a_compiled_run_follows_the_eager_curve_and_reports_its_flops(tmp_path):
 
     eager = train(small_config(model=model, steps=3, log_every=1, peak_tflops=0.5), tmp_path / "eager", progress=False)
     counters.clear()
-    compiled = train(small_config(model=model, steps=3, log_every=1, compile=True), tmp_path / "compiled", progress=False)
+    compiled = train(
+        small_config(model=model, steps=3, log_every=1, compile=True), tmp_path / "compiled", progress=False
+    )
     assert counters["stats"]["unique_graphs"] > 0, "the model was really compiled"
     curve = [[h["loss"] for h in run["history"]] for run in (eager, compiled)]
     torch.testing.assert_close(torch.tensor(curve[0]), torch.tensor(curve[1]), rtol=1e-4, atol=1e-5)
@@ -175,15 +189,23 @@ def test_a_trainer_in_parts_takes_the_steps_train_takes(tmp_path):
     trainer.save(2)
     resumed = Trainer(config, tmp_path / "parts", progress=False).setup()
     assert resumed.start == 2 and resumed.run()["history"][-1]["loss"] == summary["history"][-1]["loss"]
-    assert all(torch.equal(a, b) for a, b in zip(weights(tmp_path / "whole").values(), weights(tmp_path / "parts").values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(weights(tmp_path / "whole").values(), weights(tmp_path / "parts").values())
+    )
 
 
-@pytest.mark.parametrize("module", [train_module, step_module, checkpointing_module, placement_module,
-                                    interrupts_module], ids=lambda module: module.__name__.rpartition(".")[2])
+@pytest.mark.parametrize(
+    "module",
+    [train_module, step_module, checkpointing_module, placement_module, interrupts_module],
+    ids=lambda module: module.__name__.rpartition(".")[2],
+)
 def test_no_function_of_the_trainer_is_longer_than_a_screen(module):
     tree = ast.parse(inspect.getsource(module))
-    spans = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
-             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    spans = {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
     assert spans, "the module's functions were read"
     assert {name: lines for name, lines in spans.items() if lines > 60} == {}
     if module is train_module:

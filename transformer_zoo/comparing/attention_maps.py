@@ -47,8 +47,9 @@ def example_row(task: Any, text: str | None, example: str | None) -> dict[str, A
     return data[int(index)]
 
 
-def layer_figure(blocks: dict[str, torch.Tensor], labels: dict[str, tuple[list[str] | None, list[str] | None]],
-                 title: str) -> Figure:
+def layer_figure(
+    blocks: dict[str, torch.Tensor], labels: dict[str, tuple[list[str] | None, list[str] | None]], title: str
+) -> Figure:
     """A grid of one layer's attention: a row per block (``blocks``: name -> weights
     ``(1, heads, queries, keys)``), a column per head, one colour bar; ``labels``: block name ->
     (query, key) token strings, or None to tick positions."""
@@ -94,8 +95,13 @@ def image_grid(keys: int, size: tuple[int, int]) -> tuple[int, tuple[int, int]]:
     for offset in (0, 1):
         for rows in range(1, height + 1):
             cells = keys - offset
-            if height % rows == 0 and cells % rows == 0 and cells // rows and width % (cells // rows) == 0 \
-                    and height // rows == width // (cells // rows):
+            if (
+                height % rows == 0
+                and cells % rows == 0
+                and cells // rows
+                and width % (cells // rows) == 0
+                and height // rows == width // (cells // rows)
+            ):
                 return offset, (rows, cells // rows)
     raise ValueError(f"{keys} attended positions do not tile a {height}x{width} image")
 
@@ -142,8 +148,9 @@ def overlay_figure(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: 
                 ax.set_ylabel(name, fontsize=7)
                 ax.set_title(f"query pixel {query}" if row == 0 else "", fontsize=7)
             elif col <= weights.size(0):
-                overlay = ax.imshow(grids[col - 1].float().cpu().numpy(), cmap="inferno", alpha=0.65, extent=extent,
-                                    vmin=0.0, vmax=top)
+                overlay = ax.imshow(
+                    grids[col - 1].float().cpu().numpy(), cmap="inferno", alpha=0.65, extent=extent, vmin=0.0, vmax=top
+                )
                 ax.plot(query[1], query[0], "o", color="cyan", markersize=4)
                 ax.set_title(f"head {col}", fontsize=7)
             else:
@@ -153,16 +160,23 @@ def overlay_figure(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: 
     return fig
 
 
-def _image_maps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], queries: list[tuple[int, int]] | None,
-                title: str, out: Path) -> list[Path]:
+def _image_maps(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    queries: list[tuple[int, int]] | None,
+    title: str,
+    out: Path,
+) -> list[Path]:
     output = model(**inputs, need_weights=True)
     image = (inputs["image"] if "image" in inputs else output.logits)[0]  # a generator's own drawing
     height, width = image.shape[-2:]
     queries = queries or [(height // 4, width // 4), (height // 2, width // 2), (3 * height // 4, 3 * width // 4)]
     for row, col in queries:
         if not (0 <= row < height and 0 <= col < width):
-            raise ValueError(f"--query {row},{col} is outside the {height}x{width} image; rows are 0 to {height - 1}, "
-                             f"columns 0 to {width - 1}")
+            raise ValueError(
+                f"--query {row},{col} is outside the {height}x{width} image; rows are 0 to {height - 1}, "
+                f"columns 0 to {width - 1}"
+            )
     blocks = {}
     for stack, layers in output.attentions.items():
         for i, layer in enumerate(layers):
@@ -180,8 +194,14 @@ def _image_maps(model: torch.nn.Module, inputs: dict[str, torch.Tensor], queries
 
 
 @torch.no_grad()
-def attention_maps(run_dir: str | os.PathLike, *, text: str | None = None, example: str | None = None,
-                   out: str | os.PathLike | None = None, queries: list[tuple[int, int]] | None = None) -> list[Path]:
+def attention_maps(
+    run_dir: str | os.PathLike,
+    *,
+    text: str | None = None,
+    example: str | None = None,
+    out: str | os.PathLike | None = None,
+    queries: list[tuple[int, int]] | None = None,
+) -> list[Path]:
     """Draw the attention of a finished run's model on one example; returns the PNG paths.
 
     Args:
@@ -195,8 +215,10 @@ def attention_maps(run_dir: str | os.PathLike, *, text: str | None = None, examp
     config, task, model = load_run(run_dir)
     images = getattr(model.config, "inputs", "tokens") == "image"
     if queries and not images:
-        raise ValueError(f"--query picks pixels of an image model; {model.config.variant!r} reads tokens, and its "
-                         "maps show every query token")
+        raise ValueError(
+            f"--query picks pixels of an image model; {model.config.variant!r} reads tokens, and its "
+            "maps show every query token"
+        )
     torch.manual_seed(0)  # a generator draws from noise: the same picture every time
     inputs = task.example_inputs(model, example_row(task, text, example))
     out = Path(out) if out is not None else Path(run_dir) / "attention"

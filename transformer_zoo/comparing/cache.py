@@ -31,8 +31,10 @@ from .. import __version__
 from ..training.config import TrainConfig
 from ..training.placement import resolve_device
 
-KEY_VERSIONS = {"transformer_zoo": ".".join(__version__.split(".")[:2]),
-                "torch": ".".join(torch.__version__.split("+")[0].split(".")[:2])}
+KEY_VERSIONS = {
+    "transformer_zoo": ".".join(__version__.split(".")[:2]),
+    "torch": ".".join(torch.__version__.split("+")[0].split(".")[:2]),
+}
 """The versions a run's key holds: major.minor of transformer-zoo and of torch (a patch release
 changes no result; a minor one may change a kernel, and with it the last digits)."""
 NOT_IN_KEY = frozenset({"checkpoint_every", "checkpoint_minutes", "peak_tflops"})
@@ -49,8 +51,12 @@ def data_files(value: Any, field: str | None = None) -> list[list[Any]]:
     """Path, size and modification time of every local file a task config's :data:`DATA_FIELDS`
     name (a file, a folder's files, a glob's matches), for a run's key."""
     if isinstance(value, dict):
-        return [entry for key, item in value.items() if field or key in DATA_FIELDS
-                for entry in data_files(item, field or key)]
+        return [
+            entry
+            for key, item in value.items()
+            if field or key in DATA_FIELDS
+            for entry in data_files(item, field or key)
+        ]
     if field is None:
         return []
     if isinstance(value, list):
@@ -74,9 +80,14 @@ def run_key(config: TrainConfig, model: Any, probes: list[str] = ()) -> str:
     task = config.task.model_dump(mode="json")
     held = set() if config.holdout is not None else {"holdout", "holdout_seed"}  # the keys of runs before them
     train = config.model_dump(mode="json", exclude={"model", "task", *NOT_IN_KEY, *held})
-    content = {"model": model.model_dump(mode="json"), "task": task, "data": data_files(task),
-               "train": {**train, "device": resolve_device(config.device).type}, "probes": sorted(probes),
-               "versions": KEY_VERSIONS}
+    content = {
+        "model": model.model_dump(mode="json"),
+        "task": task,
+        "data": data_files(task),
+        "train": {**train, "device": resolve_device(config.device).type},
+        "probes": sorted(probes),
+        "versions": KEY_VERSIONS,
+    }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 

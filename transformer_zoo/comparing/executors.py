@@ -92,8 +92,10 @@ def local_devices(config_device: str) -> list[str]:
         ConfigError: the runs ask for CUDA and there is none.
     """
     if config_device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("the runs ask for device 'cuda' but this machine has no CUDA device; set the spec's train "
-                          "device to auto or cpu")
+        raise ConfigError(
+            "the runs ask for device 'cuda' but this machine has no CUDA device; set the spec's train "
+            "device to auto or cpu"
+        )
     if config_device != "cpu" and torch.cuda.is_available():
         return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     return ["cpu"]
@@ -109,8 +111,10 @@ def check_devices(devices: list[str]) -> None:
     known = ["cpu", *(f"cuda:{i}" for i in range(count))]
     wrong = [device for device in devices if device not in known]
     if wrong:
-        raise ConfigError(f"devices {wrong} are not devices of this machine; name {' or '.join(known)} (this machine "
-                          f"has {count} GPU(s)), or leave devices out to use every GPU")
+        raise ConfigError(
+            f"devices {wrong} are not devices of this machine; name {' or '.join(known)} (this machine "
+            f"has {count} GPU(s)), or leave devices out to use every GPU"
+        )
 
 
 def use_device(device: str) -> None:
@@ -156,8 +160,15 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, slots: list[str], threads: int, plugins: list[str] = (), retries: int = 2,
-                 in_process: bool = False, fail_fast: bool = False) -> None:
+    def __init__(
+        self,
+        slots: list[str],
+        threads: int,
+        plugins: list[str] = (),
+        retries: int = 2,
+        in_process: bool = False,
+        fail_fast: bool = False,
+    ) -> None:
         """
         Args:
             slots: the device of each worker.
@@ -204,8 +215,12 @@ class LocalExecutor(Executor):
 
         def start(slot: int) -> None:
             here, there = context.Pipe()
-            process = context.Process(target=_serve, args=(there, self.plugins, self.threads, self.slots[slot], self._where(slot)),
-                                      name=f"tzoo-worker-{slot}", daemon=True)
+            process = context.Process(
+                target=_serve,
+                args=(there, self.plugins, self.threads, self.slots[slot], self._where(slot)),
+                name=f"tzoo-worker-{slot}",
+                daemon=True,
+            )
             process.start()
             there.close()
             workers[slot] = (process, here)
@@ -227,7 +242,9 @@ class LocalExecutor(Executor):
                         yield RunEvent("running", job, self._where(slot), attempts[job.run_dir])
                 if not busy:  # every idle worker had died: start others
                     continue
-                ready = connection.wait([workers[slot][1] for slot in busy] + [workers[slot][0].sentinel for slot in busy])
+                ready = connection.wait(
+                    [workers[slot][1] for slot in busy] + [workers[slot][0].sentinel for slot in busy]
+                )
                 for slot in [s for s in busy if workers[s][1] in ready or workers[s][0].sentinel in ready]:
                     process, conn = workers[slot]
                     job = busy.pop(slot)
@@ -303,8 +320,15 @@ class RayExecutor(Executor):
 
     name = "ray"
 
-    def __init__(self, threads: int, plugins: list[str] = (), retries: int = 2, address: str | None = None,
-                 gpus_per_run: float | None = None, runs_per_device: int = 1) -> None:
+    def __init__(
+        self,
+        threads: int,
+        plugins: list[str] = (),
+        retries: int = 2,
+        address: str | None = None,
+        gpus_per_run: float | None = None,
+        runs_per_device: int = 1,
+    ) -> None:
         """
         Args:
             threads: CPU threads of each run (its ``num_cpus``).
@@ -338,11 +362,16 @@ class RayExecutor(Executor):
         try:
             gpus = self.gpus_per_run
             if gpus is None:
-                gpus = 1 / self.runs_per_device if ray.cluster_resources().get("GPU", 0) and not all(
-                    job.config.get("device") == "cpu" for job in jobs) else 0
+                gpus = (
+                    1 / self.runs_per_device
+                    if ray.cluster_resources().get("GPU", 0)
+                    and not all(job.config.get("device") == "cpu" for job in jobs)
+                    else 0
+                )
             news = queue.Queue(actor_options={"num_cpus": 0})
-            task = ray.remote(_ray_run).options(num_cpus=self.threads, num_gpus=gpus, max_retries=self.retries,
-                                                retry_exceptions=False)
+            task = ray.remote(_ray_run).options(
+                num_cpus=self.threads, num_gpus=gpus, max_retries=self.retries, retry_exceptions=False
+            )
             by_folder = {job.run_dir: job for job in jobs}
             for job in jobs:
                 refs[task.remote(job, self.plugins, self.threads, gpus, news)] = job
@@ -360,15 +389,28 @@ class RayExecutor(Executor):
                     try:
                         record = ray.get(ref)
                     except ray.exceptions.RayTaskError as exc:  # the run raised: it would again
-                        yield RunEvent("failed", job, attempt=attempts_so_far(job.run_dir, job.invocation),
-                                       error=describe(exc.cause) if exc.cause else str(exc))
+                        yield RunEvent(
+                            "failed",
+                            job,
+                            attempt=attempts_so_far(job.run_dir, job.invocation),
+                            error=describe(exc.cause) if exc.cause else str(exc),
+                        )
                         continue
                     except ray.exceptions.RayError as exc:  # its worker or node died once more than it may
-                        yield RunEvent("failed", job, attempt=attempts_so_far(job.run_dir, job.invocation),
-                                       error=f"{describe(exc)} (after {self.retries} retries)")
+                        yield RunEvent(
+                            "failed",
+                            job,
+                            attempt=attempts_so_far(job.run_dir, job.invocation),
+                            error=f"{describe(exc)} (after {self.retries} retries)",
+                        )
                         continue
-                    yield RunEvent("done", job, (record or {}).get("placed_on", ""), (record or {}).get("attempts", 1),
-                                   record=record)
+                    yield RunEvent(
+                        "done",
+                        job,
+                        (record or {}).get("placed_on", ""),
+                        (record or {}).get("attempts", 1),
+                        record=record,
+                    )
         finally:
             for ref in refs:  # Ctrl-C: stop what still trains; each run keeps its last checkpoint
                 ray.cancel(ref, force=True)

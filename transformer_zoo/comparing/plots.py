@@ -113,8 +113,14 @@ def _outer_legend(fig: Figure, axes: Iterable[Axes], columns: int = 3) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
     if entries:
-        fig.legend(list(entries.values()), list(entries), loc="outside lower center",
-                   ncols=min(columns, len(entries)), fontsize=8, frameon=False)
+        fig.legend(
+            list(entries.values()),
+            list(entries),
+            loc="outside lower center",
+            ncols=min(columns, len(entries)),
+            fontsize=8,
+            frameon=False,
+        )
 
 
 # ---- learning curves ----------------------------------------------------------------------
@@ -140,8 +146,12 @@ def _mean_curve(runs: list[RunRecord], key: str) -> tuple[list[float], list[floa
             if key in point:
                 by_step[point["step"]].append(point[key])
     steps = sorted(by_step)
-    return (steps, [statistics.fmean(by_step[s]) for s in steps], [min(by_step[s]) for s in steps],
-            [max(by_step[s]) for s in steps])
+    return (
+        steps,
+        [statistics.fmean(by_step[s]) for s in steps],
+        [min(by_step[s]) for s in steps],
+        [max(by_step[s]) for s in steps],
+    )
 
 
 def curves_figure(records: list[RunRecord], task: str) -> Figure:
@@ -173,8 +183,9 @@ def curves_figure(records: list[RunRecord], task: str) -> Figure:
         ax.set_ylabel(_loss_name(key))
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("training step")
-    fig.suptitle(f"Learning curves on {task}: {_seeds_note(groups.values(), 'shaded band: range over seeds')}",
-                 fontsize=10)
+    fig.suptitle(
+        f"Learning curves on {task}: {_seeds_note(groups.values(), 'shaded band: range over seeds')}", fontsize=10
+    )
     _outer_legend(fig, axes)
     return fig
 
@@ -212,8 +223,16 @@ def metric_figure(records: list[RunRecord]) -> Figure:
         for variant, runs in groups.items():
             mean, error = _mean_and_error([r.metrics["test"][r.metric] for r in runs])
             size = statistics.fmean(r.parameters for r in runs)
-            ax.errorbar([size], [mean], yerr=error, capsize=4, markersize=7, linestyle="none", label=_name(variant),
-                        **styles[variant])
+            ax.errorbar(
+                [size],
+                [mean],
+                yerr=error,
+                capsize=4,
+                markersize=7,
+                linestyle="none",
+                label=_name(variant),
+                **styles[variant],
+            )
             sizes.append(size)
         log_axis(ax, "x", min(sizes), max(sizes))
         better = first.better[metric]
@@ -241,8 +260,13 @@ def throughput_figure(records: list[RunRecord]) -> Figure:
     fig = Figure(figsize=(WIDTH, 0.7 + sum(0.95 + 0.3 * n for n in bars)), layout="constrained")
     axes = fig.subplots(len(tasks), 1, squeeze=False, gridspec_kw={"height_ratios": [n + 1.5 for n in bars]})[:, 0]
     for ax, (task, groups) in zip(axes, by_task.items()):
-        rows = sorted(((variant, *_mean_and_error([r.train_tokens_per_second for r in runs]))
-                       for variant, runs in groups.items()), key=lambda row: -row[1])
+        rows = sorted(
+            (
+                (variant, *_mean_and_error([r.train_tokens_per_second for r in runs]))
+                for variant, runs in groups.items()
+            ),
+            key=lambda row: -row[1],
+        )
         ends = []
         for y, (variant, mean, error) in enumerate(rows):
             ax.barh(y, mean, xerr=error, height=0.65, capsize=3, color=styles[variant]["color"])
@@ -257,8 +281,7 @@ def throughput_figure(records: list[RunRecord]) -> Figure:
         ax.set_xlabel(f"training tokens / s (tokens of {task})", fontsize=9)
         ax.grid(axis="x", alpha=0.3)
     note = _seeds_note([runs for groups in by_task.values() for runs in groups.values()], "error bars: 95% interval")
-    fig.suptitle(f"Training throughput, a panel per task (a token is a different unit in each): {note}",
-                 fontsize=10)
+    fig.suptitle(f"Training throughput, a panel per task (a token is a different unit in each): {note}", fontsize=10)
     return fig
 
 
@@ -278,7 +301,7 @@ def _ponder_rows(ponder: dict[str, torch.Tensor], tokens: dict[str, list[str]]) 
         labels = labels if len(labels) == len(values) else [str(i + 1) for i in range(len(values))]
         width = math.ceil(len(values) / max(1, math.ceil(len(values) / PONDER_ROW)))
         for start in range(0, len(values), width):
-            rows.append((stack, start, values[start:start + width], labels[start:start + width]))
+            rows.append((stack, start, values[start : start + width], labels[start : start + width]))
     return rows
 
 
@@ -294,13 +317,19 @@ def ponder_figure(ponder: dict[str, torch.Tensor], tokens: dict[str, list[str]])
     for ax, (stack, start, values, labels) in zip(axes, rows):
         image = ax.imshow([values], cmap="magma", vmin=0, vmax=top, aspect="auto")
         for i, value in enumerate(values):
-            ax.text(i, 0, f"{value:.1f}", ha="center", va="center", fontsize=7.5,
-                    color="white" if value < 0.6 * top else "black")
+            ax.text(
+                i,
+                0,
+                f"{value:.1f}",
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                color="white" if value < 0.6 * top else "black",
+            )
         ax.set_xlim(-0.5, width - 0.5)
         ax.set_xticks(range(len(labels)), labels, fontsize=8, rotation=90)
         ax.set_yticks([])
-        ax.set_ylabel(f"{stack}\n{start + 1}-{start + len(values)}", rotation=0, ha="right", va="center",
-                      fontsize=8)
+        ax.set_ylabel(f"{stack}\n{start + 1}-{start + len(values)}", rotation=0, ha="right", va="center", fontsize=8)
     fig.colorbar(image, ax=list(axes), label="ponder time (steps)", fraction=0.04, pad=0.02)
     axes[0].set_title("Ponder time per position of one test example (rows: stack, positions)", fontsize=10)
     axes[-1].set_xlabel("token", fontsize=9)
@@ -323,10 +352,13 @@ def scaling_figure(points: list[ScalingPoint]) -> Figure:
     models = list(dict.fromkeys(p.label for p in points))
     for column, mode in enumerate(MODES):
         for name in models:
-            mine = sorted((p for p in points if p.mode == mode and p.label == name and not p.error),
-                          key=lambda p: p.length)
+            mine = sorted(
+                (p for p in points if p.mode == mode and p.label == name and not p.error), key=lambda p: p.length
+            )
             style = "--" if "[" in name else "-"
-            axes[0, column].plot([p.length for p in mine], [p.seconds * 1e3 for p in mine], style, marker="o", label=name)
+            axes[0, column].plot(
+                [p.length for p in mine], [p.seconds * 1e3 for p in mine], style, marker="o", label=name
+            )
             axes[1, column].plot([p.length for p in mine], [p.peak_mb for p in mine], style, marker="o", label=name)
         axes[0, column].set(title=MODE_NAMES[mode], ylabel="time per pass (ms)")
         axes[1, column].set(xlabel="sequence length (tokens)", ylabel="peak tensor memory (MiB)")
@@ -357,8 +389,13 @@ def tuning_figure(tuned: list[Tuned], task: str) -> Figure:
         trials = sorted(study.trials, key=lambda t: t.number)
         numbers = [t.number + 1 for t in trials]
         best = study.best_so_far()
-        ax.step([n for n, b in zip(numbers, best) if b is not None], [b for b in best if b is not None], where="post",
-                color=color, label=_name(study.variant))
+        ax.step(
+            [n for n, b in zip(numbers, best) if b is not None],
+            [b for b in best if b is not None],
+            where="post",
+            color=color,
+            label=_name(study.variant),
+        )
         done = [(t.number + 1, t.value) for t in trials if t.value is not None]
         ax.plot([n for n, _ in done], [v for _, v in done], marker, color=color, alpha=0.6, linestyle="none")
         pruned = [(t.number + 1, t.scores[max(t.scores)]) for t in trials if t.state == "pruned" and t.scores]

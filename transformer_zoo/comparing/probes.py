@@ -38,9 +38,9 @@ ProbeName = Literal["attention", "alignment"]
 
 PROBE_NAMES: dict[str, str] = {
     "attention": "attention_entropy (mean entropy of an attention row over real queries, in nats) and saturated_rows "
-                 f"(fraction of rows whose largest weight is above {SATURATED}); token models",
+    f"(fraction of rows whose largest weight is above {SATURATED}); token models",
     "alignment": "alignment (the largest, over decoder layers, mean cross-attention weight an output position puts "
-                 "on the source position it copies); encoder-decoder models on copy and reverse",
+    "on the source position it copies); encoder-decoder models on copy and reverse",
 }
 """Each probe a spec can ask for, with what it measures."""
 
@@ -147,8 +147,9 @@ def mirror_alignment(model: nn.Module, task: Any, examples: int = 64, mirrored: 
     if ran is None:
         return {}
     inputs, out = ran
-    layers = [blocks["cross"] for blocks in (getattr(out, "attentions", None) or {}).get("decoder", [])
-              if "cross" in blocks]
+    layers = [
+        blocks["cross"] for blocks in (getattr(out, "attentions", None) or {}).get("decoder", []) if "cross" in blocks
+    ]
     if not layers:
         return {}
     batch, tgt_len, src_len = layers[0].size(0), layers[0].size(-2), layers[0].size(-1)

@@ -92,8 +92,10 @@ class GridProgress:
         if event.state == "done":
             self.say(f"[{self.ended}/{self.total}] {event.job.title}: {outcome(event)}; {self.eta()}")
         elif event.state == "failed":
-            self.say(f"[{self.ended}/{self.total}] {event.job.title} failed{where} (attempt {event.attempt}): "
-                     f"{event.error.splitlines()[0]}; {self.eta()}")
+            self.say(
+                f"[{self.ended}/{self.total}] {event.job.title} failed{where} (attempt {event.attempt}): "
+                f"{event.error.splitlines()[0]}; {self.eta()}"
+            )
         elif event.state == "retried":
             cause = f"{event.error}{where}; " if event.error else ""
             self.say(f"{event.job.title}: {cause}starting it again from its last checkpoint (attempt {event.attempt})")

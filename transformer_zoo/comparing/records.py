@@ -33,43 +33,61 @@ class RunRecord(BaseModel):
     peak_memory_mb: float = Field(
         description="peak memory (MiB) of training: on CPU, the tensor storage alive at once during one training "
         "step on the run's first batch (weights, gradients, AdamW state and activations), counted exactly by "
-        "PeakMemory; on CUDA, the allocator's peak over the run")
+        "PeakMemory; on CUDA, the allocator's peak over the run"
+    )
     steps: int = Field(description="optimizer steps taken")
     wall_seconds: float = Field(description="wall time of the run, evaluation included")
     started: str = Field("", description="when the run started (UTC, ISO 8601)")
     threads: int = Field(0, description="the CPU threads the run trained with")
     cpus: int = Field(0, description="the cores available to the run's process")
     load_average: float = Field(
-        0.0, description="the machine's 1-minute load average, the larger of its values at the start and the end of "
-        "training (the comparison's own runs included): one or more above cpus, other work competed with the run")
+        0.0,
+        description="the machine's 1-minute load average, the larger of its values at the start and the end of "
+        "training (the comparison's own runs included): one or more above cpus, other work competed with the run",
+    )
     invocation: str = Field("", description="the compare invocation that ran it (its start time)")
     reused: bool = Field(
-        False, description="finished by an earlier invocation and kept: its costs were measured under other conditions")
+        False, description="finished by an earlier invocation and kept: its costs were measured under other conditions"
+    )
     placed_on: str = Field("", description="where it trained: the device of a local worker, or a Ray node and its GPUs")
-    attempts: int = Field(1, description="times its invocation started it: more than one, it was retried after its "
-                          "worker died, from its last checkpoint")
-    resumed_from: int | None = Field(None, description="the checkpoint step its last start resumed from; None: from "
-                                     "scratch")
+    attempts: int = Field(
+        1,
+        description="times its invocation started it: more than one, it was retried after its "
+        "worker died, from its last checkpoint",
+    )
+    resumed_from: int | None = Field(
+        None, description="the checkpoint step its last start resumed from; None: from scratch"
+    )
     run_folder: str = Field("", description="its run folder (in the run cache), relative to the report when under it")
     metric: str = Field(description="the task's headline metric")
     metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
     better: dict[str, Better] = Field(
-        {}, description="which way each metric is better, as the task declares it (its metrics); a metric a record "
-        "does not give takes the direction the tasks that declare its name give it (higher where none does)")
+        {},
+        description="which way each metric is better, as the task declares it (its metrics); a metric a record "
+        "does not give takes the direction the tasks that declare its name give it (higher where none does)",
+    )
     bounds: dict[str, tuple[float, float]] = Field(
-        {}, description="the range (low, high) each bounded metric's values lie in, as the task declares it (its "
+        {},
+        description="the range (low, high) each bounded metric's values lie in, as the task declares it (its "
         "bounds: an accuracy (0, 1), BLEU (0, 100)); a metric absent here, and every metric of a record written "
-        "without bounds, is unbounded")
-    curve: list[dict[str, float]] = Field(description="the learning curve: step, loss, lr, and test metrics when evaluated")
+        "without bounds, is unbounded",
+    )
+    curve: list[dict[str, float]] = Field(
+        description="the learning curve: step, loss, lr, and test metrics when evaluated"
+    )
     ponder_time: dict[str, float] = Field(
         {}, description="models with a recurrent stack: mean steps per real test position, by stack (fixed without ACT)"
     )
-    ponder_plot: str | None = Field(None, description="a heat map of one test example's ponder times, relative to the report")
+    ponder_plot: str | None = Field(
+        None, description="a heat map of one test example's ponder times, relative to the report"
+    )
     probes: dict[str, float] = Field({}, description="the spec's probes of the trained model, by measurement name")
     samples_plot: str | None = Field(None, description="a generation task: a grid of samples, relative to the report")
     tuning_seconds: float | None = Field(
-        None, description="wall seconds of the tuning trials that chose this variant's setting on this task (the "
-        "spec's tune:), the same for each of its seeds; None: not tuned")
+        None,
+        description="wall seconds of the tuning trials that chose this variant's setting on this task (the "
+        "spec's tune:), the same for each of its seeds; None: not tuned",
+    )
 
     @model_validator(mode="after")
     def _every_direction(self) -> RunRecord:
@@ -79,6 +97,7 @@ class RunRecord(BaseModel):
             declared = declared_metrics()
             self.better = {**{name: declared.get(name, "higher") for name in sorted(names)}, **self.better}
         return self
+
 
 class Failed(BaseModel):
     """A run that did not finish: its error, or the worker that died once more than it may be retried."""
@@ -117,13 +136,19 @@ class Column(BaseModel):
     better: Literal["higher", "lower"] | None = Field(description="which way is better; None: neither (a size)")
     best: str | None = Field(None, description="the variant whose mean is best and separable from every other's")
     scale: Literal["linear", "log", "arcsine-sqrt"] = Field(
-        "linear", description="the scale of its cells' Student-t intervals: 'linear' (unbounded), 'log' (a cost: "
-        "positive), 'arcsine-sqrt' (a metric with bounds), each mapped back to the column's units")
-    bounds: tuple[float, float] | None = Field(None, description="the range its values lie in, as the task declares "
-                                               "it; None: unbounded")
-    decimals: int = Field(3, description="the decimals every number of the column is written with (means, interval "
-                          "ends and differences; 0 when a value reaches 1,000 or every value is whole), with "
-                          "thousands separators")
+        "linear",
+        description="the scale of its cells' Student-t intervals: 'linear' (unbounded), 'log' (a cost: "
+        "positive), 'arcsine-sqrt' (a metric with bounds), each mapped back to the column's units",
+    )
+    bounds: tuple[float, float] | None = Field(
+        None, description="the range its values lie in, as the task declares it; None: unbounded"
+    )
+    decimals: int = Field(
+        3,
+        description="the decimals every number of the column is written with (means, interval "
+        "ends and differences; 0 when a value reaches 1,000 or every value is whole), with "
+        "thousands separators",
+    )
 
 
 class Test(BaseModel):
@@ -138,8 +163,11 @@ class Test(BaseModel):
     p: float | None = Field(description="two-sided p of the test; None: fewer than two seeds on a side, no test")
     test: TestKind
     separable: bool = Field(description=f"p < {ALPHA}")
-    p_holm: float | None = Field(None, description="p adjusted by Holm's step-down correction over every test of "
-                                 "the task (each metric column, each variant against the reference)")
+    p_holm: float | None = Field(
+        None,
+        description="p adjusted by Holm's step-down correction over every test of "
+        "the task (each metric column, each variant against the reference)",
+    )
     survives_holm: bool = Field(False, description=f"p_holm < {ALPHA}: separable once every test of the task counts")
 
 
@@ -153,14 +181,17 @@ class TaskSummary(BaseModel):
     seeds: int = Field(description="the fewest seeds any variant ran")
     columns: list[Column]
     cells: dict[str, dict[str, Cell]] = Field(description="variant -> column -> mean and interval")
-    tests: list[Test] = Field(description="every other variant against the reference, in each metric column, with "
-                              "Holm's correction over them all")
+    tests: list[Test] = Field(
+        description="every other variant against the reference, in each metric column, with "
+        "Holm's correction over them all"
+    )
     best: str | None = Field(description="the headline's winner, when separable from every other variant")
     leaders: list[str] = Field(description="the best headline mean's variant and those not separable from it")
     verdict: str = Field(description="the headline finding in words")
     costs_comparable: bool = Field(description="every run of the task ran in this invocation, so times compare")
     cost_ratios: dict[str, dict[str, float]] = Field(
-        description="variant -> cost column -> its mean over the reference's (times only when costs_comparable)")
+        description="variant -> cost column -> its mean over the reference's (times only when costs_comparable)"
+    )
 
 
 class TrialRecord(BaseModel):
@@ -193,9 +224,10 @@ class Tuned(BaseModel):
     @property
     def top(self) -> list[TrialRecord]:
         """The best quarter of the finished trials (at least two, when two finished), best first."""
-        done = sorted((t for t in self.trials if t.value is not None), key=lambda t: t.value,
-                      reverse=self.direction == "maximize")
-        return done[:max(2, math.ceil(len(done) / 4))]
+        done = sorted(
+            (t for t in self.trials if t.value is not None), key=lambda t: t.value, reverse=self.direction == "maximize"
+        )
+        return done[: max(2, math.ceil(len(done) / 4))]
 
     def best_so_far(self) -> list[float | None]:
         """The best finished score after each trial, in trial order."""
@@ -215,8 +247,9 @@ class CompareResults(BaseModel):
     invocation: str = Field("", description="this invocation (its start time); a run of another was reused")
     runs: list[RunRecord] = Field(description="one record per run")
     skipped: list[Skipped] = Field(description="pairs not run, with the reason")
-    failed: list[Failed] = Field([], description="runs that did not finish, with what went wrong; the others are "
-                                 "summarized without them")
+    failed: list[Failed] = Field(
+        [], description="runs that did not finish, with what went wrong; the others are summarized without them"
+    )
     baselines: dict[str, dict[str, float]] = Field(
         {}, description="by task: test scores of a reference predictor (the majority class), where the task has one"
     )
@@ -224,5 +257,7 @@ class CompareResults(BaseModel):
     scaling: list[ScalingPoint] = Field([], description="time and memory against sequence length, when the spec asks")
     tuning: list[Tuned] = Field([], description="by variant and task: what tuning tried and chose, when the spec asks")
     summaries: list[TaskSummary] = Field(
-        [], description="by task: every column's mean and 95% interval over seeds, each variant tested against the "
-        "reference, and the verdict")
+        [],
+        description="by task: every column's mean and 95% interval over seeds, each variant tested against the "
+        "reference, and the verdict",
+    )

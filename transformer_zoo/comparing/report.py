@@ -43,22 +43,31 @@ def tests_table(summary: TaskSummary) -> str:
     correction over all of the task's tests, with whether each difference survives it."""
     decimals = {column.name: column.decimals for column in summary.columns}
     family = sum(test.p is not None for test in summary.tests)
-    lines = [(f"Against the reference, {summary.reference} ({TEST_NAMES[summary.test]}; the difference is the "
-              "variant's mean minus the reference's, with its 95% interval; Holm p is p adjusted by Holm's step-down "
-              f"correction over the task's {family} tests, and a difference separable at {ALPHA} survives it when "
-              f"Holm p < {ALPHA} too):"), "",
-             f"| variant | column | difference [95% CI] | p | Holm p | separable at {ALPHA} | survives Holm |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        (
+            f"Against the reference, {summary.reference} ({TEST_NAMES[summary.test]}; the difference is the "
+            "variant's mean minus the reference's, with its 95% interval; Holm p is p adjusted by Holm's step-down "
+            f"correction over the task's {family} tests, and a difference separable at {ALPHA} survives it when "
+            f"Holm p < {ALPHA} too):"
+        ),
+        "",
+        f"| variant | column | difference [95% CI] | p | Holm p | separable at {ALPHA} | survives Holm |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for test in summary.tests:
         d = decimals.get(test.column)
         if test.p is None:
-            lines.append(f"| {test.variant} | {test.column} | {format_number(test.difference, d)} | n/a | n/a | "
-                         "no test (one seed) | n/a |")
+            lines.append(
+                f"| {test.variant} | {test.column} | {format_number(test.difference, d)} | n/a | n/a | "
+                "no test (one seed) | n/a |"
+            )
             continue
         interval = f"{format_number(test.difference, d)} [{format_number(test.low, d)}, {format_number(test.high, d)}]"
         holm = "n/a" if test.p_holm is None else f"{test.p_holm:.3g}"
-        lines.append(f"| {test.variant} | {test.column} | {interval} | {test.p:.3g} | {holm} | "
-                     f"{'yes' if test.separable else 'no'} | {'yes' if test.survives_holm else 'no'} |")
+        lines.append(
+            f"| {test.variant} | {test.column} | {interval} | {test.p:.3g} | {holm} | "
+            f"{'yes' if test.separable else 'no'} | {'yes' if test.survives_holm else 'no'} |"
+        )
     return "\n".join(lines)
 
 
@@ -74,9 +83,14 @@ def summary_lines(summaries: list[TaskSummary]) -> list[str]:
             continue
         ratios = summary.cost_ratios.get(top, {})
         costs = ", ".join(f"{value:.2f}x {name}" for name, value in ratios.items())
-        lines.append(f"  Cost of {top} against the reference, {summary.reference}: {costs}."
-                     + ("" if summary.costs_comparable else " Times are not compared: runs of this task come from "
-                        "different invocations."))
+        lines.append(
+            f"  Cost of {top} against the reference, {summary.reference}: {costs}."
+            + (
+                ""
+                if summary.costs_comparable
+                else " Times are not compared: runs of this task come from different invocations."
+            )
+        )
     return lines
 
 
@@ -85,26 +99,34 @@ def condition_lines(results: CompareResults) -> list[str]:
     lines = []
     kept = [r for r in results.runs if r.reused]
     if kept:
-        lines.append(f"- {len(kept)} of {len(results.runs)} runs (marked {KEPT}) were kept from an earlier invocation "
-                     f"({', '.join(sorted({r.invocation or 'unknown' for r in kept}))}); their times were measured under "
-                     "other conditions, so times of tasks that mix invocations are neither bolded nor compared.")
+        lines.append(
+            f"- {len(kept)} of {len(results.runs)} runs (marked {KEPT}) were kept from an earlier invocation "
+            f"({', '.join(sorted({r.invocation or 'unknown' for r in kept}))}); their times were measured under "
+            "other conditions, so times of tasks that mix invocations are neither bolded nor compared."
+        )
     loaded = [r for r in results.runs if r.cpus and r.load_average >= r.cpus + 1]  # a process more than cores
     if loaded:
         worst = max(loaded, key=lambda r: r.load_average / r.cpus)
-        lines.append(f"- The machine's load exceeded its cores by one or more during {len(loaded)} runs (at worst "
-                     f"{worst.load_average:.1f} on {worst.cpus} cores, {worst.variant} on {worst.task}, seed "
-                     f"{worst.seed}): other work competed with them, and their times are slower than the machine's.")
+        lines.append(
+            f"- The machine's load exceeded its cores by one or more during {len(loaded)} runs (at worst "
+            f"{worst.load_average:.1f} on {worst.cpus} cores, {worst.variant} on {worst.task}, seed "
+            f"{worst.seed}): other work competed with them, and their times are slower than the machine's."
+        )
     return lines
 
 
 def runs_table(records: list[RunRecord]) -> str:
-    lines = ["| variant | task | seed | started (UTC) | where | attempts | threads | load / cores | wall s | kept |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| variant | task | seed | started (UTC) | where | attempts | threads | load / cores | wall s | kept |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     wall = column_decimals(r.wall_seconds for r in records)
     for r in records:
-        lines.append(f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.placed_on or 'n/a'} | "
-                     f"{r.attempts} | {r.threads or 'n/a'} | {r.load_average:.1f} / {r.cpus or 'n/a'} | "
-                     f"{format_number(r.wall_seconds, wall)} | {'yes' if r.reused else ''} |")
+        lines.append(
+            f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.placed_on or 'n/a'} | "
+            f"{r.attempts} | {r.threads or 'n/a'} | {r.load_average:.1f} / {r.cpus or 'n/a'} | "
+            f"{format_number(r.wall_seconds, wall)} | {'yes' if r.reused else ''} |"
+        )
     return "\n".join(lines)
 
 
@@ -120,20 +142,31 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
     for variant, attention in models:
         for mode in MODES:
             cells = [at.get((variant, attention, mode, n)) for n in lengths]
-            text = [("failed" if c.error else f"{c.seconds * 1e3:,.1f} ms, {c.peak_mb:,.1f} MiB") if c else "n/a"
-                    for c in cells]
+            text = [
+                ("failed" if c.error else f"{c.seconds * 1e3:,.1f} ms, {c.peak_mb:,.1f} MiB") if c else "n/a"
+                for c in cells
+            ]
             lines.append(f"| {names[variant, attention]} | {MODE_NAMES[mode]} | " + " | ".join(text) + " |")
     twins = [(v, a) for v, a in models if a != "as configured"]
     if twins:
-        lines += ["", "Against full attention: the model as configured over the same model with a full attention "
-                  "kind, time x and memory x (below 1: the sparse model is cheaper):", "", head, rule]
+        lines += [
+            "",
+            "Against full attention: the model as configured over the same model with a full attention "
+            "kind, time x and memory x (below 1: the sparse model is cheaper):",
+            "",
+            head,
+            rule,
+        ]
         for variant, attention in twins:
             for mode in MODES:
                 cells = []
                 for n in lengths:
                     mine, full = at.get((variant, "as configured", mode, n)), at.get((variant, attention, mode, n))
-                    cells.append(f"{mine.seconds / full.seconds:.2f}x time, {mine.peak_mb / full.peak_mb:.2f}x memory"
-                                 if mine and full and full.seconds and full.peak_mb and mine.seconds else "n/a")
+                    cells.append(
+                        f"{mine.seconds / full.seconds:.2f}x time, {mine.peak_mb / full.peak_mb:.2f}x memory"
+                        if mine and full and full.seconds and full.peak_mb and mine.seconds
+                        else "n/a"
+                    )
                 lines.append(f"| {variant} vs [{attention}] | {MODE_NAMES[mode]} | " + " | ".join(cells) + " |")
     failed = [p for p in points if p.error and p.mode == MODES[0]]
     if failed:
@@ -143,23 +176,25 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
 
 def _method(results: CompareResults) -> str:
     spec = results.spec
-    return (f"Every run of a task had the same data and budget; each variant ran with seeds {spec.get('seeds')}. "
-            "A cell is the mean over seeds with its 95% confidence interval in brackets (one seed: the value alone), "
-            "every number of a column in one format: a cost's interval is the Student-t interval of the mean log, "
-            "exponentiated, so it stays above 0; a metric with a declared range (an accuracy, BLEU) has the "
-            "Student-t interval on the arcsine-square-root scale, mapped back inside the range; any other column has "
-            "the Student-t interval. Each interval contains its mean. Each variant is tested against the reference "
-            f"with {TEST_NAMES[spec.get('test', 'welch')]} over seeds. The best mean of a column is bold only when it "
-            f"is separable from every other variant's at alpha = {ALPHA}; a single seed, or means within each other's "
-            "noise, bold nothing. These tests say whether a difference would recur with other seeds of this spec "
-            "(initialisation, batch order, dropout), not whether it holds for other budgets, sizes or data. Several "
-            "columns tested at once will now and then show a difference by chance: the tests against the reference "
-            "also give p after Holm's correction over all of a task's tests, and a difference that survives it is "
-            "not one of those chance findings (at most a 5% chance of any in the task). FLOPs per token are those of one training step's forward and "
-            "backward on one batch, counted by PyTorch's FlopCounterMode, per token read. Peak memory on CPU is the "
-            "tensor storage alive at once during one training step on the run's first batch (weights, gradients, "
-            "AdamW state, activations), counted exactly; on CUDA, the allocator's peak over the run. Tokens per "
-            "second and wall time vary with the machine's load: see the runs table.")
+    return (
+        f"Every run of a task had the same data and budget; each variant ran with seeds {spec.get('seeds')}. "
+        "A cell is the mean over seeds with its 95% confidence interval in brackets (one seed: the value alone), "
+        "every number of a column in one format: a cost's interval is the Student-t interval of the mean log, "
+        "exponentiated, so it stays above 0; a metric with a declared range (an accuracy, BLEU) has the "
+        "Student-t interval on the arcsine-square-root scale, mapped back inside the range; any other column has "
+        "the Student-t interval. Each interval contains its mean. Each variant is tested against the reference "
+        f"with {TEST_NAMES[spec.get('test', 'welch')]} over seeds. The best mean of a column is bold only when it "
+        f"is separable from every other variant's at alpha = {ALPHA}; a single seed, or means within each other's "
+        "noise, bold nothing. These tests say whether a difference would recur with other seeds of this spec "
+        "(initialisation, batch order, dropout), not whether it holds for other budgets, sizes or data. Several "
+        "columns tested at once will now and then show a difference by chance: the tests against the reference "
+        "also give p after Holm's correction over all of a task's tests, and a difference that survives it is "
+        "not one of those chance findings (at most a 5% chance of any in the task). FLOPs per token are those of one training step's forward and "
+        "backward on one batch, counted by PyTorch's FlopCounterMode, per token read. Peak memory on CPU is the "
+        "tensor storage alive at once during one training step on the run's first batch (weights, gradients, "
+        "AdamW state, activations), counted exactly; on CUDA, the allocator's peak over the run. Tokens per "
+        "second and wall time vary with the machine's load: see the runs table."
+    )
 
 
 def write_report(results: CompareResults, out_dir: Path) -> Path:
@@ -168,10 +203,14 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
     threads = sorted({r.threads for r in records if r.threads})
     lines = [f"# Comparison: {spec.get('name', 'compare')}", ""]
     places = sorted({r.placed_on for r in records if r.placed_on and not r.reused})
-    lines += [f"{len(records)} runs ({len(spec.get('seeds', []))} seeds) on the {spec.get('executor', 'local')} executor"
-              + (f" ({', '.join(places)})" if places else "") + " with "
-              f"{', '.join(map(str, threads)) or 'n/a'} CPU thread(s) each, on {results.machine.get('device')} "
-              f"({results.machine.get('cpus')} cores), invocation of {results.invocation or 'n/a'}.", ""]
+    lines += [
+        f"{len(records)} runs ({len(spec.get('seeds', []))} seeds) on the {spec.get('executor', 'local')} executor"
+        + (f" ({', '.join(places)})" if places else "")
+        + " with "
+        f"{', '.join(map(str, threads)) or 'n/a'} CPU thread(s) each, on {results.machine.get('device')} "
+        f"({results.machine.get('cpus')} cores), invocation of {results.invocation or 'n/a'}.",
+        "",
+    ]
     lines += ["## Summary", "", *summary_lines(results.summaries), ""]
     warnings = condition_lines(results)
     if warnings:
@@ -192,38 +231,75 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         lines += [f"![{task} learning curves]({curve.name})", ""]
         for record in runs:
             if record.samples_plot and record.seed == runs[0].seed:
-                lines += [f"Samples of {record.variant} (seed {record.seed}), a row per class:", "",
-                          f"![{record.variant} samples on {task}]({record.samples_plot})", ""]
+                lines += [
+                    f"Samples of {record.variant} (seed {record.seed}), a row per class:",
+                    "",
+                    f"![{record.variant} samples on {task}]({record.samples_plot})",
+                    "",
+                ]
             if record.ponder_plot and record.seed == runs[0].seed:
-                lines += [f"Ponder time of {record.variant} (seed {record.seed}) on one test example:", "",
-                          f"![{record.variant} ponder time on {task}]({record.ponder_plot})", ""]
+                lines += [
+                    f"Ponder time of {record.variant} (seed {record.seed}) on one test example:",
+                    "",
+                    f"![{record.variant} ponder time on {task}]({record.ponder_plot})",
+                    "",
+                ]
     if results.scaling:
         task = spec["scaling"].get("task") or spec["tasks"][0]["kind"]
         plot_scaling(results.scaling, out_dir / "scaling.png")
-        lines += [f"## Time and memory against length ({task} models)", "",
-                  f"Each variant as configured for {task}, freshly initialised (cost does not depend on training), "
-                  "on one batch of test sequences tiled to each length, with max_len raised where needed. "
-                  "A variant whose self-attention is not full is also measured with each full kind in its place "
-                  "(in brackets: `sdpa` runs PyTorch's fused kernels, `math` writes out the n x n weights). "
-                  "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
-                  "(weights excluded), counted exactly on CPU, by the allocator on CUDA.", "",
-                  scaling_tables(results.scaling), "", "![time and memory against length](scaling.png)", ""]
+        lines += [
+            f"## Time and memory against length ({task} models)",
+            "",
+            f"Each variant as configured for {task}, freshly initialised (cost does not depend on training), "
+            "on one batch of test sequences tiled to each length, with max_len raised where needed. "
+            "A variant whose self-attention is not full is also measured with each full kind in its place "
+            "(in brackets: `sdpa` runs PyTorch's fused kernels, `math` writes out the n x n weights). "
+            "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
+            "(weights excluded), counted exactly on CPU, by the allocator on CUDA.",
+            "",
+            scaling_tables(results.scaling),
+            "",
+            "![time and memory against length](scaling.png)",
+            "",
+        ]
     if results.failed:
-        lines += ["## Failed runs", "", "These runs did not finish; the tables above summarize the others. Each keeps "
-                  "its last checkpoint in its folder: fix the cause and run the same command again.", ""]
-        lines += [f"- {f.variant} on {f.task}, seed {f.seed} (attempt {f.attempts}, `{f.run_folder}`): "
-                  f"{f.error.strip().splitlines()[0]}" for f in results.failed] + [""]
+        lines += [
+            "## Failed runs",
+            "",
+            "These runs did not finish; the tables above summarize the others. Each keeps "
+            "its last checkpoint in its folder: fix the cause and run the same command again.",
+            "",
+        ]
+        lines += [
+            f"- {f.variant} on {f.task}, seed {f.seed} (attempt {f.attempts}, `{f.run_folder}`): "
+            f"{f.error.strip().splitlines()[0]}"
+            for f in results.failed
+        ] + [""]
     if results.skipped:
         lines += ["## Not run", ""] + [f"- {s.variant} on {s.task}: {s.reason}" for s in results.skipped] + [""]
     plot_metric_vs_parameters(records, out_dir / "metric-vs-parameters.png")
     plot_throughput(records, out_dir / "throughput.png")
-    lines += ["## Plots", "", "![metric against parameters](metric-vs-parameters.png)", "",
-              "![throughput](throughput.png)", ""]
+    lines += [
+        "## Plots",
+        "",
+        "![metric against parameters](metric-vs-parameters.png)",
+        "",
+        "![throughput](throughput.png)",
+        "",
+    ]
     lines += ["## How to read it", "", _method(results), ""]
     lines += ["## Runs", "", runs_table(records), ""]
     machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())
-    lines += ["## Spec and machine", "", f"Machine: {machine}.", "", "```yaml",
-              yaml.safe_dump(spec, sort_keys=False).rstrip(), "```", ""]
+    lines += [
+        "## Spec and machine",
+        "",
+        f"Machine: {machine}.",
+        "",
+        "```yaml",
+        yaml.safe_dump(spec, sort_keys=False).rstrip(),
+        "```",
+        "",
+    ]
     path = out_dir / "report.md"
     path.write_text("\n".join(lines))
     return path
@@ -238,34 +314,52 @@ def tuning_lines(results: CompareResults, out_dir: Path) -> list[str]:
     pruned = [t for study in tuned for t in study.trials if t.state == "pruned"]
     full = sum(study.steps * len(study.trials) for study in tuned)
     saved = sum(study.saved_steps for study in tuned)
-    lines = [f"Every variant was tuned on the same budget before the comparison: {max(len(t.trials) for t in tuned)} "
-             f"trials of {tuned[0].steps} steps each, sampler {tune.get('sampler')} (seed {tune.get('seed')}), over "
-             + ", ".join(f"`{path}` {values}" for path, values in tune.get("space", {}).items())
-             + f". A trial trains on the train split less a validation split carved from it with the seed "
-             f"({_share(tune.get('validation', 0.1))}) and is scored there, never on the test splits; the comparison below "
-             "then runs each variant's seeds at its best setting"
-             + (", beside the spec's own (`tuned` marks the tuned runs)" if tune.get("compare") == "both" else "")
-             + ". The tuning time is in each tuned variant's cost columns (`tuning s`).", ""]
+    lines = [
+        f"Every variant was tuned on the same budget before the comparison: {max(len(t.trials) for t in tuned)} "
+        f"trials of {tuned[0].steps} steps each, sampler {tune.get('sampler')} (seed {tune.get('seed')}), over "
+        + ", ".join(f"`{path}` {values}" for path, values in tune.get("space", {}).items())
+        + f". A trial trains on the train split less a validation split carved from it with the seed "
+        f"({_share(tune.get('validation', 0.1))}) and is scored there, never on the test splits; the comparison below "
+        "then runs each variant's seeds at its best setting"
+        + (", beside the spec's own (`tuned` marks the tuned runs)" if tune.get("compare") == "both" else "")
+        + ". The tuning time is in each tuned variant's cost columns (`tuning s`).",
+        "",
+    ]
     if tune.get("prune"):
-        lines += [f"Pruning (median pruner, {tune.get('rungs')} rungs) stopped {len(pruned)} trial(s) early: "
-                  f"{saved:,} of {full:,} trial steps ({saved / max(full, 1):.0%}) were not trained.", ""]
+        lines += [
+            f"Pruning (median pruner, {tune.get('rungs')} rungs) stopped {len(pruned)} trial(s) early: "
+            f"{saved:,} of {full:,} trial steps ({saved / max(full, 1):.0%}) were not trained.",
+            "",
+        ]
     for task in dict.fromkeys(t.task for t in tuned):
         studies = [t for t in tuned if t.task == task]
         metric = studies[0].metric
-        lines += [f"### {task}", "", f"| variant | trials (done / pruned / failed) | chosen | best validation {metric} "
-                  f"| best trials (top quarter) | steps trained | tuning s |",
-                  "| --- | --- | --- | ---: | --- | ---: | ---: |"]
+        lines += [
+            f"### {task}",
+            "",
+            f"| variant | trials (done / pruned / failed) | chosen | best validation {metric} "
+            f"| best trials (top quarter) | steps trained | tuning s |",
+            "| --- | --- | --- | ---: | --- | ---: | ---: |",
+        ]
         for study in studies:
             counts = [sum(t.state == state for t in study.trials) for state in ("complete", "pruned", "failed")]
             chosen = ", ".join(f"`{k}` {_value(v)}" for k, v in study.best.items()) or "none finished: the spec's own"
             top = study.top
-            spread = (f"{_value(top[-1].value)} to {_value(top[0].value)}; " + ", ".join(
-                f"`{path}` {_value(min(t.values[path] for t in top))} to {_value(max(t.values[path] for t in top))}"
-                for path in study.best if all(isinstance(t.values.get(path), (int, float)) for t in top))
-                if len(top) > 1 else "n/a")
+            spread = (
+                f"{_value(top[-1].value)} to {_value(top[0].value)}; "
+                + ", ".join(
+                    f"`{path}` {_value(min(t.values[path] for t in top))} to {_value(max(t.values[path] for t in top))}"
+                    for path in study.best
+                    if all(isinstance(t.values.get(path), (int, float)) for t in top)
+                )
+                if len(top) > 1
+                else "n/a"
+            )
             best = "n/a" if study.best_value is None else _value(study.best_value)
-            lines.append(f"| {study.variant} | {' / '.join(map(str, counts))} | {chosen} | {best} | {spread} | "
-                         f"{study.trained_steps:,} of {study.steps * len(study.trials):,} | {study.seconds:,.0f} |")
+            lines.append(
+                f"| {study.variant} | {' / '.join(map(str, counts))} | {chosen} | {best} | {spread} | "
+                f"{study.trained_steps:,} of {study.steps * len(study.trials):,} | {study.seconds:,.0f} |"
+            )
         plot_tuning(tuned, task, out_dir / f"tuning-{task}.png")
         lines += ["", f"![{task} tuning]({f'tuning-{task}.png'})", ""]
     return lines

@@ -64,13 +64,15 @@ class RunJob:
     tags: dict[str, str] = field(default_factory=dict)
     trial: dict[str, Any] | None = None
 
-
     @property
     def title(self) -> str:
         """The run as progress names it: ``VARIANT on TASK (seed S)``."""
         tags = self.tags
-        return f"{tags['variant']} on {tags['task']} (seed {tags['seed']})" if {"variant", "task", "seed"} <= set(tags) \
+        return (
+            f"{tags['variant']} on {tags['task']} (seed {tags['seed']})"
+            if {"variant", "task", "seed"} <= set(tags)
             else self.name
+        )
 
 
 def available_cores() -> int:
@@ -147,15 +149,33 @@ def execute(job: RunJob, where: str = "") -> dict[str, Any] | None:
     flops, step_bytes = training_step_costs(trained, task, config)  # last: a training step moves the weights
     peak = torch.cuda.max_memory_allocated() if cuda else step_bytes
     record = RunRecord(
-        variant=job.tags.get("variant", model.variant), family=type(model).family or model.variant,
-        task=config.task.kind, seed=config.seed, parameters=summary["parameters"], flops_per_token=flops,
-        train_tokens_per_second=summary["train_tokens_per_second"], peak_memory_mb=peak / 2**20,
-        steps=summary["step"], wall_seconds=time.perf_counter() - started, metric=task.metric,
-        metrics=summary["metrics"], better=task.metrics, bounds=task.bounds, curve=summary["history"],
-        ponder_time=ponder, ponder_plot=plot,
-        probes=probed, samples_plot=None if samples is None else samples.name,
-        started=when, threads=torch.get_num_threads(), cpus=available_cores(), load_average=load,
-        invocation=job.invocation, placed_on=where, attempts=attempt, resumed_from=summary["resumed_from"],
+        variant=job.tags.get("variant", model.variant),
+        family=type(model).family or model.variant,
+        task=config.task.kind,
+        seed=config.seed,
+        parameters=summary["parameters"],
+        flops_per_token=flops,
+        train_tokens_per_second=summary["train_tokens_per_second"],
+        peak_memory_mb=peak / 2**20,
+        steps=summary["step"],
+        wall_seconds=time.perf_counter() - started,
+        metric=task.metric,
+        metrics=summary["metrics"],
+        better=task.metrics,
+        bounds=task.bounds,
+        curve=summary["history"],
+        ponder_time=ponder,
+        ponder_plot=plot,
+        probes=probed,
+        samples_plot=None if samples is None else samples.name,
+        started=when,
+        threads=torch.get_num_threads(),
+        cpus=available_cores(),
+        load_average=load,
+        invocation=job.invocation,
+        placed_on=where,
+        attempts=attempt,
+        resumed_from=summary["resumed_from"],
     ).model_dump()
     atomic_write(run_dir / RECORD, lambda tmp: tmp.write_text(json.dumps(record)))
     return record
@@ -175,15 +195,19 @@ def training_step_costs(model: torch.nn.Module, task: Any, config: TrainConfig) 
     stepper = Stepper(config, task, model.train())
     model.zero_grad(set_to_none=True)  # as each training step starts: gradients are the step's own
     batch = stepper.batch(0)
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in itertools.chain(model.parameters(), model.buffers())}
+    storages = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        for t in itertools.chain(model.parameters(), model.buffers())
+    }
     with PeakMemory() as memory:
         _, flops = stepper.counted_step(0, batch)
     return flops / max(task.tokens_in(batch), 1), sum(storages.values()) + memory.peak
 
 
 @torch.no_grad()
-def ponder_summary(model: torch.nn.Module, task: Any, run_dir: Path, examples: int = 64) -> tuple[dict[str, float], str | None]:
+def ponder_summary(
+    model: torch.nn.Module, task: Any, run_dir: Path, examples: int = 64
+) -> tuple[dict[str, float], str | None]:
     """Mean ponder time per stack over the first test examples of a finished run, and a heat
     map of the first one (``ponder.png`` in the run folder, named relative to it); nothing for
     a model without a recurrent stack (one without ACT reports its fixed number of steps)."""

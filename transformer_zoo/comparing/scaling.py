@@ -36,9 +36,12 @@ MODE_NAMES = {"forward": "forward (inference)", "train": "forward + backward"}
 class ScalingSpec(Options):
     """Which models to measure at which lengths (a section of a compare spec)."""
 
-    task: str | None = Field(None, description="the task kind whose model configs are measured (default: the spec's first task)")
+    task: str | None = Field(
+        None, description="the task kind whose model configs are measured (default: the spec's first task)"
+    )
     lengths: list[Annotated[int, Field(ge=1)]] = Field(
-        [512, 1024, 2048, 4096], min_length=1, description="sequence lengths, in tokens")
+        [512, 1024, 2048, 4096], min_length=1, description="sequence lengths, in tokens"
+    )
     batch_size: int = Field(1, ge=1, description="sequences per measured batch")
     references: list[str] = Field(
         ["sdpa", "math"],
@@ -65,7 +68,8 @@ class ScalingPoint(BaseModel):
     mode: str = Field(description="'forward' (inference, no gradients) or 'train' (forward and backward)")
     seconds: float | None = Field(description="median wall time of one pass (None: it failed)")
     peak_mb: float | None = Field(
-        description="peak memory of the tensors the pass created (weights not counted), in MiB (None: it failed)")
+        description="peak memory of the tensors the pass created (weights not counted), in MiB (None: it failed)"
+    )
     error: str | None = Field(None, description="why the pass failed (out of memory, say), if it did")
 
     @property
@@ -182,7 +186,9 @@ def _peak_mb(fn: Callable[[], Any], device: torch.device) -> float:
     return tracker.peak / 2**20
 
 
-def measure(model: torch.nn.Module, task: Any, length: int, spec: ScalingSpec, device: torch.device) -> dict[str, tuple[float, float]]:
+def measure(
+    model: torch.nn.Module, task: Any, length: int, spec: ScalingSpec, device: torch.device
+) -> dict[str, tuple[float, float]]:
     """``{mode: (seconds, peak MiB)}`` for ``model`` on a ``task`` batch stretched to ``length``."""
     test = task.dataset("test")
     rows = [test[i % len(test)] for i in range(spec.batch_size)]
@@ -198,11 +204,19 @@ def measure(model: torch.nn.Module, task: Any, length: int, spec: ScalingSpec, d
         task.loss(model, batch).backward()
 
     model.eval()  # no dropout: both modes do the same arithmetic on every repeat
-    return {mode: (_median_seconds(fn, spec.repeats, device), _peak_mb(fn, device)) for mode, fn in zip(MODES, (forward, train))}
+    return {
+        mode: (_median_seconds(fn, spec.repeats, device), _peak_mb(fn, device))
+        for mode, fn in zip(MODES, (forward, train))
+    }
 
 
-def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: ScalingSpec,
-                    device: str | torch.device = "cpu", progress: bool = True) -> list[ScalingPoint]:
+def measure_scaling(
+    models: list[tuple[str, VariantConfig]],
+    task: Any,
+    spec: ScalingSpec,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> list[ScalingPoint]:
     """Time and peak memory of each ``(label, config)`` and of its full-attention twins at each
     of ``spec.lengths``; each config's ``max_len`` is raised to the longest length if needed.
     Weights are freshly initialised (cost does not depend on training)."""
@@ -219,8 +233,15 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
         if not all(is_full(kind) for kind in attention_kinds(config)):  # a full-attention model is a reference itself
             jobs += [(label, kind, twin(config, kind)) for kind in spec.references]
     points = []
-    bar = Progress(TextColumn("scaling"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[point]}"),
-                   console=Console(stderr=True), disable=not progress, transient=True)
+    bar = Progress(
+        TextColumn("scaling"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[point]}"),
+        console=Console(stderr=True),
+        disable=not progress,
+        transient=True,
+    )
     with bar:
         points_done = bar.add_task("scaling", total=len(jobs) * len(spec.lengths), point="")
         for label, attention, config in jobs:
@@ -229,15 +250,26 @@ def measure_scaling(models: list[tuple[str, VariantConfig]], task: Any, spec: Sc
             for length in spec.lengths:
                 bar.update(points_done, point=f"{label} [{attention}] n={length}")
                 try:
-                    measured = {mode: (*figures, None)
-                                for mode, figures in measure(model, task, length, spec, device).items()}
+                    measured = {
+                        mode: (*figures, None) for mode, figures in measure(model, task, length, spec, device).items()
+                    }
                 except RuntimeError as exc:  # out of memory, say: keep the other points
                     reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                    bar.console.print(f"scaling: {label} [{attention}] at n={length} failed ({reason})",
-                                      markup=False, highlight=False)
+                    bar.console.print(
+                        f"scaling: {label} [{attention}] at n={length} failed ({reason})", markup=False, highlight=False
+                    )
                     measured = {mode: (None, None, reason) for mode in MODES}
                 for mode, (seconds, peak, error) in measured.items():
-                    points.append(ScalingPoint(variant=label, attention=attention, length=length, mode=mode,
-                                               seconds=seconds, peak_mb=peak, error=error))
+                    points.append(
+                        ScalingPoint(
+                            variant=label,
+                            attention=attention,
+                            length=length,
+                            mode=mode,
+                            seconds=seconds,
+                            peak_mb=peak,
+                            error=error,
+                        )
+                    )
                 bar.advance(points_done)
     return points

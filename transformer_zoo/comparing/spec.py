@@ -30,58 +30,93 @@ class CompareSpec(Options):
 
     name: str = Field("compare", description="a name for the report")
     variants: list[str | dict[str, Any]] = Field(
-        min_length=1, description="variant names or model configs; a config may carry a 'label', the short name the "
-        "report gives it (otherwise its name and the values it sets)")
+        min_length=1,
+        description="variant names or model configs; a config may carry a 'label', the short name the "
+        "report gives it (otherwise its name and the values it sets)",
+    )
     tasks: list[TaskField] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
     steps: int = Field(500, ge=1, description="training steps of every run")
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds; every variant and task runs once per seed")
     reference: str | None = Field(
-        None, description="the variant (as the spec names it) every other is tested against on each task; null: the "
-        "first variant that ran the task")
-    test: TestKind = Field("welch", description="the test of each difference over seeds: " + "; ".join(
-        f"{name}: {text}" for name, text in TEST_NAMES.items()))
+        None,
+        description="the variant (as the spec names it) every other is tested against on each task; null: the "
+        "first variant that ran the task",
+    )
+    test: TestKind = Field(
+        "welch",
+        description="the test of each difference over seeds: "
+        + "; ".join(f"{name}: {text}" for name, text in TEST_NAMES.items()),
+    )
     executor: Literal["local", "ray"] = Field(
-        "local", description="where runs train: local, worker processes of this machine (one per device slot); ray, "
-        "Ray tasks on this machine or a cluster (the [ray] extra)")
+        "local",
+        description="where runs train: local, worker processes of this machine (one per device slot); ray, "
+        "Ray tasks on this machine or a cluster (the [ray] extra)",
+    )
     workers: int | None = Field(
-        None, ge=1, description="local: runs trained at once, each in a worker process of its own; null: one per device "
+        None,
+        ge=1,
+        description="local: runs trained at once, each in a worker process of its own; null: one per device "
         "slot (every GPU runs_per_device times), or one on the CPU; ray places runs by the resources they ask for and "
-        "ignores it")
+        "ignores it",
+    )
     threads: int | None = Field(
-        None, ge=1, description="CPU threads of each run; null: the cores available to this process, shared "
-        "among the workers (ray: 1)")
+        None,
+        ge=1,
+        description="CPU threads of each run; null: the cores available to this process, shared "
+        "among the workers (ray: 1)",
+    )
     devices: list[str] | None = Field(
-        None, min_length=1, description="local: the devices the workers are dealt, e.g. [cuda:0, cuda:1]; null: every "
-        "GPU of the machine, else the CPU")
+        None,
+        min_length=1,
+        description="local: the devices the workers are dealt, e.g. [cuda:0, cuda:1]; null: every "
+        "GPU of the machine, else the CPU",
+    )
     runs_per_device: int = Field(1, ge=1, description="runs that share one device at once (small runs on a big GPU)")
     retries: int = Field(
-        2, ge=0, description="times a run whose worker dies (killed, out of memory, its node lost) starts again from "
-        "its last checkpoint before it is reported failed; a run that raises an error fails at once")
+        2,
+        ge=0,
+        description="times a run whose worker dies (killed, out of memory, its node lost) starts again from "
+        "its last checkpoint before it is reported failed; a run that raises an error fails at once",
+    )
     address: str | None = Field(
-        None, description="ray: the cluster to join (auto, or ray://HOST:PORT); null: start Ray on this machine")
+        None, description="ray: the cluster to join (auto, or ray://HOST:PORT); null: start Ray on this machine"
+    )
     cache: str | None = Field(
-        None, description="the run cache, a folder of finished runs several specs may share (relative to the working "
-        "folder); null: the report folder's runs/")
+        None,
+        description="the run cache, a folder of finished runs several specs may share (relative to the working "
+        "folder); null: the report folder's runs/",
+    )
     model: dict[str, Any] = Field(
-        {}, description="model config values for every variant whose config has the field, under the variant's own "
-        "(dropout: 0.0 turns dropout off wherever there is any); a field no variant has is an error")
+        {},
+        description="model config values for every variant whose config has the field, under the variant's own "
+        "(dropout: 0.0 turns dropout off wherever there is any); a field no variant has is an error",
+    )
     train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
     task_train: dict[str, dict[str, Any]] = Field(
-        {}, description="by task kind: training options for the runs on that task, over 'train', 'steps' and "
-        "'seconds' (a GAN's recipe, or its own budget)")
+        {},
+        description="by task kind: training options for the runs on that task, over 'train', 'steps' and "
+        "'seconds' (a GAN's recipe, or its own budget)",
+    )
     variant_train: dict[str, dict[str, Any]] = Field(
-        {}, description="by variant label: training options for that variant's runs, over 'train' and 'task_train' "
-        "(a variant that differs from another in its recipe alone: warm-up or none)")
+        {},
+        description="by variant label: training options for that variant's runs, over 'train' and 'task_train' "
+        "(a variant that differs from another in its recipe alone: warm-up or none)",
+    )
     scaling: ScalingSpec | None = Field(
-        None, description="also measure time and memory against sequence length of the variants on one task")
+        None, description="also measure time and memory against sequence length of the variants on one task"
+    )
     tune: TuneSpec | None = Field(
-        None, description="first search every variant's settings on one budget of trials, on a validation split "
+        None,
+        description="first search every variant's settings on one budget of trials, on a validation split "
         "carved from the training data, then compare each at its best (Optuna, the [tune] extra); null: compare at "
-        "the spec's settings")
+        "the spec's settings",
+    )
     probes: list[ProbeName] = Field(
-        [], description="measurements of each trained model on test examples, reported beside the metrics: "
-        + "; ".join(f"{name}: {text}" for name, text in PROBE_NAMES.items()))
+        [],
+        description="measurements of each trained model on test examples, reported beside the metrics: "
+        + "; ".join(f"{name}: {text}" for name, text in PROBE_NAMES.items()),
+    )
 
     @model_validator(mode="after")
     def _scaling_task(self) -> CompareSpec:
@@ -91,26 +126,36 @@ class CompareSpec(Options):
         if len(set(labels)) != len(labels):
             raise ValueError(f"variants {labels} name a variant twice; give each once")
         if self.reference is not None and self.reference not in labels:
-            raise ValueError(f"reference {self.reference!r} is not one of the spec's variants {labels}; name one "
-                             "of them (a config variant by its label, as the report shows it)")
+            raise ValueError(
+                f"reference {self.reference!r} is not one of the spec's variants {labels}; name one "
+                "of them (a config variant by its label, as the report shows it)"
+            )
         kinds = [task.kind for task in self.tasks]
         twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
         if twice:
-            raise ValueError(f"tasks name the kind {twice[0]!r} more than once; a report keys its tables by task kind, "
-                             "so compare each dataset of one kind in a spec of its own")
+            raise ValueError(
+                f"tasks name the kind {twice[0]!r} more than once; a report keys its tables by task kind, "
+                "so compare each dataset of one kind in a spec of its own"
+            )
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
             raise ValueError(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
         unknown = sorted(set(self.variant_train) - set(labels))
         if unknown:
-            raise ValueError(f"variant_train names {unknown}, which are not among the spec's variants {labels}; key it "
-                             "by a variant's label (a config variant's 'label')")
+            raise ValueError(
+                f"variant_train names {unknown}, which are not among the spec's variants {labels}; key it "
+                "by a variant's label (a config variant's 'label')"
+            )
         if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
-            raise ValueError(f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them")
+            raise ValueError(
+                f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them"
+            )
         return self
+
 
 def default_spec_path() -> Path:
     return Path(str(resources.files("transformer_zoo") / "specs" / "default.yaml"))
+
 
 def load_spec(source: str | os.PathLike | dict | None = None, seeds: list[int] | None = None) -> CompareSpec:
     """A validated spec from a YAML/JSON file or mapping; the built-in default when None.
@@ -123,6 +168,7 @@ def load_spec(source: str | os.PathLike | dict | None = None, seeds: list[int] |
         data = {**data, "seeds": seeds}
     return validate(CompareSpec, data, "compare spec")
 
+
 def _label(variant: str | dict[str, Any]) -> str:
     if isinstance(variant, str):
         return variant
@@ -131,9 +177,11 @@ def _label(variant: str | dict[str, Any]) -> str:
     extra = {k: v for k, v in variant.items() if k != "variant"}
     return variant["variant"] + ("" if not extra else " " + json.dumps(extra, sort_keys=True, separators=(",", "=")))
 
+
 def _unlabelled(variant: str | dict[str, Any]) -> str | dict[str, Any]:
     """The variant as a model config: its report label removed."""
     return variant if isinstance(variant, str) else {k: v for k, v in variant.items() if k != "label"}
+
 
 def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
     """Every run's training config, and the pairs that cannot run; all checked before training.
@@ -153,39 +201,56 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
             for seed in spec.seeds:
                 config = validate(
                     TrainConfig,
-                    {**spec.train, "steps": spec.steps, "max_seconds": spec.seconds,
-                     **spec.task_train.get(task_options.kind, {}), **spec.variant_train.get(label, {}),
-                     "model": variant, "task": task_options, "seed": seed},
+                    {
+                        **spec.train,
+                        "steps": spec.steps,
+                        "max_seconds": spec.seconds,
+                        **spec.task_train.get(task_options.kind, {}),
+                        **spec.variant_train.get(label, {}),
+                        "model": variant,
+                        "task": task_options,
+                        "seed": seed,
+                    },
                     "compare spec 'train', 'task_train' and 'variant_train' options",
                 )
                 if processes > 1 and config.batch_size % processes:
                     where = "task_train" if "batch_size" in spec.task_train.get(task_options.kind, {}) else "train"
-                    raise ConfigError(f"batch_size {config.batch_size} is each run's global batch, split over the job's "
-                                      f"{processes} processes; set the spec's {where} batch_size "
-                                      f"({task_options.kind!r}) to a multiple of {processes}")
+                    raise ConfigError(
+                        f"batch_size {config.batch_size} is each run's global batch, split over the job's "
+                        f"{processes} processes; set the spec's {where} batch_size "
+                        f"({task_options.kind!r}) to a multiple of {processes}"
+                    )
                 try:
                     model = model_config_for(config, task)
                     phases = _phases(model) if processes > 1 else []
                     if len(phases) > 1:
-                        raise ValueError(f"{model.variant!r} trains in phases {phases}, which run in one process only; "
-                                         "compare it in a job of one process")
+                        raise ValueError(
+                            f"{model.variant!r} trains in phases {phases}, which run in one process only; "
+                            "compare it in a job of one process"
+                        )
                 except ValueError as exc:
                     skipped.append(Skipped(variant=label, task=task_options.kind, reason=str(exc)))
                     break
                 runs.append((label, config))
     unknown = sorted(set(spec.model) - fields)
     if unknown:
-        raise ConfigError(f"the spec's model options {unknown} are fields of none of its variants' configs; "
-                          "see `tzoo show VARIANT` for the fields a variant has")
+        raise ConfigError(
+            f"the spec's model options {unknown} are fields of none of its variants' configs; "
+            "see `tzoo show VARIANT` for the fields a variant has"
+        )
     if not runs:
-        raise ConfigError("no variant in the spec can do any of its tasks:\n" + "\n".join(f"  {s.reason}" for s in skipped))
+        raise ConfigError(
+            "no variant in the spec can do any of its tasks:\n" + "\n".join(f"  {s.reason}" for s in skipped)
+        )
     return runs, skipped
+
 
 def _with_model_options(variant: str | dict[str, Any], config: type, options: dict[str, Any]) -> str | dict[str, Any]:
     """The variant with the spec's ``model`` values its config has and does not set itself."""
     given = {"variant": variant} if isinstance(variant, str) else variant
     extra = {k: v for k, v in options.items() if k in config.model_fields and k not in given}
     return {**given, **extra} if extra else variant
+
 
 def _phases(model) -> list[str]:
     """The names of a model config's training phases (the model is built without memory)."""

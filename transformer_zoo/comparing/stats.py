@@ -104,19 +104,29 @@ def bounded_interval(values: list[float], bounds: tuple[float, float], confidenc
         raise ValueError(f"bounds {bounds} must be (low, high) with low < high")
     outside = [x for x in values if not low <= x <= high]
     if outside:
-        raise ValueError(f"value {outside[0]} lies outside the bounds [{low}, {high}] declared for it: declare the "
-                         "range the metric's values take, or none")
+        raise ValueError(
+            f"value {outside[0]} lies outside the bounds [{low}, {high}] declared for it: declare the "
+            "range the metric's values take, or none"
+        )
     width = high - low
-    return _on_scale(values, lambda x: np.arcsin(np.sqrt((x - low) / width)),
-                     lambda y: low + width * np.sin(np.clip(y, 0.0, np.pi / 2)) ** 2, confidence)
+    return _on_scale(
+        values,
+        lambda x: np.arcsin(np.sqrt((x - low) / width)),
+        lambda y: low + width * np.sin(np.clip(y, 0.0, np.pi / 2)) ** 2,
+        confidence,
+    )
 
 
 def _same(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _on_scale(values: list[float], forward: Callable[[np.ndarray], np.ndarray],
-              back: Callable[[np.ndarray], np.ndarray], confidence: float) -> Interval:
+def _on_scale(
+    values: list[float],
+    forward: Callable[[np.ndarray], np.ndarray],
+    back: Callable[[np.ndarray], np.ndarray],
+    confidence: float,
+) -> Interval:
     """The arithmetic mean of ``values`` and the Student-t interval of the mean of
     ``forward(values)``, mapped ``back`` (both increasing), widened to contain the mean."""
     if not values:
@@ -156,9 +166,16 @@ def difference(a: list[float], b: list[float], test: TestKind = "welch", confide
             warnings.simplefilter("ignore", RuntimeWarning)
             p = float(_scipy.ttest_ind(a, b, equal_var=False).pvalue)
     else:
-        p = float(_scipy.permutation_test(
-            (a, b), lambda x, y: statistics.fmean(x) - statistics.fmean(y), permutation_type="independent",
-            vectorized=False, n_resamples=100_000, alternative="two-sided").pvalue)
+        p = float(
+            _scipy.permutation_test(
+                (a, b),
+                lambda x, y: statistics.fmean(x) - statistics.fmean(y),
+                permutation_type="independent",
+                vectorized=False,
+                n_resamples=100_000,
+                alternative="two-sided",
+            ).pvalue
+        )
     return Difference(delta, delta - half, delta + half, p, test, (len(a), len(b)))
 
 

@@ -54,7 +54,7 @@ Scale = Literal["cpu", "gpu", "paper"]
 SCALES: dict[str, str] = {
     "cpu": "about ten minutes a study on a 2-core CPU (the study's compare spec itself)",
     "gpu": "every built-in study together in about eight minutes on one H100 or H200: all of them at once, each "
-           "with a few runs on the GPU, in bfloat16",
+    "with a few runs on the GPU, in bfloat16",
     "paper": "the paper's own settings where it gives them: hours on one GPU",
 }
 Relation = Literal["better", "not-worse", "matches", "steadier"]
@@ -79,13 +79,16 @@ class Claim(Options):
     relation: Relation = Field("better", description="; ".join(f"{k}: {v}" for k, v in RELATIONS.items()))
     margin: float = Field(0.0, ge=0.0, description="the least difference that counts, in the metric's units")
     direction: Better | None = Field(
-        None, description="which way the metric is better; null: as the task declares it (a probe needs it)")
+        None, description="which way the metric is better; null: as the task declares it (a probe needs it)"
+    )
 
     @model_validator(mode="after")
     def _margin(self) -> Claim:
         if self.relation == "matches" and self.margin == 0:
-            raise ValueError("a 'matches' claim needs a margin > 0: no interval lies within [0, 0]; give the largest "
-                             "difference that still counts as a match, in the metric's units")
+            raise ValueError(
+                "a 'matches' claim needs a margin > 0: no interval lies within [0, 0]; give the largest "
+                "difference that still counts as a match, in the metric's units"
+            )
         if self.a == self.b:
             raise ValueError(f"a and b are both {self.a!r}; a claim compares two variants")
         return self
@@ -111,8 +114,10 @@ class Study(Options):
     notes: str = Field("", description="what the setup follows of the source, what it does not, and why")
     compare: dict[str, Any] = Field(description="the compare spec of the cpu scale (see `tzoo compare`)")
     scales: dict[Scale, dict[str, Any]] = Field(
-        {}, description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task kind "
-        "of the task options that change")
+        {},
+        description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task kind "
+        "of the task options that change",
+    )
     claims: list[Claim] = Field(min_length=1, description="the claims, each judged on its own")
     figures: list[SourceFigure] = Field([], description="the source's own figures, reported beside ours")
 
@@ -121,8 +126,10 @@ class Study(Options):
         each claim checked against it: its variants and task are in it, its split and metric exist."""
         if scale != "cpu" and scale not in self.scales:
             given = ", ".join(["cpu", *self.scales])
-            raise ConfigError(f"study {self.name!r} has no {scale} scale (it has: {given}); add a '{scale}' block under "
-                              "its scales:, or run it at one it has")
+            raise ConfigError(
+                f"study {self.name!r} has no {scale} scale (it has: {given}); add a '{scale}' block under "
+                "its scales:, or run it at one it has"
+            )
         data = dict(self.compare)
         for change in (self.scales.get(scale, {}), overrides or {}):
             change = dict(change)
@@ -131,8 +138,10 @@ class Study(Options):
             if tasks is not None:
                 data["tasks"] = _merged_tasks(data.get("tasks", []), tasks, self.name)
         if overrides and "steps" in overrides:  # every run's budget, a task's own and a tuning trial's included
-            data["task_train"] = {kind: {**train, "steps": overrides["steps"]} if "steps" in train else train
-                                  for kind, train in data.get("task_train", {}).items()}
+            data["task_train"] = {
+                kind: {**train, "steps": overrides["steps"]} if "steps" in train else train
+                for kind, train in data.get("task_train", {}).items()
+            }
             if data.get("tune", {}).get("steps") is not None:
                 data["tune"] = {**data["tune"], "steps": overrides["steps"]}
         spec = validate(CompareSpec, {**data, "name": self.name}, f"study {self.name!r} at the {scale} scale")
@@ -154,43 +163,57 @@ class Study(Options):
                 raise ConfigError(f"{where}: task {claim.task!r} is not one of the spec's tasks {sorted(tasks)}")
             for label in (claim.a, claim.b):
                 if (label, claim.task) not in ran:
-                    why = next((s.reason for s in skipped if s.variant == label and s.task == claim.task),
-                               f"it is not one of the spec's variants {sorted({v for v, _ in ran})}")
+                    why = next(
+                        (s.reason for s in skipped if s.variant == label and s.task == claim.task),
+                        f"it is not one of the spec's variants {sorted({v for v, _ in ran})}",
+                    )
                     raise ConfigError(f"{where}: variant {label!r} does not run {claim.task!r}: {why}")
             task = built.setdefault(claim.task, tasks[claim.task].build())
             if claim.metric in probed:
                 if claim.direction is None:
-                    raise ConfigError(f"{where}: {claim.metric!r} is a probe's measurement, which no task ranks; "
-                                      "say which way supports the claim with direction: higher or lower")
+                    raise ConfigError(
+                        f"{where}: {claim.metric!r} is a probe's measurement, which no task ranks; "
+                        "say which way supports the claim with direction: higher or lower"
+                    )
                 continue
             if claim.metric not in task.metrics:
-                raise ConfigError(f"{where}: metric {claim.metric!r} is neither a metric of task {claim.task!r} "
-                                  f"({', '.join(task.metrics)}) nor a measurement of the spec's probes "
-                                  f"({', '.join(sorted(probed)) or 'none: add probes to the spec'})")
+                raise ConfigError(
+                    f"{where}: metric {claim.metric!r} is neither a metric of task {claim.task!r} "
+                    f"({', '.join(task.metrics)}) nor a measurement of the spec's probes "
+                    f"({', '.join(sorted(probed)) or 'none: add probes to the spec'})"
+                )
             if claim.split not in task.splits:
-                raise ConfigError(f"{where}: split {claim.split!r} is not one of task {claim.task!r}'s splits "
-                                  f"({', '.join(task.splits)})")
+                raise ConfigError(
+                    f"{where}: split {claim.split!r} is not one of task {claim.task!r}'s splits "
+                    f"({', '.join(task.splits)})"
+                )
         for i, figure in enumerate(self.figures):
             where = f"study {self.name!r}, figures.{i}"
             if (figure.variant, figure.task) not in ran:
                 raise ConfigError(f"{where}: no run of variant {figure.variant!r} on task {figure.task!r} in the spec")
             task = built.setdefault(figure.task, tasks[figure.task].build())
             if figure.metric not in task.metrics or figure.split not in task.splits:
-                raise ConfigError(f"{where}: task {figure.task!r} has metrics {', '.join(task.metrics)} on splits "
-                                  f"{', '.join(task.splits)}; got {figure.split} {figure.metric}")
+                raise ConfigError(
+                    f"{where}: task {figure.task!r} has metrics {', '.join(task.metrics)} on splits "
+                    f"{', '.join(task.splits)}; got {figure.split} {figure.metric}"
+                )
 
 
 def _merged_tasks(tasks: list[Any], changes: dict[str, Any], study: str) -> list[Any]:
     """The spec's tasks with a scale's changes merged into the task of each named kind."""
     if not isinstance(changes, dict):
-        raise ConfigError(f"study {study!r}: a scale's 'tasks' is a mapping by task kind of the options that change, "
-                          f"such as {{reverse: {{train_size: 100000}}}}; got {type(changes).__name__}")
+        raise ConfigError(
+            f"study {study!r}: a scale's 'tasks' is a mapping by task kind of the options that change, "
+            f"such as {{reverse: {{train_size: 100000}}}}; got {type(changes).__name__}"
+        )
     kinds = [task if isinstance(task, str) else task.get("kind") for task in tasks]
     unknown = sorted(set(changes) - set(kinds))
     if unknown:
         raise ConfigError(f"study {study!r}: a scale changes tasks {unknown}, which are not among the spec's {kinds}")
-    return [merge({"kind": task} if isinstance(task, str) else task, changes.get(kind, {}))
-            for task, kind in zip(tasks, kinds)]
+    return [
+        merge({"kind": task} if isinstance(task, str) else task, changes.get(kind, {}))
+        for task, kind in zip(tasks, kinds)
+    ]
 
 
 class ClaimResult(BaseModel):
@@ -210,8 +233,10 @@ class ClaimResult(BaseModel):
     verdict: Verdict
     reason: str = Field(description="why the verdict, in words")
     seeds_needed: int | None = Field(
-        None, description="inconclusive: about how many seeds a side would decide the claim at the spreads seen "
-        "(stats.seeds_needed); None: decided, or no practical number would")
+        None,
+        description="inconclusive: about how many seeds a side would decide the claim at the spreads seen "
+        "(stats.seeds_needed); None: decided, or no practical number would",
+    )
 
 
 class FigureResult(BaseModel):
@@ -287,13 +312,23 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
         missing = claim.a if not a else claim.b
         raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {claim.split} {claim.metric}")
     direction = claim.direction or next(
-        (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher")
+        (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher"
+    )
     cells = {"a": _cell(results, claim.metric, a), "b": _cell(results, claim.metric, b)}
     diff = difference(a, b, results.spec.get("test", "welch"))
     sd = spread(a, b)
     probe = any(claim.metric in run.probes for run in results.runs)
-    figures = dict(a=cells["a"], b=cells["b"], difference=diff.difference, low=diff.low, high=diff.high,
-                   sd_a=sd.sd_a, sd_b=sd.sd_b, probe=probe, direction=direction)
+    figures = dict(
+        a=cells["a"],
+        b=cells["b"],
+        difference=diff.difference,
+        low=diff.low,
+        high=diff.high,
+        sd_a=sd.sd_a,
+        sd_b=sd.sd_b,
+        probe=probe,
+        direction=direction,
+    )
     if claim.relation == "steadier":
         verdict, reason = _steadier(sd, claim, min(len(a), len(b)))
         return ClaimResult(claim=claim, p=sd.p, verdict=verdict, reason=reason, **figures)
@@ -301,9 +336,12 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
     needed = None
     if verdict == "inconclusive" and diff.low is not None:
         needed = seeds_needed(sd.sd_a, sd.sd_b, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
-        reason += (f"; at these spreads about {needed} seeds a side would decide it" if needed else
-                   "; at these spreads no practical number of seeds would decide it (the mean lies at or near the "
-                   "boundary)")
+        reason += (
+            f"; at these spreads about {needed} seeds a side would decide it"
+            if needed
+            else "; at these spreads no practical number of seeds would decide it (the mean lies at or near the "
+            "boundary)"
+        )
     return ClaimResult(claim=claim, p=diff.p, verdict=verdict, reason=reason, seeds_needed=needed, **figures)
 
 
@@ -323,14 +361,17 @@ def beside(figure: SourceFigure, results: CompareResults) -> FigureResult | None
     return FigureResult(figure=figure, ours=_cell(results, figure.metric, ours)) if ours else None
 
 
-def _by_interval(claim: Claim, low: float | None, high: float | None, direction: str,
-                 mean: float) -> tuple[Verdict, str]:
+def _by_interval(
+    claim: Claim, low: float | None, high: float | None, direction: str, mean: float
+) -> tuple[Verdict, str]:
     if low is None or high is None:
         return "inconclusive", "one seed a side gives no interval: run two or more seeds"
     sign = 1.0 if direction == "higher" else -1.0
     lo, hi = sorted((sign * low, sign * high))  # the gain of a over b, the way the metric is better
-    gain = (f"the gain of a over b ({direction} is better) is {format_number(sign * mean, 4)} "
-            f"[{format_number(lo, 4)}, {format_number(hi, 4)}]")
+    gain = (
+        f"the gain of a over b ({direction} is better) is {format_number(sign * mean, 4)} "
+        f"[{format_number(lo, 4)}, {format_number(hi, 4)}]"
+    )
     m = claim.margin
     if claim.relation == "better":
         if lo > 0:
@@ -365,7 +406,11 @@ def _steadier(sd: Any, claim: Claim, seeds: int) -> tuple[Verdict, str]:
         return "inconclusive", f"{text}: too few seeds to test the spread"
     tested = f"{text}, Brown-Forsythe p = {sd.p:.3g}"
     if sd.p < ALPHA:
-        return ("holds", f"{tested}: a's is smaller") if sd.sd_a < sd.sd_b else ("does not hold", f"{tested}: a's is larger")
+        return (
+            ("holds", f"{tested}: a's is smaller")
+            if sd.sd_a < sd.sd_b
+            else ("does not hold", f"{tested}: a's is larger")
+        )
     return "inconclusive", f"{tested}: not separable at alpha = {ALPHA}"
 
 
@@ -379,13 +424,21 @@ def overall(verdicts: list[str]) -> Verdict:
 def command(name: str, scale: Scale, overrides: dict[str, Any] | None = None) -> str:
     """The command line that runs the study again as it ran."""
     overrides = overrides or {}
-    given = [f"--{key} {','.join(map(str, value)) if isinstance(value, list) else value}"
-             for key, value in overrides.items() if key in ("seeds", "steps")]
+    given = [
+        f"--{key} {','.join(map(str, value)) if isinstance(value, list) else value}"
+        for key, value in overrides.items()
+        if key in ("seeds", "steps")
+    ]
     return " ".join([f"tzoo reproduce {name}", *([] if scale == "cpu" else [f"--scale {scale}"]), *given])
 
 
-def reproduce(study: Study, out_dir: str | os.PathLike, scale: Scale = "cpu", overrides: dict[str, Any] | None = None,
-              plugins: list[str] | None = None) -> StudyResult:
+def reproduce(
+    study: Study,
+    out_dir: str | os.PathLike,
+    scale: Scale = "cpu",
+    overrides: dict[str, Any] | None = None,
+    plugins: list[str] | None = None,
+) -> StudyResult:
     """Run a study's comparison into ``out_dir`` and judge its claims: ``verdict.json`` and
     ``verdict.md`` beside the comparison's ``report.md``."""
     spec = study.spec(scale, overrides)
@@ -402,29 +455,49 @@ def reproduce(study: Study, out_dir: str | os.PathLike, scale: Scale = "cpu", ov
     return result
 
 
-def verdict(study: Study, spec: CompareSpec, results: CompareResults, scale: Scale, wall_seconds: float,
-            rerun: str) -> StudyResult:
+def verdict(
+    study: Study, spec: CompareSpec, results: CompareResults, scale: Scale, wall_seconds: float, rerun: str
+) -> StudyResult:
     """The study's outcome from its comparison's results: each claim judged, the source's figures
     beside ours, and the runs that stopped short of their steps (a time cap)."""
     short = short_runs(spec, results)
     claims = [_capped(judge(claim, results), short) for claim in study.claims]
     figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
     return StudyResult(
-        name=study.name, title=study.title, source=study.source, notes=study.notes, scale=scale, seeds=spec.seeds,
-        steps=spec.steps, test=TEST_NAMES[spec.test], verdict=overall([c.verdict for c in claims]), claims=claims,
-        figures=figures, short_runs=[text for _, _, text in short], wall_seconds=wall_seconds, report="report.md",
-        command=rerun)
+        name=study.name,
+        title=study.title,
+        source=study.source,
+        notes=study.notes,
+        scale=scale,
+        seeds=spec.seeds,
+        steps=spec.steps,
+        test=TEST_NAMES[spec.test],
+        verdict=overall([c.verdict for c in claims]),
+        claims=claims,
+        figures=figures,
+        short_runs=[text for _, _, text in short],
+        wall_seconds=wall_seconds,
+        report="report.md",
+        command=rerun,
+    )
 
 
 def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, str, str]]:
     """The runs that stopped before their steps (the spec's ``seconds`` ran out): their variant,
     task, and ``variant on task, seed S: N of M steps``."""
+
     def planned(label: str, task: str) -> int:
         return spec.variant_train.get(label, {}).get("steps", spec.task_train.get(task, {}).get("steps", spec.steps))
 
-    return [(run.variant, run.task, f"{run.variant} on {run.task}, seed {run.seed}: {run.steps} of "
-             f"{planned(run.variant, run.task)} steps") for run in results.runs
-            if run.steps < planned(run.variant, run.task)]
+    return [
+        (
+            run.variant,
+            run.task,
+            f"{run.variant} on {run.task}, seed {run.seed}: {run.steps} of {planned(run.variant, run.task)} steps",
+        )
+        for run in results.runs
+        if run.steps < planned(run.variant, run.task)
+    ]
 
 
 def _capped(outcome: ClaimResult, short: list[tuple[str, str, str]]) -> ClaimResult:
@@ -434,12 +507,21 @@ def _capped(outcome: ClaimResult, short: list[tuple[str, str, str]]) -> ClaimRes
     if not stopped:
         return outcome
     if outcome.verdict == "inconclusive":
-        return outcome.model_copy(update={"seeds_needed": None, "reason": f"{outcome.reason}; and {len(stopped)} of its "
-                                          "runs stopped at the time cap before their steps: give the runs more time"})
-    return outcome.model_copy(update={
-        "verdict": "inconclusive", "seeds_needed": None,
-        "reason": f"not judged: {len(stopped)} of its runs stopped at the time cap before their steps, so a and b did "
-                  f"not train alike (as measured, {outcome.verdict}: {outcome.reason}); give the runs more time"})
+        return outcome.model_copy(
+            update={
+                "seeds_needed": None,
+                "reason": f"{outcome.reason}; and {len(stopped)} of its "
+                "runs stopped at the time cap before their steps: give the runs more time",
+            }
+        )
+    return outcome.model_copy(
+        update={
+            "verdict": "inconclusive",
+            "seeds_needed": None,
+            "reason": f"not judged: {len(stopped)} of its runs stopped at the time cap before their steps, so a and b did "
+            f"not train alike (as measured, {outcome.verdict}: {outcome.reason}); give the runs more time",
+        }
+    )
 
 
 def study_lines(result: StudyResult) -> list[str]:
@@ -447,28 +529,49 @@ def study_lines(result: StudyResult) -> list[str]:
     lines = [f"# {result.name}: {result.verdict}", "", f"**{result.title}** ({result.source})", ""]
     if result.notes:
         lines += [result.notes.strip(), ""]
-    lines += [f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {_minutes(result.wall_seconds)}; "
-              f"{result.test}; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
-              f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
-              f"[{result.report}]({result.report}).", "",
-              "| claim | a | b | a - b [95% CI] | p | verdict |", "|---|---|---|---|---|---|"]
+    lines += [
+        f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {_minutes(result.wall_seconds)}; "
+        f"{result.test}; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
+        f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
+        f"[{result.report}]({result.report}).",
+        "",
+        "| claim | a | b | a - b [95% CI] | p | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in result.claims:
         cl = c.claim
         where = f"{cl.task}, {cl.metric}" if c.probe else f"{cl.task}, {cl.split} {cl.metric}"
         delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.a.n))
         p = "n/a" if c.p is None else f"{c.p:.3g}"
-        lines.append(f"| {cl.statement} ({where}; {cl.relation}) | {cl.a}: {format_cell(c.a)} | {cl.b}: "
-                     f"{format_cell(c.b)} | {delta} | {p} | **{c.verdict}** |")
-    lines += ["", *[f"- {c.claim.statement}: {c.verdict}. {c.reason[0].upper() + c.reason[1:]}." for c in result.claims]]
+        lines.append(
+            f"| {cl.statement} ({where}; {cl.relation}) | {cl.a}: {format_cell(c.a)} | {cl.b}: "
+            f"{format_cell(c.b)} | {delta} | {p} | **{c.verdict}** |"
+        )
+    lines += [
+        "",
+        *[f"- {c.claim.statement}: {c.verdict}. {c.reason[0].upper() + c.reason[1:]}." for c in result.claims],
+    ]
     if result.short_runs:
-        lines += ["", f"**{len(result.short_runs)} run(s) stopped at the time cap before their {result.steps} steps**, so "
-                  "the verdicts above compare runs trained for different numbers of steps: "
-                  + "; ".join(result.short_runs) + "."]
+        lines += [
+            "",
+            f"**{len(result.short_runs)} run(s) stopped at the time cap before their {result.steps} steps**, so "
+            "the verdicts above compare runs trained for different numbers of steps: "
+            + "; ".join(result.short_runs)
+            + ".",
+        ]
     if result.figures:
-        lines += ["", "The source's figures beside ours (mean [95% CI] over seeds, at this scale):", "",
-                  "| variant | task | metric | source | ours | where the source gives it |", "|---|---|---|---|---|---|"]
-        lines += [f"| {f.figure.variant} | {f.figure.task} | {f.figure.split} {f.figure.metric} | "
-                  f"{format_number(f.figure.value, 3)} | {format_cell(f.ours)} | {f.figure.where} |" for f in result.figures]
+        lines += [
+            "",
+            "The source's figures beside ours (mean [95% CI] over seeds, at this scale):",
+            "",
+            "| variant | task | metric | source | ours | where the source gives it |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {f.figure.variant} | {f.figure.task} | {f.figure.split} {f.figure.metric} | "
+            f"{format_number(f.figure.value, 3)} | {format_cell(f.ours)} | {f.figure.where} |"
+            for f in result.figures
+        ]
     return lines
 
 
@@ -478,14 +581,21 @@ def _minutes(seconds: float) -> str:
 
 def summary_lines(results: list[StudyResult]) -> list[str]:
     """One row per study: claim | source | figures | verdict | time."""
-    lines = ["| study | claim | source | our figures (mean [95% CI]; seeds, steps) | verdict | time |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| study | claim | source | our figures (mean [95% CI]; seeds, steps) | verdict | time |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results:
-        figures = "; ".join(f"{c.claim.a} {format_cell(c.a)} vs {c.claim.b} {format_cell(c.b)} "
-                            f"({c.claim.task} {c.claim.metric}: {c.verdict})" for c in r.claims)
+        figures = "; ".join(
+            f"{c.claim.a} {format_cell(c.a)} vs {c.claim.b} {format_cell(c.b)} "
+            f"({c.claim.task} {c.claim.metric}: {c.verdict})"
+            for c in r.claims
+        )
         short = f"; {len(r.short_runs)} run(s) stopped at the time cap" if r.short_runs else ""
-        lines.append(f"| [{r.name}]({r.name}/verdict.md) | {r.title} | {r.source} | {figures}; {len(r.seeds)} seeds, "
-                     f"{r.steps} steps{short} | **{r.verdict}** | {_minutes(r.wall_seconds)} |")
+        lines.append(
+            f"| [{r.name}]({r.name}/verdict.md) | {r.title} | {r.source} | {figures}; {len(r.seeds)} seeds, "
+            f"{r.steps} steps{short} | **{r.verdict}** | {_minutes(r.wall_seconds)} |"
+        )
     return lines
 
 
@@ -498,9 +608,14 @@ def default_at_once(scale: Scale, count: int) -> int:
     return count if scale == "gpu" and torch.cuda.is_available() else 1
 
 
-def reproduce_all(names: list[str], out_dir: str | os.PathLike, scale: Scale = "cpu",
-                  overrides: dict[str, Any] | None = None, plugins: list[str] | None = None,
-                  at_once: int | None = None) -> list[StudyResult]:
+def reproduce_all(
+    names: list[str],
+    out_dir: str | os.PathLike,
+    scale: Scale = "cpu",
+    overrides: dict[str, Any] | None = None,
+    plugins: list[str] | None = None,
+    at_once: int | None = None,
+) -> list[StudyResult]:
     """Run the named studies (each into ``out_dir/NAME``), then write ``out_dir/reproductions.md``,
     a row per study run so far in ``out_dir``, with the wall time of this call. Every study is
     validated before the first one trains.
@@ -529,8 +644,15 @@ def reproduce_all(names: list[str], out_dir: str | os.PathLike, scale: Scale = "
     page = "\n".join([f"# Reproductions ({scale} scale)", "", ran, "", *summary_lines(done), ""])
     atomic_write(out_dir / "reproductions.md", lambda tmp: tmp.write_text(page))
     if failed:
-        raise StudiesFailed("\n".join([f"{len(failed)} of {len(studies)} studies failed (the others are in "
-                                        f"{out_dir / 'reproductions.md'}):", *failed.values()]))
+        raise StudiesFailed(
+            "\n".join(
+                [
+                    f"{len(failed)} of {len(studies)} studies failed (the others are in "
+                    f"{out_dir / 'reproductions.md'}):",
+                    *failed.values(),
+                ]
+            )
+        )
     return results
 
 
@@ -538,8 +660,14 @@ class StudiesFailed(ZooError):
     """Studies run side by side ended, and some of them failed."""
 
 
-def _side_by_side(studies: list[Study], out_dir: Path, scale: Scale, overrides: dict[str, Any] | None,
-                  plugins: list[str] | None, at_once: int) -> tuple[list[StudyResult], dict[str, str]]:
+def _side_by_side(
+    studies: list[Study],
+    out_dir: Path,
+    scale: Scale,
+    overrides: dict[str, Any] | None,
+    plugins: list[str] | None,
+    at_once: int,
+) -> tuple[list[StudyResult], dict[str, str]]:
     """Run ``studies``, ``at_once`` at a time, each in a process of its own; returns the results
     of those that finished, and why each other failed."""
     context = get_context("spawn")
@@ -556,8 +684,11 @@ def _side_by_side(studies: list[Study], out_dir: Path, scale: Scale, overrides: 
                 study = waiting.pop(0)
                 (out_dir / study.name).mkdir(parents=True, exist_ok=True)
                 log = out_dir / study.name / "log.txt"
-                process = context.Process(target=_reproduce_logged, name=f"study {study.name}",
-                                          args=(study, out_dir / study.name, scale, overrides, plugins, str(log)))
+                process = context.Process(
+                    target=_reproduce_logged,
+                    name=f"study {study.name}",
+                    args=(study, out_dir / study.name, scale, overrides, plugins, str(log)),
+                )
                 process.start()
                 running[process.sentinel] = (process, study, log)
                 say(f"started {study.name} ({len(studies) - len(waiting)} of {len(studies)}); its log: {log}")
@@ -589,8 +720,9 @@ def _side_by_side(studies: list[Study], out_dir: Path, scale: Scale, overrides: 
     return sorted(results, key=lambda r: order.index(r.name)), failed
 
 
-def _reproduce_logged(study: Study, out_dir: Path, scale: Scale, overrides: dict[str, Any] | None,
-                      plugins: list[str] | None, log: str) -> None:
+def _reproduce_logged(
+    study: Study, out_dir: Path, scale: Scale, overrides: dict[str, Any] | None, plugins: list[str] | None, log: str
+) -> None:
     """A study in a process of its own, its output (progress and errors) written to ``log``."""
     with open(log, "a") as stream:
         os.dup2(stream.fileno(), 1)

@@ -50,26 +50,43 @@ def _getters(records: list[RunRecord]) -> list[_Getter]:
     names = sorted({name for r in records for values in r.metrics.values() for name in values})
     better = {name: next(r.better[name] for r in records if name in r.better) for name in names}  # as the task declares
     bounds = {name: next((r.bounds[name] for r in records if name in r.bounds), None) for name in names}
-    getters = [_Getter(Column(name=f"{split} {name}", kind="metric", better=better[name], bounds=bounds[name],
-                              scale="linear" if bounds[name] is None else "arcsine-sqrt"),
-                       lambda r, s=split, n=name: r.metrics.get(s, {}).get(n))
-               for split in splits for name in names]
+    getters = [
+        _Getter(
+            Column(
+                name=f"{split} {name}",
+                kind="metric",
+                better=better[name],
+                bounds=bounds[name],
+                scale="linear" if bounds[name] is None else "arcsine-sqrt",
+            ),
+            lambda r, s=split, n=name: r.metrics.get(s, {}).get(n),
+        )
+        for split in splits
+        for name in names
+    ]
     for stack in sorted({stack for r in records for stack in r.ponder_time}):
-        getters.append(_Getter(Column(name=f"{stack} ponder", kind="ponder", better=None),
-                               lambda r, s=stack: r.ponder_time.get(s)))
+        getters.append(
+            _Getter(Column(name=f"{stack} ponder", kind="ponder", better=None), lambda r, s=stack: r.ponder_time.get(s))
+        )
     for name in sorted({name for r in records for name in r.probes}):  # what the spec's probes measured
         getters.append(_Getter(Column(name=name, kind="probe", better=None), lambda r, n=name: r.probes.get(n)))
     getters += [
         _Getter(Column(name="parameters", kind="cost", better=None, scale="log"), lambda r: r.parameters),
         _Getter(Column(name="FLOPs/token", kind="cost", better=None, scale="log"), lambda r: r.flops_per_token),
-        _Getter(Column(name="train tokens/s", kind="cost", better="higher", scale="log"),
-                lambda r: r.train_tokens_per_second),
+        _Getter(
+            Column(name="train tokens/s", kind="cost", better="higher", scale="log"),
+            lambda r: r.train_tokens_per_second,
+        ),
         _Getter(Column(name="peak MiB", kind="cost", better="lower", scale="log"), lambda r: r.peak_memory_mb),
         _Getter(Column(name="wall s", kind="cost", better="lower", scale="log"), lambda r: r.wall_seconds),
     ]
     if any(r.tuning_seconds is not None for r in records):  # what finding a tuned variant's setting took
-        getters.append(_Getter(Column(name="tuning s", kind="cost", better=None, scale="log"),  # one figure a
-                               lambda r: r.tuning_seconds))  # variant, on each of its seeds: nothing to test
+        getters.append(
+            _Getter(
+                Column(name="tuning s", kind="cost", better=None, scale="log"),  # one figure a
+                lambda r: r.tuning_seconds,
+            )
+        )  # variant, on each of its seeds: nothing to test
     return getters
 
 
@@ -85,8 +102,9 @@ def _interval(column: Column, values: list[float]) -> Interval:
 TIMES = ("train tokens/s", "wall s")  # costs that depend on the machine's load at the time
 
 
-def summarize_task(records: list[RunRecord], reference: str | None = None, test: TestKind = "welch",
-                   invocation: str | None = None) -> TaskSummary:
+def summarize_task(
+    records: list[RunRecord], reference: str | None = None, test: TestKind = "welch", invocation: str | None = None
+) -> TaskSummary:
     """The statistics of one task's runs (every variant, every seed).
 
     Args:
@@ -97,48 +115,97 @@ def summarize_task(records: list[RunRecord], reference: str | None = None, test:
     variants = list(dict.fromkeys(r.variant for r in records))
     reference = reference if reference in variants else variants[0]
     getters = _getters(records)
-    values = {v: {g.column.name: [x for r in records if r.variant == v and (x := g.get(r)) is not None]
-                  for g in getters} for v in variants}
-    cells = {v: {g.column.name: Cell(**_interval(g.column, values[v][g.column.name]).__dict__)
-                 for g in getters if values[v][g.column.name]} for v in variants}
+    values = {
+        v: {g.column.name: [x for r in records if r.variant == v and (x := g.get(r)) is not None] for g in getters}
+        for v in variants
+    }
+    cells = {
+        v: {
+            g.column.name: Cell(**_interval(g.column, values[v][g.column.name]).__dict__)
+            for g in getters
+            if values[v][g.column.name]
+        }
+        for v in variants
+    }
     comparable = invocation is None or all(r.invocation == invocation for r in records)
     columns = []
     for g in getters:
         column = g.column.model_copy()
         if column.better is not None and (column.name not in TIMES or comparable):
             column.best = _separable_best(values, column.name, column.better == "higher", test)
-        column.decimals = column_decimals(x for v in variants if (cell := cells[v].get(column.name))
-                                          for x in (cell.mean, cell.low, cell.high))
+        column.decimals = column_decimals(
+            x for v in variants if (cell := cells[v].get(column.name)) for x in (cell.mean, cell.low, cell.high)
+        )
         if column.bounds is not None:  # a score in a range keeps its decimals where every seed scored 1
             column.decimals = max(column.decimals, 3)
         columns.append(column)
     task, metric = records[0].task, records[0].metric
     headline = f"{HEADLINE_SPLIT} {metric}"
-    tested = [(c.name, v, difference(values[v][c.name], values[reference][c.name], test))
-              for c in columns if c.kind == "metric"
-              for v in variants if v != reference and values[v][c.name] and values[reference][c.name]]
-    tests = [Test(variant=v, reference=reference, column=name, test=test, separable=d.separable(),
-                  p_holm=q, survives_holm=q is not None and q < ALPHA,
-                  **{k: getattr(d, k) for k in ("difference", "low", "high", "p")})
-             for (name, v, d), q in zip(tested, holm([d.p for _, _, d in tested]))]
+    tested = [
+        (c.name, v, difference(values[v][c.name], values[reference][c.name], test))
+        for c in columns
+        if c.kind == "metric"
+        for v in variants
+        if v != reference and values[v][c.name] and values[reference][c.name]
+    ]
+    tests = [
+        Test(
+            variant=v,
+            reference=reference,
+            column=name,
+            test=test,
+            separable=d.separable(),
+            p_holm=q,
+            survives_holm=q is not None and q < ALPHA,
+            **{k: getattr(d, k) for k in ("difference", "low", "high", "p")},
+        )
+        for (name, v, d), q in zip(tested, holm([d.p for _, _, d in tested]))
+    ]
     higher = records[0].better[metric] == "higher"
     leaders = _leaders(values, headline, higher, test)
     seeds = min(len(values[v][headline]) for v in variants)
     best = next(c.best for c in columns if c.name == headline)
-    ratios = {v: {name: cells[v][name].mean / cells[reference][name].mean
-                  for name in ("parameters", "FLOPs/token", "peak MiB", *TIMES)
-                  if (name not in TIMES or comparable) and cells[reference].get(name) and cells[reference][name].mean
-                  and name in cells[v]}
-              for v in variants if v != reference}
-    return TaskSummary(task=task, headline=headline, reference=reference, test=test, seeds=seeds, columns=columns,
-                       cells=cells, tests=tests, best=best, leaders=leaders,
-                       verdict=_verdict(variants, cells, headline, best, leaders, seeds, test,
-                                        next(c.decimals for c in columns if c.name == headline)),
-                       costs_comparable=comparable, cost_ratios=ratios)
+    ratios = {
+        v: {
+            name: cells[v][name].mean / cells[reference][name].mean
+            for name in ("parameters", "FLOPs/token", "peak MiB", *TIMES)
+            if (name not in TIMES or comparable)
+            and cells[reference].get(name)
+            and cells[reference][name].mean
+            and name in cells[v]
+        }
+        for v in variants
+        if v != reference
+    }
+    return TaskSummary(
+        task=task,
+        headline=headline,
+        reference=reference,
+        test=test,
+        seeds=seeds,
+        columns=columns,
+        cells=cells,
+        tests=tests,
+        best=best,
+        leaders=leaders,
+        verdict=_verdict(
+            variants,
+            cells,
+            headline,
+            best,
+            leaders,
+            seeds,
+            test,
+            next(c.decimals for c in columns if c.name == headline),
+        ),
+        costs_comparable=comparable,
+        cost_ratios=ratios,
+    )
 
 
-def summarize(records: list[RunRecord], reference: str | None = None, test: TestKind = "welch",
-              invocation: str | None = None) -> list[TaskSummary]:
+def summarize(
+    records: list[RunRecord], reference: str | None = None, test: TestKind = "welch", invocation: str | None = None
+) -> list[TaskSummary]:
     """:func:`summarize_task` for every task of ``records``, in their order."""
     tasks = list(dict.fromkeys(r.task for r in records))
     return [summarize_task([r for r in records if r.task == task], reference, test, invocation) for task in tasks]
@@ -205,14 +272,23 @@ def _verdict(variants, cells, headline, best, leaders, seeds, test, decimals) ->
     top = leaders[0]
     stated = f"{top} has the best mean, {format_cell(cells[top].get(headline), decimals)}"
     if seeds < 2:
-        return (f"One seed: no test was possible, so no variant is called best ({stated}). "
-                "Run two or more seeds (--seeds 0,1,2) to test the differences.")
+        return (
+            f"One seed: no test was possible, so no variant is called best ({stated}). "
+            "Run two or more seeds (--seeds 0,1,2) to test the differences."
+        )
     how = f"{TEST_NAMES[test]} over {seeds} seeds, alpha = {ALPHA}"
     if best is not None:
-        return (f"{best} is best: {format_cell(cells[best][headline], decimals)}, separable from every other variant "
-                f"({how}).")
+        return (
+            f"{best} is best: {format_cell(cells[best][headline], decimals)}, separable from every other variant "
+            f"({how})."
+        )
     floor = smallest_p(seeds, seeds, test)
-    note = (f" With {seeds} seeds a side this test cannot give p below {floor:.2g}: run more seeds."
-            if floor is not None and floor >= ALPHA else "")
-    return (f"Not separable at {seeds} seeds: {', '.join(leaders)} ({stated}; the others listed are not "
-            f"separable from it, {how}).{note}")
+    note = (
+        f" With {seeds} seeds a side this test cannot give p below {floor:.2g}: run more seeds."
+        if floor is not None and floor >= ALPHA
+        else ""
+    )
+    return (
+        f"Not separable at {seeds} seeds: {', '.join(leaders)} ({stated}; the others listed are not "
+        f"separable from it, {how}).{note}"
+    )

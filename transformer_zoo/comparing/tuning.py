@@ -46,24 +46,46 @@ class TuneSpec(Options):
         {"train.lr": {"log": [1e-4, 1e-2]}},
         description="what is searched, by path: train.FIELD (a training option: lr, warmup_steps, weight_decay, "
         "batch_size, ...) or model.FIELD[.FIELD] (a model config value), each a list of choices, {log: [low, high]} "
-        "(a float drawn on the log scale), {range: [low, high]} (a float) or {int: [low, high]} (an integer)")
+        "(a float drawn on the log scale), {range: [low, high]} (a float) or {int: [low, high]} (an integer)",
+    )
     sampler: Literal["tpe", "grid"] = Field(
-        "tpe", description="tpe: Optuna's TPE sampler, seeded; grid: every combination of the choices (lists only), "
-        "in an order drawn with the seed")
-    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the sampler, of the trials' training and of the "
-                      "validation split")
-    validation: float = Field(0.1, gt=0, description="the validation split, carved from the train split with the seed: "
-                              "a fraction of it (below 1) or a number of rows; the test splits are never read")
+        "tpe",
+        description="tpe: Optuna's TPE sampler, seeded; grid: every combination of the choices (lists only), "
+        "in an order drawn with the seed",
+    )
+    seed: int = Field(
+        0, ge=0, le=2**32 - 1, description="seed of the sampler, of the trials' training and of the validation split"
+    )
+    validation: float = Field(
+        0.1,
+        gt=0,
+        description="the validation split, carved from the train split with the seed: "
+        "a fraction of it (below 1) or a number of rows; the test splits are never read",
+    )
     steps: int | None = Field(None, ge=1, description="training steps of each trial; null: the spec's steps")
-    rungs: int = Field(4, ge=1, le=100, description="validation scores per trial, at evenly spaced steps (the last "
-                       "at the end), which the pruner compares")
-    prune: bool = Field(True, description="stop a trial whose validation score at a rung is worse than the median of "
-                        "the trials before it at that rung (Optuna's median pruner)")
-    startup_trials: int = Field(2, ge=0, description="trials of each variant run to the end before any is pruned, and "
-                                "drawn at random before TPE models the scores")
+    rungs: int = Field(
+        4,
+        ge=1,
+        le=100,
+        description="validation scores per trial, at evenly spaced steps (the last "
+        "at the end), which the pruner compares",
+    )
+    prune: bool = Field(
+        True,
+        description="stop a trial whose validation score at a rung is worse than the median of "
+        "the trials before it at that rung (Optuna's median pruner)",
+    )
+    startup_trials: int = Field(
+        2,
+        ge=0,
+        description="trials of each variant run to the end before any is pruned, and "
+        "drawn at random before TPE models the scores",
+    )
     compare: Literal["tuned", "both"] = Field(
-        "tuned", description="tuned: compare the variants at their tuned settings; both: also at the spec's own, side "
-        "by side (a tuned variant is labelled 'LABEL tuned')")
+        "tuned",
+        description="tuned: compare the variants at their tuned settings; both: also at the spec's own, side "
+        "by side (a tuned variant is labelled 'LABEL tuned')",
+    )
 
     @field_validator("space")
     @classmethod
@@ -73,19 +95,28 @@ class TuneSpec(Options):
         for path, values in space.items():
             root, _, field = path.partition(".")
             if root not in PATH_ROOTS or not field:
-                raise ValueError(f"space path {path!r} starts with neither train. nor model.; write train.lr or "
-                                 "model.dropout")
+                raise ValueError(
+                    f"space path {path!r} starts with neither train. nor model.; write train.lr or model.dropout"
+                )
             if root == "train":
                 if field in FIXED:
-                    raise ValueError(f"space path {path!r} is fixed for every trial (the budget, data and seed are the "
-                                     f"same for all); search training options other than {', '.join(sorted(FIXED))}")
+                    raise ValueError(
+                        f"space path {path!r} is fixed for every trial (the budget, data and seed are the "
+                        f"same for all); search training options other than {', '.join(sorted(FIXED))}"
+                    )
                 if field not in TrainConfig.model_fields:
-                    raise ValueError(f"space path {path!r} is not a training option; options: "
-                                     f"{', '.join(sorted(set(TrainConfig.model_fields) - FIXED))}")
-                if TrainConfig.model_fields[field].annotation is int and isinstance(values, dict) \
-                        and "int" not in values:
-                    raise ValueError(f"space path {path!r} is a whole number: draw it with {{int: [low, high]}} or "
-                                     "list its choices")
+                    raise ValueError(
+                        f"space path {path!r} is not a training option; options: "
+                        f"{', '.join(sorted(set(TrainConfig.model_fields) - FIXED))}"
+                    )
+                if (
+                    TrainConfig.model_fields[field].annotation is int
+                    and isinstance(values, dict)
+                    and "int" not in values
+                ):
+                    raise ValueError(
+                        f"space path {path!r} is a whole number: draw it with {{int: [low, high]}} or list its choices"
+                    )
             dimension(path, values)  # raises on a malformed one
         return space
 
@@ -100,8 +131,10 @@ class TuneSpec(Options):
     def _grid(self) -> TuneSpec:
         if self.sampler == "grid" and not all(isinstance(v, list) for v in self.space.values()):
             ranged = [p for p, v in self.space.items() if not isinstance(v, list)]
-            raise ValueError(f"sampler grid needs a list of choices for every path; {ranged} are ranges: list values, "
-                             "or use sampler tpe")
+            raise ValueError(
+                f"sampler grid needs a list of choices for every path; {ranged} are ranges: list values, "
+                "or use sampler tpe"
+            )
         return self
 
 
@@ -112,9 +145,11 @@ def dimension(path: str, values: Any) -> Callable[[Any], Any]:
             raise ValueError(f"space path {path!r} lists no choices")
         return lambda trial: trial.suggest_categorical(path, values)
     if not isinstance(values, dict) or len(values) != 1 or next(iter(values)) not in ("log", "range", "int"):
-        raise ValueError(f"space path {path!r} must be a list of choices or one of {{log: [low, high]}}, "
-                         f"{{range: [low, high]}}, {{int: [low, high]}}; got {values!r}")
-    (how, bounds), = values.items()
+        raise ValueError(
+            f"space path {path!r} must be a list of choices or one of {{log: [low, high]}}, "
+            f"{{range: [low, high]}}, {{int: [low, high]}}; got {values!r}"
+        )
+    ((how, bounds),) = values.items()
     if len(bounds) != 2 or not bounds[0] < bounds[1] or (how == "log" and bounds[0] <= 0):
         rule = "0 < low < high" if how == "log" else "low < high"
         raise ValueError(f"space path {path!r}: {how} needs [low, high] with {rule}; got {bounds}")
@@ -185,20 +220,29 @@ def execute_trial(job: Any, config: TrainConfig, task: Any) -> dict[str, Any]:
     for row in trainer.history:  # scores of rungs an earlier attempt reached
         if metric in row:
             scores.setdefault(row["step"], row[metric])
-    return {"trial": True, "pruned": pruned, "value": None if pruned else scores[max(scores)], "scores": scores,
-            "step": trainer.reached, "seconds": time.perf_counter() - started}
+    return {
+        "trial": True,
+        "pruned": pruned,
+        "value": None if pruned else scores[max(scores)],
+        "scores": scores,
+        "step": trainer.reached,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction: str | None = None) -> Any:
     """The study ``name`` in the journal file, with the spec's sampler and pruner (created when
     ``direction`` is given and it does not exist yet)."""
     spec = TuneSpec.model_validate(tune)
-    storage = optuna.storages.JournalStorage(optional("optuna.storages.journal", "tune", "tune: in a compare spec")
-                                             .JournalFileBackend(journal))
+    storage = optuna.storages.JournalStorage(
+        optional("optuna.storages.journal", "tune", "tune: in a compare spec").JournalFileBackend(journal)
+    )
+
     def tpe(seed: int) -> Any:
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(spec.startup_trials, 1))
 
     if spec.sampler == "grid":
+
         class Grid(optuna.samplers.GridSampler):
             def after_trial(self, *args: Any) -> None:  # ask/tell: the driver stops asking at the grid's size
                 pass
@@ -206,12 +250,14 @@ def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction
         sampler = Grid(spec.space, seed=spec.seed)
     else:
         sampler = tpe(spec.seed)
-    pruner = (optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials) if spec.prune
-              else optuna.pruners.NopPruner())
+    pruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=spec.startup_trials) if spec.prune else optuna.pruners.NopPruner()
+    )
     if direction is None:
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
-    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
-                                load_if_exists=True)
+    study = optuna.create_study(
+        study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction, load_if_exists=True
+    )
     if spec.sampler == "tpe" and study.trials:  # resumed: the draws go on from the trials made, not from the first
         study.sampler = tpe(spec.seed + len(study.trials))
     return study
@@ -227,8 +273,9 @@ class Tuning:
         folder: where the journal and the trials' run folders go.
     """
 
-    def __init__(self, spec: TuneSpec, runs: list[tuple[str, TrainConfig]], metrics: dict[str, tuple[str, str]],
-                 folder: Path) -> None:
+    def __init__(
+        self, spec: TuneSpec, runs: list[tuple[str, TrainConfig]], metrics: dict[str, tuple[str, str]], folder: Path
+    ) -> None:
         self.optuna = optional("optuna", "tune", "tune: in a compare spec")
         self.optuna.logging.set_verbosity(self.optuna.logging.WARNING)
         self.spec, self.folder = spec, folder
@@ -239,9 +286,16 @@ class Tuning:
             self.base.setdefault((label, config.task.kind), config)
         self.metrics = metrics
         self.names = {pair: f"{pair[1]}/{pair[0]}/{self.setup_key(config)}" for pair, config in self.base.items()}
-        self.studies = {pair: _study(self.optuna, self.journal, self.names[pair], spec.model_dump(mode="json"),
-                                     "maximize" if metrics[pair[1]][1] == "higher" else "minimize")
-                        for pair in self.base}
+        self.studies = {
+            pair: _study(
+                self.optuna,
+                self.journal,
+                self.names[pair],
+                spec.model_dump(mode="json"),
+                "maximize" if metrics[pair[1]][1] == "higher" else "minimize",
+            )
+            for pair in self.base
+        }
         self.draws = {path: dimension(path, values) for path, values in spec.space.items()}
 
     def setup_key(self, base: TrainConfig) -> str:
@@ -249,14 +303,18 @@ class Tuning:
         config (its searched fields left out) and the tune section. A changed setup starts a new
         study in the journal rather than reusing trials of another."""
         searched = {path.partition(".")[2] for path in self.spec.space if path.startswith("train.")}
-        content = {"train": base.model_dump(mode="json", exclude={"seed", *searched}),
-                   "tune": self.spec.model_dump(mode="json", exclude={"trials", "compare"})}
+        content = {
+            "train": base.model_dump(mode="json", exclude={"seed", *searched}),
+            "tune": self.spec.model_dump(mode="json", exclude={"trials", "compare"}),
+        }
         return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:12]
 
     def check(self) -> None:
         """Build every pair's trial config with a value of each path, so that a path a variant's config
         lacks fails before anything trains."""
-        probe = {path: (v[0] if isinstance(v, list) else next(iter(v.values()))[0]) for path, v in self.spec.space.items()}
+        probe = {
+            path: (v[0] if isinstance(v, list) else next(iter(v.values()))[0]) for path, v in self.spec.space.items()
+        }
         for (label, kind), config in self.base.items():
             try:
                 trial = self.trial_config(config, probe)
@@ -269,9 +327,15 @@ class Tuning:
         validation split carved from the training data (the test splits are never read)."""
         tuned = with_values(base, values)
         steps = self.spec.steps or base.steps
-        return tuned.model_copy(update={
-            "steps": steps, "seed": self.spec.seed, "holdout": self.spec.validation, "holdout_seed": self.spec.seed,
-            "eval_every": 0})  # a trial is scored at its rungs (execute_trial)
+        return tuned.model_copy(
+            update={
+                "steps": steps,
+                "seed": self.spec.seed,
+                "holdout": self.spec.validation,
+                "holdout_seed": self.spec.seed,
+                "eval_every": 0,
+            }
+        )  # a trial is scored at its rungs (execute_trial)
 
     def rounds(self, parallel: int) -> Iterator[list[tuple[tuple[str, str], Any, TrainConfig]]]:
         """Trials to run together, round after round, until every study has its trials: each round
@@ -325,20 +389,36 @@ class Tuning:
         out = []
         for (label, kind), study in self.studies.items():
             steps = self.spec.steps or self.base[(label, kind)].steps
-            trials = [TrialRecord(number=t.number, values=t.params, state=names.get(t.state, "failed"),
-                                  value=t.value if t.state == states.COMPLETE else None,  # a pruned one's is a rung's
-                                  steps=t.user_attrs.get("steps", 0), seconds=t.user_attrs.get("seconds", 0.0),
-                                  scores={int(k): v for k, v in t.user_attrs.get("scores", {}).items()})
-                      for t in study.get_trials(deepcopy=False)]
+            trials = [
+                TrialRecord(
+                    number=t.number,
+                    values=t.params,
+                    state=names.get(t.state, "failed"),
+                    value=t.value if t.state == states.COMPLETE else None,  # a pruned one's is a rung's
+                    steps=t.user_attrs.get("steps", 0),
+                    seconds=t.user_attrs.get("seconds", 0.0),
+                    scores={int(k): v for k, v in t.user_attrs.get("scores", {}).items()},
+                )
+                for t in study.get_trials(deepcopy=False)
+            ]
             complete = [t for t in trials if t.state == "complete"]
             maximize = study.direction == self.optuna.study.StudyDirection.MAXIMIZE
             best = (max if maximize else min)(complete, key=lambda t: t.value) if complete else None
-            out.append(Tuned(variant=label, task=kind, metric=self.metrics[kind][0],
-                             direction="maximize" if maximize else "minimize",
-                             best=best.values if best else {}, best_value=best.value if best else None, trials=trials,
-                             steps=steps, seconds=sum(t.seconds for t in trials),
-                             trained_steps=sum(t.steps for t in trials),
-                             saved_steps=sum(steps - t.steps for t in trials if t.state == "pruned")))
+            out.append(
+                Tuned(
+                    variant=label,
+                    task=kind,
+                    metric=self.metrics[kind][0],
+                    direction="maximize" if maximize else "minimize",
+                    best=best.values if best else {},
+                    best_value=best.value if best else None,
+                    trials=trials,
+                    steps=steps,
+                    seconds=sum(t.seconds for t in trials),
+                    trained_steps=sum(t.steps for t in trials),
+                    saved_steps=sum(steps - t.steps for t in trials if t.state == "pruned"),
+                )
+            )
         return out
 
 
@@ -352,10 +432,17 @@ def short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def tuned_runs(spec: TuneSpec, runs: list[tuple[str, TrainConfig]], found: list[Tuned]) -> list[tuple[str, TrainConfig]]:
+def tuned_runs(
+    spec: TuneSpec, runs: list[tuple[str, TrainConfig]], found: list[Tuned]
+) -> list[tuple[str, TrainConfig]]:
     """The comparison's runs at each variant's tuned setting (labelled ``LABEL tuned`` beside the
     untuned ones when the spec compares both); a pair whose trials all failed keeps the spec's."""
     best = {(t.variant, t.task): t.best for t in found}
-    tuned = [(label if spec.compare == "tuned" else f"{label} tuned",
-              with_values(config, best.get((label, config.task.kind), {}))) for label, config in runs]
+    tuned = [
+        (
+            label if spec.compare == "tuned" else f"{label} tuned",
+            with_values(config, best.get((label, config.task.kind), {})),
+        )
+        for label, config in runs
+    ]
     return tuned if spec.compare == "tuned" else runs + tuned

@@ -107,14 +107,16 @@ class Checkpointer:
         try:
             before = load_train_config(path)
         except (ZooError, ValueError) as exc:
-            raise RunFolderError(f"{path} does not validate ({exc}); start over with --restart, or train into "
-                                 "another --out") from None
+            raise RunFolderError(
+                f"{path} does not validate ({exc}); start over with --restart, or train into another --out"
+            ) from None
         changes = config_changes(before, self.config)
         if changes:
             raise RunFolderError(
                 f"run folder {str(self.run_dir)!r} holds a run trained with another config ({'; '.join(changes)}); "
                 f"only {', '.join(sorted(RESUMABLE_FIELDS))} may change when a run resumes: start over with "
-                "--restart, or train into another --out")
+                "--restart, or train into another --out"
+            )
         return found
 
     def resume_from(self, found: list[Path], model: torch.nn.Module) -> tuple[Path | None, dict | None]:
@@ -135,8 +137,10 @@ class Checkpointer:
             warn_passed_over(problems, checkpoint, state["step"])
             return checkpoint, state
         if problems:
-            raise CheckpointError(f"cannot resume {str(self.run_dir)!r}: {'; '.join(problems)}; no intact checkpoint is "
-                                  "left: start over with --restart, or train into another --out")
+            raise CheckpointError(
+                f"cannot resume {str(self.run_dir)!r}: {'; '.join(problems)}; no intact checkpoint is "
+                "left: start over with --restart, or train into another --out"
+            )
         return None, None
 
     def load(self, checkpoint: Path, model: torch.nn.Module) -> dict[str, Any]:
@@ -163,8 +167,14 @@ class Checkpointer:
             torch.cuda.set_rng_state(torch.tensor(state["cuda_rng"], dtype=torch.uint8), device)
         return state
 
-    def load_optimizer_states(self, checkpoint: Path, step: int, model: torch.nn.Module,
-                              optimizers: dict[str, torch.optim.Optimizer], schedulers: dict[str, Any]) -> None:
+    def load_optimizer_states(
+        self,
+        checkpoint: Path,
+        step: int,
+        model: torch.nn.Module,
+        optimizers: dict[str, torch.optim.Optimizer],
+        schedulers: dict[str, Any],
+    ) -> None:
         """Each phase's optimizer and schedule state from ``checkpoint`` of ``step`` (after the
         model is distributed and its optimizers made).
 
@@ -176,16 +186,20 @@ class Checkpointer:
         if read is not None and read[0] == checkpoint:
             states = read[1]
         else:
-            phases = {name: [p for group in optimizer.param_groups for p in group["params"]]
-                      for name, optimizer in optimizers.items()}
+            phases = {
+                name: [p for group in optimizer.param_groups for p in group["params"]]
+                for name, optimizer in optimizers.items()
+            }
             states = read_optimizers(checkpoint, phases, step, self.placement.map_location)
         try:
             for name, optimizer in optimizers.items():
                 self.placement.load_optimizer_state(model, optimizer, states["optimizers"][name])
                 schedulers[name].load_state_dict(states["schedulers"][name])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"{checkpoint / 'optimizer.pt'} does not load into the optimizers ({exc}); start "
-                                  "over with --restart, or train into another --out") from None
+            raise CheckpointError(
+                f"{checkpoint / 'optimizer.pt'} does not load into the optimizers ({exc}); start "
+                "over with --restart, or train into another --out"
+            ) from None
 
     def write_run_folder(self, checkpoint: Path | None, task: Any) -> None:
         """Process 0, once every process has read ``checkpoint``: it becomes the folder's
@@ -205,8 +219,14 @@ class Checkpointer:
             task.save_assets(self.run_dir)
 
     # ---- save ---------------------------------------------------------------------------------
-    def save(self, step: int, model: torch.nn.Module, optimizers: dict[str, torch.optim.Optimizer],
-             schedulers: dict[str, Any], history: list[dict]) -> None:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizers: dict[str, torch.optim.Optimizer],
+        schedulers: dict[str, Any],
+        history: list[dict],
+    ) -> None:
         """Checkpoint ``step`` into the run folder (written by process 0, every process taking part).
 
         Raises:
@@ -224,9 +244,13 @@ class Checkpointer:
             since = "" if self.saved is None else f" after step {self.saved}"
             raise self.diverged(f"{bad or 'a value'} became non-finite{since}, by step {step} (not saved)")
         if self.placement.here.main:
-            write_checkpoint(self.run_dir, whole, states,
-                             {name: scheduler.state_dict() for name, scheduler in schedulers.items()},
-                             self.random_state(step, history))
+            write_checkpoint(
+                self.run_dir,
+                whole,
+                states,
+                {name: scheduler.state_dict() for name, scheduler in schedulers.items()},
+                self.random_state(step, history),
+            )
         self.placement.barrier()
         self.saved, self._saved_at = step, time.monotonic()
 
@@ -265,6 +289,8 @@ class Checkpointer:
         clip = "set grad_clip" if grad_clip is None else f"a lower grad_clip (now {grad_clip})"
         retry = f"start over (--restart) with a lower lr (now {lr}) or {clip}"
         if self.resumed_from is not None:
-            return TrainingDiverged(f"{what}{kept}; this run resumed from step {self.resumed_from} and diverged again, "
-                                    f"as resuming the same steps will: {retry}")
+            return TrainingDiverged(
+                f"{what}{kept}; this run resumed from step {self.resumed_from} and diverged again, "
+                f"as resuming the same steps will: {retry}"
+            )
         return TrainingDiverged(f"{what}{kept}; {retry} (resuming would take the same steps again)")

@@ -100,8 +100,10 @@ class RunLock:
         try:
             self._lock.acquire()
         except filelock.Timeout:
-            raise RunFolderBusy(f"run folder {str(self.run_dir)!r} is in use by another training run ({self.holder()}); "
-                                "wait for it to finish, stop it, or train into another --out") from None
+            raise RunFolderBusy(
+                f"run folder {str(self.run_dir)!r} is in use by another training run ({self.holder()}); "
+                "wait for it to finish, stop it, or train into another --out"
+            ) from None
         text = str(os.getpid())
         atomic_write(self.run_dir / LOCK_PID, lambda tmp: tmp.write_text(text))
 
@@ -151,8 +153,9 @@ def differences(before: Any, after: Any, ignore: Iterable[str] = (), path: str =
     found = []
     for key in [*before, *(k for k in after if k not in before)]:
         if path or key not in ignore:
-            found += differences(before.get(key, _Absent()), after.get(key, _Absent()), (),
-                                 f"{path}.{key}" if path else str(key))
+            found += differences(
+                before.get(key, _Absent()), after.get(key, _Absent()), (), f"{path}.{key}" if path else str(key)
+            )
     return found
 
 
@@ -173,8 +176,13 @@ def optimizer_tensors(optimizers: dict[str, dict]) -> Iterator[tuple[str, Any]]:
                 yield f"{phase}/{index}/{key}", value
 
 
-def write_checkpoint(run_dir: Path, model: torch.nn.Module, optimizers: dict[str, dict], schedulers: dict[str, dict],
-                     state: dict[str, Any]) -> None:
+def write_checkpoint(
+    run_dir: Path,
+    model: torch.nn.Module,
+    optimizers: dict[str, dict],
+    schedulers: dict[str, dict],
+    state: dict[str, Any],
+) -> None:
     """Write a checkpoint into ``.checkpoint.tmp``, then swap it in for ``checkpoint``; a
     crash at any moment leaves a complete checkpoint (see :func:`candidates`).
 
@@ -241,8 +249,9 @@ def promote(run_dir: Path, chosen: Path | None) -> None:
 
 def warn_passed_over(problems: list[str], used: Path, step: int) -> None:
     for problem in problems:
-        warnings.warn(f"{problem}; resuming from the intact {used} (step {step}) instead", CheckpointWarning,
-                      stacklevel=3)
+        warnings.warn(
+            f"{problem}; resuming from the intact {used} (step {step}) instead", CheckpointWarning, stacklevel=3
+        )
 
 
 # ---- checked reading ---------------------------------------------------------------------------
@@ -264,20 +273,25 @@ def read_state(folder: Path, steps: int) -> dict[str, Any]:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{path} has step {step!r}; a step is a whole number of at least 0")
     if step > steps:
-        raise CheckpointError(f"{path} is at step {step}, beyond steps={steps} (resuming it needs steps of at "
-                              f"least {step})")
+        raise CheckpointError(
+            f"{path} is at step {step}, beyond steps={steps} (resuming it needs steps of at least {step})"
+        )
     for key, size in (("rng", torch.get_rng_state().numel()), ("cuda_rng", None)):
         if key in state and not _is_bytes(state[key], size):
-            raise CheckpointError(f"{path} has a {key} that is not a random state (a list of "
-                                  f"{size or 'some'} whole numbers in [0, 255])")
+            raise CheckpointError(
+                f"{path} has a {key} that is not a random state (a list of {size or 'some'} whole numbers in [0, 255])"
+            )
     if not isinstance(state["history"], list) or not all(isinstance(row, dict) for row in state["history"]):
         raise CheckpointError(f"{path} has a history that is not a list of mappings")
     return state
 
 
 def _is_bytes(value: Any, size: int | None) -> bool:
-    return (isinstance(value, list) and (size is None or len(value) == size)
-            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in value))
+    return (
+        isinstance(value, list)
+        and (size is None or len(value) == size)
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in value)
+    )
 
 
 def _read_json(path: Path) -> Any:
@@ -315,12 +329,15 @@ def check_weights(folder: Path, model: torch.nn.Module) -> None:
     expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     unknown = sorted(set(shapes) - set(expected))
     if unknown:
-        raise CheckpointError(f"{path} holds tensors the model does not have: {', '.join(unknown[:5])}; it was written "
-                              "for another model")
+        raise CheckpointError(
+            f"{path} holds tensors the model does not have: {', '.join(unknown[:5])}; it was written for another model"
+        )
     for name, shape in shapes.items():
         if shape != expected[name]:
-            raise CheckpointError(f"{path} holds {name} of shape {list(shape)}, and the model's is "
-                                  f"{list(expected[name])}; it was written for another model")
+            raise CheckpointError(
+                f"{path} holds {name} of shape {list(shape)}, and the model's is "
+                f"{list(expected[name])}; it was written for another model"
+            )
 
 
 def load_weights(folder: Path, model: torch.nn.Module, device: torch.device) -> None:
@@ -339,8 +356,9 @@ def load_weights(folder: Path, model: torch.nn.Module, device: torch.device) -> 
         raise CheckpointError(f"{path} holds non-finite values in {bad}")
 
 
-def read_optimizers(folder: Path, phases: dict[str, list[torch.nn.Parameter]], step: int,
-                    device: torch.device | str) -> dict[str, dict[str, dict]]:
+def read_optimizers(
+    folder: Path, phases: dict[str, list[torch.nn.Parameter]], step: int, device: torch.device | str
+) -> dict[str, dict[str, dict]]:
     """``optimizer.pt``, checked against the model's phases (name: parameters, in order):
     ``{"optimizers": {phase: state}, "schedulers": {phase: state}}``. A file of the layout
     written before models had phases (one ``optimizer`` and ``scheduler``) is read as one phase.
@@ -363,8 +381,10 @@ def read_optimizers(folder: Path, phases: dict[str, list[torch.nn.Parameter]], s
         raise CheckpointError(f"{path} is not a mapping of optimizers and schedulers by phase")
     saved = sorted(states["optimizers"])
     if saved != sorted(phases) or sorted(states["schedulers"]) != saved:
-        raise CheckpointError(f"the checkpoint in {folder} has optimizers for the phases {saved}, and the model trains "
-                              f"in {sorted(phases)}; resume with the model it was written by, or start over (--restart)")
+        raise CheckpointError(
+            f"the checkpoint in {folder} has optimizers for the phases {saved}, and the model trains "
+            f"in {sorted(phases)}; resume with the model it was written by, or start over (--restart)"
+        )
     for name, parameters in phases.items():
         _check_optimizer(path, name, states["optimizers"][name], parameters)
         _check_schedule(path, name, states["schedulers"][name], step)
@@ -373,13 +393,18 @@ def read_optimizers(folder: Path, phases: dict[str, list[torch.nn.Parameter]], s
 
 def _check_optimizer(path: Path, phase: str, state: Any, parameters: list[torch.nn.Parameter]) -> None:
     groups = state.get("param_groups") if isinstance(state, dict) else None
-    if (not isinstance(groups, list) or not isinstance(state.get("state"), dict)
-            or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)):
+    if (
+        not isinstance(groups, list)
+        or not isinstance(state.get("state"), dict)
+        or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+    ):
         raise CheckpointError(f"{path}: phase {phase!r} is not an optimizer state (state and param_groups)")
     indices = [index for group in groups for index in group["params"]]
     if len(indices) != len(parameters):
-        raise CheckpointError(f"{path}: phase {phase!r} has state for {len(indices)} parameters, and the model's phase "
-                              f"has {len(parameters)}; it was written for another model")
+        raise CheckpointError(
+            f"{path}: phase {phase!r} has state for {len(indices)} parameters, and the model's phase "
+            f"has {len(parameters)}; it was written for another model"
+        )
     position = {index: i for i, index in enumerate(indices)}
     for index, values in state["state"].items():
         if index not in position or not isinstance(values, dict):
@@ -387,8 +412,10 @@ def _check_optimizer(path: Path, phase: str, state: Any, parameters: list[torch.
         shape = tuple(parameters[position[index]].shape)
         for key, value in values.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
-                raise CheckpointError(f"{path}: phase {phase!r} has {key} of shape {list(value.shape)} for a parameter "
-                                      f"of shape {list(shape)}; it was written for another model")
+                raise CheckpointError(
+                    f"{path}: phase {phase!r} has {key} of shape {list(value.shape)} for a parameter "
+                    f"of shape {list(shape)}; it was written for another model"
+                )
     bad = first_non_finite(optimizer_tensors({phase: state}))
     if bad is not None:
         raise CheckpointError(f"{path} holds non-finite values in {bad}")
@@ -398,8 +425,10 @@ def _check_schedule(path: Path, phase: str, state: Any, step: int) -> None:
     if not isinstance(state, dict) or "lr_lambdas" not in state or not isinstance(state.get("last_epoch"), int):
         raise CheckpointError(f"{path}: phase {phase!r} has no learning-rate schedule state")
     if state["last_epoch"] != step:
-        raise CheckpointError(f"{path}: phase {phase!r}'s schedule is at step {state['last_epoch']}, and state.json at "
-                              f"step {step}; the files are of different checkpoints")
+        raise CheckpointError(
+            f"{path}: phase {phase!r}'s schedule is at step {state['last_epoch']}, and state.json at "
+            f"step {step}; the files are of different checkpoints"
+        )
 
 
 def read_plugins(run_dir: Path) -> dict[str, str] | None:

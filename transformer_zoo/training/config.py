@@ -20,8 +20,20 @@ from .checkpoints import differences
 
 MAX_COUNT = 2**31 - 1  # steps, batch sizes and cadences: far beyond any run, and within every index type
 
-RESUMABLE_FIELDS = frozenset({"steps", "max_seconds", "eval_every", "log_every", "checkpoint_every",
-                              "checkpoint_minutes", "device", "parallel", "compile", "peak_tflops"})
+RESUMABLE_FIELDS = frozenset(
+    {
+        "steps",
+        "max_seconds",
+        "eval_every",
+        "log_every",
+        "checkpoint_every",
+        "checkpoint_minutes",
+        "device",
+        "parallel",
+        "compile",
+        "peak_tflops",
+    }
+)
 """The :class:`TrainConfig` fields a run may change when it resumes: its budget, how often it
 logs, evaluates and checkpoints, and where and how it computes (the checkpoint loads on any
 device and under any parallel mode). The others (model, task, optimizer, schedule shape, seed,
@@ -45,50 +57,76 @@ class TrainConfig(Options):
 
     model: str | dict[str, Any] = Field(description="a variant name, or a model config mapping with 'variant'")
     task: TaskField = Field(description="the task to train on (a kind name or a mapping with 'kind')")
-    steps: int = Field(1000, ge=1, le=MAX_COUNT,
-                       description="optimizer steps (the schedule's length); may change when resuming")
-    max_seconds: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                      description="also stop after this much training time; null: no limit")
+    steps: int = Field(
+        1000, ge=1, le=MAX_COUNT, description="optimizer steps (the schedule's length); may change when resuming"
+    )
+    max_seconds: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="also stop after this much training time; null: no limit"
+    )
     batch_size: int = Field(64, ge=1, le=MAX_COUNT, description="examples per step")
     lr: float = Field(1e-3, gt=0, le=1e6, allow_inf_nan=False, description="peak learning rate of AdamW")
     weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False, description="AdamW weight decay")
     warmup_steps: int = Field(100, ge=0, le=MAX_COUNT, description="linear warm-up steps")
-    schedule: Literal["constant", "cosine", "inverse-sqrt"] = Field("cosine", description="learning-rate shape after warm-up")
-    grad_clip: float | None = Field(1.0, gt=0, allow_inf_nan=False,
-                                    description="clip the gradient norm to this value; null: no clipping")
+    schedule: Literal["constant", "cosine", "inverse-sqrt"] = Field(
+        "cosine", description="learning-rate shape after warm-up"
+    )
+    grad_clip: float | None = Field(
+        1.0, gt=0, allow_inf_nan=False, description="clip the gradient norm to this value; null: no clipping"
+    )
     seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of initialisation, batch order and dropout")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train; auto: cuda when available")
     bf16: bool = Field(True, description="bfloat16 autocast on CUDA (ignored on CPU)")
     parallel: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="on several processes (torchrun): ddp keeps a whole copy of the model in each; fsdp shards "
-        "parameters, gradients and optimizer state over them, for models too large for one device")
-    compile: bool = Field(False, description="train the model through torch.compile (the first steps pay for compiling)")
+        "ddp",
+        description="on several processes (torchrun): ddp keeps a whole copy of the model in each; fsdp shards "
+        "parameters, gradients and optimizer state over them, for models too large for one device",
+    )
+    compile: bool = Field(
+        False, description="train the model through torch.compile (the first steps pay for compiling)"
+    )
     peak_tflops: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
-        description="the device's peak TFLOP/s, for model FLOPs utilisation; null: known GPUs' bf16 peak")
-    eval_every: int = Field(0, ge=0, le=MAX_COUNT, description="evaluate on the test split every N steps; 0: only at the end")
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="the device's peak TFLOP/s, for model FLOPs utilisation; null: known GPUs' bf16 peak",
+    )
+    eval_every: int = Field(
+        0, ge=0, le=MAX_COUNT, description="evaluate on the test split every N steps; 0: only at the end"
+    )
     checkpoint_every: int = Field(
-        0, ge=0, le=MAX_COUNT, description="also write a checkpoint every N steps; 0: by time (checkpoint_minutes), on "
-        "Ctrl-C and at the end only")
+        0,
+        ge=0,
+        le=MAX_COUNT,
+        description="also write a checkpoint every N steps; 0: by time (checkpoint_minutes), on "
+        "Ctrl-C and at the end only",
+    )
     checkpoint_minutes: float | None = Field(
-        5.0, gt=0, allow_inf_nan=False,
+        5.0,
+        gt=0,
+        allow_inf_nan=False,
         description="write a checkpoint whenever this many minutes of training have passed since the last one, so "
         "that a crash or kill loses at most that much; Ctrl-C and the end of training always write one; null: by "
-        "steps (checkpoint_every) only")
+        "steps (checkpoint_every) only",
+    )
     log_every: int = Field(10, ge=1, le=MAX_COUNT, description="record the training loss every N steps")
     holdout: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
+        None,
+        gt=0,
+        allow_inf_nan=False,
         description="train on the train split less this part of it (a fraction below 1, or a number of rows), drawn "
         "with holdout_seed, and score on that part alone (split 'validation', also at eval_every): the test splits "
-        "are never read, as when settings are tuned; null: the task's own splits")
+        "are never read, as when settings are tuned; null: the task's own splits",
+    )
     holdout_seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the rows holdout carves out")
 
 
 def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:
     """A validated training config from a YAML/JSON file or a mapping, with ``key=value`` overrides."""
     if not isinstance(source, dict) and Path(source).is_dir():
-        raise ConfigError(f"training config {str(source)!r} is a folder; give a YAML or JSON file (a run folder is "
-                          "resumed by running its command again: tzoo train CONFIG --out FOLDER)")
+        raise ConfigError(
+            f"training config {str(source)!r} is a folder; give a YAML or JSON file (a run folder is "
+            "resumed by running its command again: tzoo train CONFIG --out FOLDER)"
+        )
     if not isinstance(source, dict) and not Path(source).is_file():
         raise ConfigError(f"training config {str(source)!r} does not exist; give a YAML or JSON file")
     data = read_config(source)
@@ -134,8 +172,9 @@ def config_changes(before: TrainConfig, after: TrainConfig) -> list[str]:
 def _comparable(config: TrainConfig) -> dict[str, Any]:
     data = config.model_dump(mode="json")
     try:
-        data["model"] = load_config({"variant": config.model} if isinstance(config.model, str) else config.model
-                                    ).model_dump(mode="json")
+        data["model"] = load_config(
+            {"variant": config.model} if isinstance(config.model, str) else config.model
+        ).model_dump(mode="json")
     except (ZooError, ValueError):  # a model that no longer resolves is compared as written
         pass
     return data

@@ -81,8 +81,12 @@ class Replica(DistributedDataParallel):
 def replicate(model: nn.Module, device: torch.device) -> Replica:
     # some variants leave parameters out of some losses (a pooler, halting units)
     # buffers are not broadcast: each process keeps its own batch-norm statistics, process 0's are saved
-    return Replica(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True,
-                   broadcast_buffers=False)
+    return Replica(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        find_unused_parameters=True,
+        broadcast_buffers=False,
+    )
 
 
 def fully_shard(model: nn.Module, device: torch.device, here: World) -> None:
@@ -107,7 +111,9 @@ def held_parameters(model: nn.Module) -> int:
     return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters())
 
 
-WHOLE_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on process 0's CPU, one tensor at a time
+WHOLE_ON_CPU = StateDictOptions(
+    full_state_dict=True, cpu_offload=True
+)  # gathered on process 0's CPU, one tensor at a time
 
 
 def gathered_weights(model: nn.Module) -> dict[str, Tensor]:
@@ -129,18 +135,24 @@ def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, here:
     if not here.main:
         return {}
     index = {name: i for i, name in enumerate(_parameter_names(model, optimizer))}
-    return {"state": {index[name]: values for name, values in state["state"].items()},
-            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
-                             for group in state["param_groups"]]}
+    return {
+        "state": {index[name]: values for name, values in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [index[name] for name in group["params"]]} for group in state["param_groups"]
+        ],
+    }
 
 
 def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load an optimizer state saved whole, by parameter index (every process reads it on the
     CPU), into a sharded model's optimizer: each process keeps its shards."""
     names = _parameter_names(model, optimizer)
-    by_name = {"state": {names[int(i)]: values for i, values in state["state"].items()},
-               "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
-                                for group in state["param_groups"]]}
+    by_name = {
+        "state": {names[int(i)]: values for i, values in state["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[int(i)] for i in group["params"]]} for group in state["param_groups"]
+        ],
+    }
     set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 

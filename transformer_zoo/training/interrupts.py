@@ -39,8 +39,10 @@ def stop_requests() -> Iterator[threading.Event]:
     raises ``KeyboardInterrupt`` at once. Only in the main thread, and only over Python's own
     handler: a handler set by the caller (or SIGINT ignored, as in compare's workers) stays."""
     requested = threading.Event()
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield requested
         return
 

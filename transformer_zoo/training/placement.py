@@ -28,8 +28,10 @@ def resolve_device(name: str) -> torch.device:
         ValueError: ``cuda`` was asked for and there is none.
     """
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but no CUDA device is available; ask for the CPU (cpu) or "
-                         "for auto, which takes CUDA when there is one")
+        raise ValueError(
+            "device 'cuda' was asked for but no CUDA device is available; ask for the CPU (cpu) or "
+            "for auto, which takes CUDA when there is one"
+        )
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name))
 
 
@@ -118,12 +120,15 @@ class Placement:
         """Each optimizer's state dict in one process's layout (gathered on process 0's CPU when
         sharded, empty elsewhere; every process takes part)."""
         if self.sharded:
-            return {name: distributed.gathered_optimizer(model, optimizer, self.here)
-                    for name, optimizer in optimizers.items()}
+            return {
+                name: distributed.gathered_optimizer(model, optimizer, self.here)
+                for name, optimizer in optimizers.items()
+            }
         return {name: optimizer.state_dict() for name, optimizer in optimizers.items()}
 
-    def load_optimizer_state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                             state: dict[str, Any]) -> None:
+    def load_optimizer_state(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
         """Load a state saved in one process's layout; each process keeps its shards when sharded."""
         if self.sharded:
             distributed.load_sharded_optimizer(model, optimizer, state)

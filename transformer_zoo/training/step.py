@@ -50,14 +50,19 @@ def phase_optimizers(model, config: TrainConfig, fused: bool = False) -> tuple[l
         raise ValueError(f"{type(model).__name__}.phases() must name one or more phases, each once; got {names}")
     trained = [id(p) for phase in phases for p in phase.parameters if p.requires_grad]
     if len(set(trained)) != len(trained) or set(trained) != {id(p) for p in model.parameters() if p.requires_grad}:
-        raise ValueError(f"{type(model).__name__}.phases() {names} must train every trainable parameter of the model "
-                         "exactly once: one phase's parameters may not be in another, and none may be left out")
+        raise ValueError(
+            f"{type(model).__name__}.phases() {names} must train every trainable parameter of the model "
+            "exactly once: one phase's parameters may not be in another, and none may be left out"
+        )
     optimizers, schedulers = {}, {}
     for phase in phases:
         settings = ({} if phase.betas is None else {"betas": phase.betas}) | ({"fused": True} if fused else {})
         optimizers[phase.name] = torch.optim.AdamW(
-            phase.parameters, lr=config.lr * phase.lr_scale,
-            weight_decay=config.weight_decay if phase.weight_decay is None else phase.weight_decay, **settings)
+            phase.parameters,
+            lr=config.lr * phase.lr_scale,
+            weight_decay=config.weight_decay if phase.weight_decay is None else phase.weight_decay,
+            **settings,
+        )
         schedulers[phase.name] = LambdaLR(optimizers[phase.name], lambda step: lr_factor(step, config))
     return phases, optimizers, schedulers
 
@@ -88,8 +93,9 @@ class Stepper:
             records (at every step with clipping), a tensor.
     """
 
-    def __init__(self, config: TrainConfig, task: Any, model: torch.nn.Module,
-                 placement: Placement | None = None) -> None:
+    def __init__(
+        self, config: TrainConfig, task: Any, model: torch.nn.Module, placement: Placement | None = None
+    ) -> None:
         """Train ``model`` (on ``placement.home``, in train mode) from here: spread over the
         processes (:meth:`~transformer_zoo.training.placement.Placement.distribute`), with each
         phase's optimizer and schedule, and its loss compiled with ``compile: true``.
@@ -102,7 +108,8 @@ class Stepper:
         self.bf16 = config.bf16 and self.placement.device.type == "cuda"
         self._replica = self.placement.distribute(model)  # what the loss calls: the model, or DDP's replica of it
         self.phases, self.optimizers, self.schedulers = phase_optimizers(
-            model, config, fused_adamw(self.placement.device, self.placement.sharded))
+            model, config, fused_adamw(self.placement.device, self.placement.sharded)
+        )
         self.grad_norms: dict[str, torch.Tensor] = {}  # each phase's gradient norm at its last step, before clipping
         # compiled, the task's loss is one graph with the model: the float32 cross-entropy over the vocabulary fuses
         # with the logits' cast (a compiled bf16 step of bert-base took 17% less time than with the loss left eager)
@@ -162,11 +169,13 @@ class Stepper:
                 self.optimizers[phase.name].zero_grad(set_to_none=True)
                 loss.backward()
                 if self.config.grad_clip is not None:
-                    self.grad_norms[phase.name] = torch.nn.utils.clip_grad_norm_(phase.parameters,
-                                                                                 self.config.grad_clip).detach()
+                    self.grad_norms[phase.name] = torch.nn.utils.clip_grad_norm_(
+                        phase.parameters, self.config.grad_clip
+                    ).detach()
                 elif self.logged(step):  # unclipped: the norm is computed only where the curve records it
                     self.grad_norms[phase.name] = torch.nn.utils.get_total_norm(
-                        [p.grad for p in phase.parameters if p.grad is not None]).detach()
+                        [p.grad for p in phase.parameters if p.grad is not None]
+                    ).detach()
                 self.optimizers[phase.name].step()
                 self.schedulers[phase.name].step()
             losses[phase.name] = loss.item()
@@ -202,8 +211,17 @@ class Stepper:
 
 
 # ---- what steps cost ----------------------------------------------------------------------------
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0,
-                    "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10G": 70.0}
+PEAK_BF16_TFLOPS = {
+    "H200": 989.0,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "A10G": 70.0,
+}
 """Dense bfloat16 tensor-core peaks (no sparsity) by device name, from the vendors' data sheets;
 the first key found in the device's name wins, so the more specific names come first."""
 
@@ -223,8 +241,9 @@ def peak_tflops(config: TrainConfig, device: torch.device) -> float | None:
     return datasheet_tflops(device) if config.bf16 else None
 
 
-def flop_rates(step_flops: float | None, steps: int, seconds: float, peak: float | None,
-               processes: int) -> dict[str, float | None]:
+def flop_rates(
+    step_flops: float | None, steps: int, seconds: float, peak: float | None, processes: int
+) -> dict[str, float | None]:
     """The summary's FLOP figures: one step's FLOPs (``step_flops``, of the global batch), the
     rate over ``steps`` steps in ``seconds``, and the model FLOPs utilisation of ``processes``
     devices of ``peak`` TFLOP/s each; None where nothing was counted or no peak is known."""

@@ -32,6 +32,7 @@ def scalar_names(row: dict[str, float]) -> dict[str, float]:
     """A learning-curve row as tracked scalars: ``test_<metric>`` as ``test/<metric>`` (and
     ``validation_<metric>`` as ``validation/<metric>``), the rest as ``train/<name>`` (the step
     itself is not a scalar)."""
+
     def name(key: str) -> str:
         split = next((s for s in ("test", "validation") if key.startswith(f"{s}_")), None)
         return f"train/{key}" if split is None else f"{split}/{key.removeprefix(f'{split}_')}"
@@ -90,17 +91,28 @@ class Trackers:
     plugins' (:meth:`~transformer_zoo.registry.Registry.trackers`)."""
 
     @classmethod
-    def open(cls, name: str | None, run_dir: Path | None, config: Any, resumed_from: int,
-             tags: dict[str, str]) -> Trackers:
+    def open(
+        cls, name: str | None, run_dir: Path | None, config: Any, resumed_from: int, tags: dict[str, str]
+    ) -> Trackers:
         """Every tracker of the run of ``config`` (a training config) in ``run_dir`` (None: no
         tracker, as for a trainer without a run folder, or a process of a job but process 0),
         named ``name`` (None: the folder's name)."""
         if run_dir is None:
             return cls([])
-        run = TrackedRun(name=name or run_dir.name, run_dir=run_dir, config=config.model_dump(mode="json"), resumed_from=resumed_from,
-                         tags=tags)
-        return cls([CSVTracker(run), *([TensorBoardTracker(run)] if tensorboard_installed() else []),
-                    *get_registry().trackers(run)])
+        run = TrackedRun(
+            name=name or run_dir.name,
+            run_dir=run_dir,
+            config=config.model_dump(mode="json"),
+            resumed_from=resumed_from,
+            tags=tags,
+        )
+        return cls(
+            [
+                CSVTracker(run),
+                *([TensorBoardTracker(run)] if tensorboard_installed() else []),
+                *get_registry().trackers(run),
+            ]
+        )
 
     def __init__(self, trackers: list[Tracker]) -> None:
         self.trackers = trackers
@@ -123,6 +135,8 @@ class Trackers:
             return
         self._finished = True
         if scores is not None and step is not None:
-            self.log(step, {f"{split}/{name}": value for split, metrics in scores.items() for name, value in metrics.items()})
+            self.log(
+                step, {f"{split}/{name}": value for split, metrics in scores.items() for name, value in metrics.items()}
+            )
         for tracker in self.trackers:
             tracker.finish(scores)

@@ -72,9 +72,17 @@ class Trainer:
         step_flops: FLOPs of one step over the global batch, counted on :meth:`run`'s first step.
     """
 
-    def __init__(self, config: TrainConfig, run_dir: str | os.PathLike | None = None, *, task: Any = None,
-                 progress: bool = True, world: distributed.World | None = None, name: str | None = None,
-                 tags: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: str | os.PathLike | None = None,
+        *,
+        task: Any = None,
+        progress: bool = True,
+        world: distributed.World | None = None,
+        name: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         """
         Args:
             run_dir: the run folder (None: a trainer that never saves, to measure a step).
@@ -85,8 +93,10 @@ class Trainer:
         """
         here = distributed.world() if world is None else world
         if here.size > 1 and config.batch_size % here.size:
-            raise ValueError(f"batch_size {config.batch_size} is the global batch, split over {here.size} "
-                             f"processes; use a multiple of {here.size}")
+            raise ValueError(
+                f"batch_size {config.batch_size} is the global batch, split over {here.size} "
+                f"processes; use a multiple of {here.size}"
+            )
         self.config, self.task, self.progress = config, task, progress
         self.run_dir = None if run_dir is None else check_folder(run_dir, "run folder")
         self.placement = Placement(config.device, here, config.parallel)
@@ -170,8 +180,10 @@ class Trainer:
         model = build_model(model_config_for(self.config, self.task))
         phases = [phase.name for phase in model.phases()]
         if len(phases) > 1 and (self.placement.here.size > 1 or self.config.compile):
-            raise ValueError(f"{model.config.variant!r} trains in phases {phases}; training over several processes "
-                             "and compile: true are for one-phase models: run it in one process, eager")
+            raise ValueError(
+                f"{model.config.variant!r} trains in phases {phases}; training over several processes "
+                "and compile: true are for one-phase models: run it in one process, eager"
+            )
         return self.placement.place(model, len(phases)).train()
 
     def attach(self, model: torch.nn.Module) -> Trainer:
@@ -268,8 +280,9 @@ class Trainer:
         """
         end = self.config.steps if stop_after is None else min(self.config.steps, stop_after)
         started = self._started = time.perf_counter()
-        self.trackers = Trackers.open(self.name, self.run_dir if self.placement.here.main else None, self.config,
-                                      self.start, self.tags)
+        self.trackers = Trackers.open(
+            self.name, self.run_dir if self.placement.here.main else None, self.config, self.start, self.tags
+        )
         try:
             end = self.train_steps(end, started)
             elapsed = time.perf_counter() - started
@@ -330,10 +343,13 @@ class Trainer:
             saved = "; no checkpoint is saved: the next run starts from step 0"
         else:
             kept = "saved" if self.saved == self.reached else "without saving it; kept"
-            saved = (f", {kept}: the checkpoint of step {self.saved} in {self.run_dir / CHECKPOINT}; run the same "
-                     f"command again to resume from step {self.saved}")
-        return TrainingInterrupted(f"interrupted {where}{saved}", self.reached if self.model is not None else None,
-                                   self.saved)
+            saved = (
+                f", {kept}: the checkpoint of step {self.saved} in {self.run_dir / CHECKPOINT}; run the same "
+                f"command again to resume from step {self.saved}"
+            )
+        return TrainingInterrupted(
+            f"interrupted {where}{saved}", self.reached if self.model is not None else None, self.saved
+        )
 
     def after_step(self, done: int, losses: dict[str, float]) -> float:
         """The learning curve, evaluation and checkpoint due after step ``done``; returns the
@@ -345,8 +361,9 @@ class Trainer:
             several = len(self.phases) > 1
             phase_losses = {f"loss_{name}": value for name, value in losses.items()} if several else {}
             norms = {f"grad_norm_{name}" if several else "grad_norm": self.stepper.grad_norm(name) for name in losses}
-            self.history.append({"step": done, "loss": loss, **phase_losses,
-                                 "lr": self.schedulers[first].get_last_lr()[0], **norms})
+            self.history.append(
+                {"step": done, "loss": loss, **phase_losses, "lr": self.schedulers[first].get_last_lr()[0], **norms}
+            )
             self.track(self.history[-1])
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
             scores = self.evaluate(split := "test" if self.config.holdout is None else VALIDATION)
@@ -365,9 +382,15 @@ class Trainer:
 
     def progress_bar(self) -> Progress:
         """A bar of steps with the loss and throughput (process 0's, when ``progress``)."""
-        return Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-                        disable=not (self.progress and self.placement.here.main), transient=True)
+        return Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[status]}"),
+            TimeRemainingColumn(),
+            disable=not (self.progress and self.placement.here.main),
+            transient=True,
+        )
 
     def summary(self, end: int, elapsed: float) -> dict[str, Any]:
         """Process 0's summary of a run that reached step ``end`` in ``elapsed`` seconds, after
@@ -386,8 +409,13 @@ class Trainer:
             "processes": placement.here.size,
             "parallel": self.config.parallel if placement.wrapped else None,  # under torchrun: ddp or fsdp
             "train_tokens_per_second": self.tokens / max(elapsed, 1e-9),
-            **flop_rates(self.step_flops, end - self.start, elapsed, peak_tflops(self.config, placement.device),
-                         placement.here.size),
+            **flop_rates(
+                self.step_flops,
+                end - self.start,
+                elapsed,
+                peak_tflops(self.config, placement.device),
+                placement.here.size,
+            ),
             "history": self.history,
             "resumed_from": self.resumed_from,  # the checkpoint's step this invocation began at; None: from scratch
         }
@@ -396,9 +424,17 @@ class Trainer:
         return summary
 
 
-def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = True, progress: bool = True,
-          stop_after: int | None = None, task: Any = None, name: str | None = None,
-          tags: dict[str, str] | None = None) -> dict[str, Any]:
+def train(
+    config: TrainConfig,
+    run_dir: str | os.PathLike,
+    *,
+    resume: bool = True,
+    progress: bool = True,
+    stop_after: int | None = None,
+    task: Any = None,
+    name: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Train ``config.model`` on ``config.task``; returns the run summary (also in ``summary.json``).
 
     Args:

@@ -10,8 +10,9 @@ from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions
 
 
-def linear_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float,
-                     need_weights: bool) -> tuple[Tensor, Tensor | None]:
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, dropout_p: float, need_weights: bool
+) -> tuple[Tensor, Tensor | None]:
     """The kind's kernel (see ``transformer_zoo.core.attention.Kernel``); causal by prefix sums."""
     if bias is not None:
         raise ValueError("linear attention forms no scores to add a bias to; use sinusoidal, learned or rotary")
@@ -22,7 +23,7 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias:
         weights = scores / scores.sum(-1, keepdim=True).clamp_min(1e-6)  # (B, H, Tq, Tk)
         return apply_weights(weights, v, dropout_p), weights
     if mask.causal:  # prefix sums up to each query, end-aligned as with a cache: (B, H, Tq, Dh, Dh), (B, H, Tq, Dh)
-        kv, z = (k[..., None] * v[..., None, :]).cumsum(2)[:, :, -q.size(-2):], k.cumsum(2)[:, :, -q.size(-2):]
+        kv, z = (k[..., None] * v[..., None, :]).cumsum(2)[:, :, -q.size(-2) :], k.cumsum(2)[:, :, -q.size(-2) :]
     else:  # one sum over all keys, for every query
         kv, z = (k.transpose(-2, -1) @ v)[:, :, None], k.sum(2, keepdim=True)
     return (q[..., None, :] @ kv).squeeze(-2) / (q * z).sum(-1, keepdim=True).clamp_min(1e-6), None

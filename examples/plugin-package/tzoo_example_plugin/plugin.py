@@ -65,8 +65,15 @@ class CosineAttention(MultiHeadAttention):
         positional: AttentionPositional | None = None,
         n_kv_heads: int | None = None,
     ) -> None:
-        super().__init__(d_model, n_heads, kernel=math_kernel, dropout=dropout, bias=bias, positional=positional,
-                         n_kv_heads=n_kv_heads)
+        super().__init__(
+            d_model,
+            n_heads,
+            kernel=math_kernel,
+            dropout=dropout,
+            bias=bias,
+            positional=positional,
+            n_kv_heads=n_kv_heads,
+        )
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
@@ -103,7 +110,12 @@ class CosineAttentionOptions(AttentionOptions):
         grid: tuple[int, int] | None = None,
     ) -> nn.Module:
         return CosineAttention(
-            d_model, n_heads, init_scale=self.init_scale, dropout=dropout, bias=self.bias, positional=positional,
+            d_model,
+            n_heads,
+            init_scale=self.init_scale,
+            dropout=dropout,
+            bias=self.bias,
+            positional=positional,
             n_kv_heads=self.n_kv_heads,
         )
 

@@ -1,17 +1,43 @@
 """Writes tests/data/checkpoints/<variant>/: a small model saved by save_pretrained, with a fixed input
 and the outputs it gave, at the commit named in tests/data/checkpoints/README.md."""
+
 import json, torch, safetensors.torch
 from pathlib import Path
 import transformer_zoo as tz
 
 root = Path("tests/data/checkpoints")
 small = {
-    "transformer-tiny": dict(d_model=16, n_heads=2, d_ff=32, vocab_size=50, encoder={"layers": 1}, decoder={"layers": 1}, positional="rotary"),
-    "transformer-dmca-tiny": dict(d_model=16, n_heads=2, d_ff=32, vocab_size=50, decoder={"layers": 2, "attention": [{"kind": "block-local", "block": 4}, {"kind": "memory-compressed", "compression": 3}]}),
-    "local-global-encoder-tiny": dict(d_model=16, n_heads=2, d_ff=32, vocab_size=50, max_len=64, encoder={"layers": 1, "attention": {"kind": "local-global", "window": 2}}),
-    "universal-transformer-tiny": dict(d_model=16, n_heads=2, d_ff=32, vocab_size=50, encoder={"layers": 2}, decoder={"layers": 2}),
+    "transformer-tiny": dict(
+        d_model=16, n_heads=2, d_ff=32, vocab_size=50, encoder={"layers": 1}, decoder={"layers": 1}, positional="rotary"
+    ),
+    "transformer-dmca-tiny": dict(
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        vocab_size=50,
+        decoder={
+            "layers": 2,
+            "attention": [{"kind": "block-local", "block": 4}, {"kind": "memory-compressed", "compression": 3}],
+        },
+    ),
+    "local-global-encoder-tiny": dict(
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        vocab_size=50,
+        max_len=64,
+        encoder={"layers": 1, "attention": {"kind": "local-global", "window": 2}},
+    ),
+    "universal-transformer-tiny": dict(
+        d_model=16, n_heads=2, d_ff=32, vocab_size=50, encoder={"layers": 2}, decoder={"layers": 2}
+    ),
     "bert-tiny": dict(d_model=16, n_heads=2, d_ff=32, vocab_size=50, encoder={"layers": 1}, max_len=64),
-    "image-transformer-tiny": dict(d_model=16, n_heads=2, d_ff=32, encoder={"layers": 1, "attention": {"kind": "local-2d", "query_block": [2, 2], "memory": [1, 1]}}),
+    "image-transformer-tiny": dict(
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        encoder={"layers": 1, "attention": {"kind": "local-2d", "query_block": [2, 2], "memory": [1, 1]}},
+    ),
 }
 g = torch.Generator().manual_seed(0)
 for name, overrides in small.items():
