@@ -20,6 +20,7 @@ from transformer_zoo.core.local_attention import DENSE_UP_TO, PatternKernel
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.plugins.image.kernels import Local2dPattern
 from transformer_zoo.plugins.local_global.kernels import Pattern
+
 from .common import add_device_options, bench_parser, device_of, paired_medians, precision, write_json
 
 

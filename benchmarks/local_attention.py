@@ -28,10 +28,10 @@ import time
 import torch
 import torch.nn.functional as F
 
+from transformer_zoo.comparing.scaling import PeakMemory
 from transformer_zoo.core.attention import attention_math
 from transformer_zoo.core.local_attention import flex_attention_kernel
 from transformer_zoo.plugins.local_global.kernels import Pattern, chunked_attention
-from transformer_zoo.comparing.scaling import PeakMemory
 
 from .common import add_device_options, bench_parser, device_name, device_of, sdpa_kernels, write_json
 

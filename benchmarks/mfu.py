@@ -23,9 +23,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_zoo as tz
-
 from transformer_zoo.comparing.scaling import _median_seconds
 from transformer_zoo.training.step import datasheet_tflops, fused_adamw
+
 from .common import add_device_options, bench_parser, device_name, device_of, write_json
 from .throughput import random_batch
 

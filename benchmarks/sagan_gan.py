@@ -18,10 +18,10 @@ import tempfile
 import time
 
 from transformer_zoo.plugins.tasks.digits_generation import DigitsGeneration
-
-from .common import bench_parser, write_json
 from transformer_zoo.training.config import TrainConfig
 from transformer_zoo.training.trainer import train
+
+from .common import bench_parser, write_json
 
 MODELS = {
     "with attention": {"variant": "sagan-gan"},
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'':>18} {'params':>8} {'accuracy':>18} {'Frechet distance':>18} {'seconds':>8}")
     for name, rows in results["models"].items():
 
-        def cell(key: str) -> str:
+        def cell(key: str, rows: list = rows) -> str:
             values = [r[key] for r in rows]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             return f"{statistics.mean(values):.3f} ± {spread:.3f}"

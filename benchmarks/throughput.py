@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 
 import transformer_zoo as tz
-
 from transformer_zoo.training.step import trains_only
+
 from .common import (
     add_device_options,
     autocast,

@@ -60,8 +60,9 @@ def measure(act_model, plain, args, setting: str) -> list[dict]:
         for model in (act_model, plain):
             model.train(mode == "training step")
             optimizers[id(model)] = torch.optim.AdamW(model.parameters(), lr=1e-5) if mode == "training step" else None
+        act_optimizer, plain_optimizer = optimizers[id(act_model)], optimizers[id(plain)]
         ours, reference = paired_medians(
-            lambda: run(act_model, optimizers[id(act_model)]), lambda: run(plain, optimizers[id(plain)]), args.repeats
+            lambda o=act_optimizer: run(act_model, o), lambda o=plain_optimizer: run(plain, o), args.repeats
         )
         with torch.no_grad():
             act_model.eval()

@@ -17,6 +17,11 @@ class ConfigError(ZooError, ValueError):
     """A configuration that does not validate; the message names each bad field."""
 
 
+class InputTypeError(ZooError, TypeError, ValueError):
+    """A model input of the wrong type (a list where a tensor goes): a TypeError, and a ValueError
+    like every other bad input, so that one ``except ValueError`` catches what a user got wrong."""
+
+
 class UnknownNameError(ZooError, LookupError):
     """A name (variant, component kind, task) that nothing registered; ``hint`` (optional) is
     appended to the message: what else may be wrong."""

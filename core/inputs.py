@@ -17,18 +17,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .errors import InputTypeError
+
 ID_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding indexes with
 AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts
 
 
 def check_tensor(value: object, name: str, expected: str) -> None:
-    """Raise a ValueError unless ``value`` is a tensor; ``expected`` describes it (``"of shape (batch, seq)"``)."""
+    """Raise an :class:`InputTypeError` (a ValueError too) unless ``value`` is a tensor; ``expected`` describes it
+    (``"of shape (batch, seq)"``)."""
     if not isinstance(value, Tensor):
         kind, module = type(value).__qualname__, type(value).__module__
         hint = ""
         if isinstance(value, (list, tuple)) or module.split(".")[0] == "numpy":
             hint = " (convert it with torch.as_tensor)"
-        raise ValueError(
+        raise InputTypeError(
             f"{name} must be a torch.Tensor {expected}, got "
             f"{kind if module == 'builtins' else f'{module}.{kind}'}{hint}"
         )

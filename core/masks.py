@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .errors import InputTypeError
+
 
 @dataclass(frozen=True)
 class AttentionMask:
@@ -56,7 +58,7 @@ def as_padding_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | Non
     if mask is None:
         return None
     if not isinstance(mask, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of shape (batch, seq), got {type(mask).__name__}")
+        raise InputTypeError(f"{name} must be a torch.Tensor of shape (batch, seq), got {type(mask).__name__}")
     if mask.shape != ids.shape:
         raise ValueError(
             f"{name} has shape {tuple(mask.shape)} but its token ids have shape "

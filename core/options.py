@@ -34,7 +34,6 @@ from torch import nn
 from .attention import AttentionPositional, Kernel, MultiHeadAttention, kv_heads_problem, sdpa_kernel
 from .errors import UnknownNameError
 
-
 # ---- bounds ---------------------------------------------------------------------------------
 # Sizes a config may ask for. Each is far above any model trained today, and low enough that a
 # typo (an extra zero or six) is refused at validation rather than hanging a build that loops
@@ -435,13 +434,13 @@ class ComponentField:
             value = {"kind": value}
         if not isinstance(value, dict):
             listing = " or a list of them" if self.many else ""
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError as the field's error; a TypeError escapes it
                 f"expected the name of one {self.category} kind or a mapping with 'kind'{listing}, "
                 f"got {type(value).__name__}"
             )
         kind = value.get("kind", kinds.default_kind(self.category))
         if not isinstance(kind, str):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError as the field's error; a TypeError escapes it
                 f"kind must be the name of one {self.category} kind, got {type(kind).__name__} {kind!r}; "
                 f"registered: {', '.join(sorted(kinds.components(self.category)))}"
             )

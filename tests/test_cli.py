@@ -212,7 +212,7 @@ def test_errors_and_zoo_warnings_print_brackets_as_written(capsys, monkeypatch):
     from transformer_zoo.training.checkpoints import CheckpointWarning
 
     def warn_then_fail(args):
-        warnings.warn("a shape [bold] of [64, 32]", CheckpointWarning)
+        warnings.warn("a shape [bold] of [64, 32]", CheckpointWarning, stacklevel=2)
         raise ValueError("phases ['model'] and [red]")
 
     monkeypatch.setattr(cli, "_list", warn_then_fail)

@@ -10,23 +10,21 @@ from __future__ import annotations
 
 import json
 import shutil
-
-import pytest
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
+from test_all_variants import example_batch, generators
 
 import transformer_zoo as tz
 from transformer_zoo.core.decoding import DecodeStep, greedy_decode
 from transformer_zoo.core.local_attention import flex_attention_kernel
+from transformer_zoo.plugins.local_global.kernels import chunked_attention, dense_attention
 from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.step import trains_only
-from transformer_zoo.plugins.local_global.kernels import chunked_attention, dense_attention
 from transformer_zoo.training.trainer import train
-
-from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
-from test_all_variants import example_batch, generators
 
 sys.path.insert(0, str(Path(__file__).parent / "training"))  # the torchrun helpers live beside their tests
 from test_distributed import curve, torchrun  # noqa: E402

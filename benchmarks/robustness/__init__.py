@@ -95,8 +95,10 @@ def markdown(table: dict[str, dict[str, Any]], results: list[Result], header: st
         )
     lines += [
         "",
-        "Held: a clear refusal (the error names the field, file or plugin), or for runtime inputs a "
-        "ValueError, or a clean recovery.",
+        (
+            "Held: a clear refusal (the error names the field, file or plugin), or for runtime inputs a "
+            "ValueError, or a clean recovery."
+        ),
         "",
         "## Cases that did not hold",
         "",
@@ -135,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown categories {unknown}; choose among {', '.join(CATEGORIES)}")
 
-    import transformer_zoo
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
+
+    import transformer_zoo
 
     root = Path(tempfile.mkdtemp(prefix="tzoo-robustness-"))
     (root / "cwd").mkdir()

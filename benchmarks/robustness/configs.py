@@ -587,12 +587,11 @@ def training(ctx: Context) -> list[Result]:
         for path, value in table:
             run = str(ctx.root / "train" / str(len(cases)))
             names = [path.split(".")[-1]] + (["task"] if path.startswith("task") else [])
+            data = with_field(base, path, value)
             cases.append(
                 (
                     f"{label}{path}: {value!r}",
-                    lambda d=with_field(base, path, value), r=run, n=names: refusal(
-                        ctx.sandbox.run("train", (d, r), 30.0), n
-                    ),
+                    lambda d=data, r=run, n=names: refusal(ctx.sandbox.run("train", (d, r), 30.0), n),
                 )
             )
     binary = ctx.root / "binary.txt"

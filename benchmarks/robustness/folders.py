@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .configs import TRAIN_BASE
-from .harness import NAN, Context, Result, cli, refusal, names_one
+from .harness import NAN, Context, Result, cli, names_one, refusal
 
 
 # ---- 4. checkpoint manipulations -------------------------------------------------------------------
@@ -301,6 +301,7 @@ HF_FOLDERS: list[tuple[str, Callable[[Path], Any]]] = [
 def pretrained(ctx: Context) -> list[Result]:
     import safetensors.torch
     import torch
+
     import transformer_zoo as tz
 
     root = ctx.root / "folders"

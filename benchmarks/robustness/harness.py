@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 NAN, INF = float("nan"), float("inf")
 GOOD = {
     "configs": "clear",
@@ -156,6 +155,7 @@ _MODELS: dict[str, Any] = {}
 
 def run_input(payload: tuple) -> dict[str, Any]:
     import torch
+
     import transformer_zoo as tz
 
     variant, where, defect = payload

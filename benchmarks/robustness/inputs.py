@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .harness import NAN, INF, Context, Result
+from .harness import INF, NAN, Context, Result
 
 # ---- 3. runtime inputs ---------------------------------------------------------------------------
 TOKEN_DEFECTS = [
@@ -141,6 +141,7 @@ def _call(model: Any, ids: Any, *, tgt: Any = None, **masks: Any) -> Any:
 
 def _decode(model: Any, defect: str) -> Any:
     import torch
+
     from transformer_zoo.core.decoding import beam_search, greedy_decode
 
     vocab, good = model.config.vocab_size, _ids(model)

@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from torch import nn
 
 from transformer_zoo.core.attention import AttentionPositional, Kernel, MathAttention, math_kernel
+from transformer_zoo.core.builders import recurrent_stack
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, MixtureOfExperts, TokenBatchNorm
 from transformer_zoo.core.options import (
@@ -32,7 +33,6 @@ from transformer_zoo.core.positional import (
     RotaryPositional,
     SinusoidalPositional,
 )
-from transformer_zoo.core.builders import recurrent_stack
 from transformer_zoo.core.stack import StandardStack
 from transformer_zoo.registry import hookimpl
 

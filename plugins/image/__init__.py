@@ -20,8 +20,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core import builders
+from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.image import (
     Learned2d,

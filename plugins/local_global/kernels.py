@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import KVCache, Kernel, MultiHeadAttention, attention_math, math_kernel
+from transformer_zoo.core.attention import Kernel, KVCache, MultiHeadAttention, attention_math, math_kernel
 from transformer_zoo.core.local_attention import NO_BIAS, AttentionPattern, attend_masked
 from transformer_zoo.core.masks import AttentionMask
 

@@ -174,8 +174,8 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
 def test_flops_are_counted_with_the_steps_a_recurrent_stack_runs(tmp_path):
     """The same parameters applied twice as often cost about twice the FLOPs."""
     from transformer_zoo.comparing.runner import training_step_costs
-    from transformer_zoo.training.trainer import load_run, train
     from transformer_zoo.training.config import load_train_config
+    from transformer_zoo.training.trainer import load_run, train
 
     flops = {}
     for steps in (2, 4):
@@ -321,8 +321,8 @@ def test_peak_memory_of_a_step_is_exact_and_grows_with_the_batch(tmp_path):
     """The same step counted twice gives the same bytes (no process history in it), and at least
     the weights, their gradients and AdamW's two moments."""
     from transformer_zoo.comparing.runner import training_step_costs
-    from transformer_zoo.training.trainer import load_run, train
     from transformer_zoo.training.config import load_train_config
+    from transformer_zoo.training.trainer import load_run, train
 
     config = load_train_config({"model": "transformer-tiny", "task": TASKS[1], "steps": 1, "batch_size": 4})
     train(config, tmp_path / "run", progress=False)
@@ -405,8 +405,10 @@ def test_a_task_of_its_own_with_a_lower_is_better_metric_is_read_that_way(tmp_pa
     (run,) = results.runs
     assert run.metric == "error_rate" and run.better == {"error_rate": "lower", "accuracy": "higher"}
     assert [s.reason for s in results.skipped] == [
-        "variant 'vit-tiny' cannot do task 'parity-errors': the model reads images, and this task has none (it "
-        "offers tokens)"
+        (
+            "variant 'vit-tiny' cannot do task 'parity-errors': the model reads images, and this task has none (it "
+            "offers tokens)"
+        )
     ]
     (summary,) = results.summaries
     assert {c.name: c.better for c in summary.columns if c.kind == "metric"} == {

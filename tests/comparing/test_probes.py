@@ -9,8 +9,6 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import MultiHeadAttention
-from transformer_zoo.plugins.tasks.algorithmic import Copy, Reverse, Sort
 from transformer_zoo.comparing.probes import (
     PROBE_NAMES,
     PROBE_OUTPUTS,
@@ -18,6 +16,8 @@ from transformer_zoo.comparing.probes import (
     mirror_alignment,
     run_probes,
 )
+from transformer_zoo.core.attention import MultiHeadAttention
+from transformer_zoo.plugins.tasks.algorithmic import Copy, Reverse, Sort
 
 EXAMPLES = 10
 

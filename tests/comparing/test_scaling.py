@@ -10,8 +10,8 @@ import torch
 import transformer_zoo as tz
 import transformer_zoo.comparing.runner as compare_module
 from transformer_zoo.comparing.runner import compare
-from transformer_zoo.comparing.spec import load_spec
 from transformer_zoo.comparing.scaling import PeakMemory, ScalingSpec, attention_kinds, measure_scaling, stretched, twin
+from transformer_zoo.comparing.spec import load_spec
 
 MIB = 2**20
 LISTOPS = {"kind": "listops", "train_size": 50, "test_size": 8, "max_length": 32}

@@ -9,7 +9,6 @@ import pytest
 
 from transformer_zoo.cli import main
 from transformer_zoo.comparing.records import CompareResults, RunRecord
-from transformer_zoo.core.errors import ConfigError, UnknownNameError
 from transformer_zoo.comparing.studies import (
     Claim,
     StudiesFailed,
@@ -20,6 +19,7 @@ from transformer_zoo.comparing.studies import (
     reproduce,
     reproduce_all,
 )
+from transformer_zoo.core.errors import ConfigError, UnknownNameError
 
 NOISE = [0.0, 0.01, -0.01, 0.005, -0.005]
 

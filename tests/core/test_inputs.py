@@ -62,14 +62,18 @@ def test_the_families_are_all_here():
     [
         (
             lambda t: t.tolist(),
-            r"must be a torch.Tensor of shape \(batch, seq\) and dtype torch.long, got list \(convert it "
-            r"with torch.as_tensor\)",
+            (
+                r"must be a torch.Tensor of shape \(batch, seq\) and dtype torch.long, got list \(convert it "
+                r"with torch.as_tensor\)"
+            ),
         ),
         (lambda t: t.numpy(), r"must be a torch.Tensor .*, got numpy.ndarray \(convert it with torch.as_tensor\)"),
         (
             lambda t: t.to(torch.uint8),
-            r"must be integers of dtype torch.long \(or torch.int32\), got torch.uint8; "
-            r"convert with .long\(\)",
+            (
+                r"must be integers of dtype torch.long \(or torch.int32\), got torch.uint8; "
+                r"convert with .long\(\)"
+            ),
         ),
         (lambda t: t.to(torch.int16), r"got torch.int16"),
         (lambda t: t.float(), r"got torch.float32"),
@@ -135,6 +139,10 @@ def test_a_source_mask_given_as_a_list_to_decode_is_refused():
     memory = model.encode(ids(model)).hidden
     with pytest.raises(ValueError, match="src_mask must be a torch.Tensor"):
         model.decode(ids(model), memory, src_mask=[[1] * 5] * 2)
+    with pytest.raises(TypeError, match="src_mask must be a torch.Tensor"):  # a wrong type is a TypeError too
+        model(ids(model), ids(model), src_mask=[[1] * 5] * 2)
+    with pytest.raises(TypeError, match="tgt must be a torch.Tensor"):
+        model(ids(model), ids(model).tolist())
 
 
 def test_bert_names_its_own_arguments():
@@ -160,13 +168,17 @@ def images(model, batch: int = 2) -> torch.Tensor:
         (lambda x: x.numpy(), r"got numpy.ndarray \(convert it with torch.as_tensor\)"),
         (
             lambda x: x.double(),
-            r"images must have the model's dtype torch.float32, got torch.float64; convert with "
-            r".to\(torch.float32\)",
+            (
+                r"images must have the model's dtype torch.float32, got torch.float64; convert with "
+                r".to\(torch.float32\)"
+            ),
         ),
         (
             lambda x: x.half(),
-            r"images must have the model's dtype torch.float32, got torch.float16; convert with "
-            r".to\(torch.float32\), or run under torch.autocast",
+            (
+                r"images must have the model's dtype torch.float32, got torch.float16; convert with "
+                r".to\(torch.float32\), or run under torch.autocast"
+            ),
         ),
         (lambda x: (x * 255).to(torch.uint8), "expected float images"),
         (lambda x: x[:0], r"images: an empty batch \(shape \(0, 1, 8, 8\)\); give at least one image"),

@@ -171,8 +171,10 @@ def test_a_misspelt_key_in_a_nested_attention_kind_is_one_line_naming_its_path()
         ),
         (
             ["encoder.attention=7"],
-            "  encoder.attention: expected the name of one attention kind or a mapping with 'kind' or a "
-            "list of them, got int",
+            (
+                "  encoder.attention: expected the name of one attention kind or a mapping with 'kind' or a "
+                "list of them, got int"
+            ),
         ),
         (
             ["encoder.attention=[]"],

@@ -19,8 +19,8 @@ import tokenizers
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.registry import get_registry
-from transformer_zoo.training.trainer import evaluate_run, load_run, train
 from transformer_zoo.training.config import load_train_config
+from transformer_zoo.training.trainer import evaluate_run, load_run, train
 
 WORDS = "the a dog bird sat ran flew on under over mat log tree red big small".split()
 COLUMNS = {  # each kind's column options, named unlike the defaults so that the mapping is exercised

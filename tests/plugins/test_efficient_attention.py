@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import transformer_zoo as tz
 from transformer_zoo.core.attention import attention_math

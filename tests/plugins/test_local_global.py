@@ -10,13 +10,12 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 
 import transformer_zoo as tz
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.core.local_attention import BLOCK_MASKS, BlockMaskCache, flex_attention_kernel
 from transformer_zoo.plugins.local_global.kernels import chunked_attention
-
-from conftest import CAUSAL_KINDS, SPARSE_KINDS, sparse_pattern
 
 KINDS, CAUSAL, pattern = SPARSE_KINDS, CAUSAL_KINDS, sparse_pattern
 

@@ -19,8 +19,7 @@ import transformer_zoo as tz
 from transformer_zoo.core.errors import DuplicateNameError, PluginLoadError
 from transformer_zoo.core.options import NormOptions, Variant
 from transformer_zoo.plugins.transformer import TransformerConfig
-from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, get_registry, hookimpl
-from transformer_zoo.registry import manager
+from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, get_registry, hookimpl, manager
 
 
 class ScaleNorm(NormOptions):
@@ -113,8 +112,10 @@ def test_a_hook_without_hookimpl_is_warned_about(modules: Path) -> None:
         registry.load()
     assert "unmarked" not in registry.load_errors, "it loads: only the unmarked function is ignored"
     assert registry.load_warnings["unmarked"] == [
-        "tzoo_variants looks like a hook implementation but lacks @hookimpl (from transformer_zoo import hookimpl), "
-        "so it is ignored"
+        (
+            "tzoo_variants looks like a hook implementation but lacks @hookimpl (from transformer_zoo import hookimpl), "
+            "so it is ignored"
+        )
     ]
 
 

@@ -18,8 +18,8 @@ from transformer_zoo.training import interrupts as interrupts_module
 from transformer_zoo.training import placement as placement_module
 from transformer_zoo.training import step as step_module
 from transformer_zoo.training import trainer as train_module
-from transformer_zoo.training.trainer import Trainer, TrainingDiverged, evaluate_run, train
 from transformer_zoo.training.config import load_train_config
+from transformer_zoo.training.trainer import Trainer, TrainingDiverged, evaluate_run, train
 
 SMALL_MODEL = {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.1}
 SMALL_TASK = {"kind": "reverse", "train_size": 300, "test_size": 20, "train_lengths": [1, 6], "test_lengths": [7, 8]}

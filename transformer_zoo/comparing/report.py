@@ -151,8 +151,10 @@ def scaling_tables(points: list[ScalingPoint]) -> str:
     if twins:
         lines += [
             "",
-            "Against full attention: the model as configured over the same model with a full attention "
-            "kind, time x and memory x (below 1: the sparse model is cheaper):",
+            (
+                "Against full attention: the model as configured over the same model with a full attention "
+                "kind, time x and memory x (below 1: the sparse model is cheaper):"
+            ),
             "",
             head,
             rule,
@@ -250,12 +252,14 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         lines += [
             f"## Time and memory against length ({task} models)",
             "",
-            f"Each variant as configured for {task}, freshly initialised (cost does not depend on training), "
-            "on one batch of test sequences tiled to each length, with max_len raised where needed. "
-            "A variant whose self-attention is not full is also measured with each full kind in its place "
-            "(in brackets: `sdpa` runs PyTorch's fused kernels, `math` writes out the n x n weights). "
-            "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
-            "(weights excluded), counted exactly on CPU, by the allocator on CUDA.",
+            (
+                f"Each variant as configured for {task}, freshly initialised (cost does not depend on training), "
+                "on one batch of test sequences tiled to each length, with max_len raised where needed. "
+                "A variant whose self-attention is not full is also measured with each full kind in its place "
+                "(in brackets: `sdpa` runs PyTorch's fused kernels, `math` writes out the n x n weights). "
+                "Times are medians of repeated passes; memory is the peak of the tensors a pass creates "
+                "(weights excluded), counted exactly on CPU, by the allocator on CUDA."
+            ),
             "",
             scaling_tables(results.scaling),
             "",
@@ -266,8 +270,10 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         lines += [
             "## Failed runs",
             "",
-            "These runs did not finish; the tables above summarize the others. Each keeps "
-            "its last checkpoint in its folder: fix the cause and run the same command again.",
+            (
+                "These runs did not finish; the tables above summarize the others. Each keeps "
+                "its last checkpoint in its folder: fix the cause and run the same command again."
+            ),
             "",
         ]
         lines += [
@@ -327,8 +333,10 @@ def tuning_lines(results: CompareResults, out_dir: Path) -> list[str]:
     ]
     if tune.get("prune"):
         lines += [
-            f"Pruning (median pruner, {tune.get('rungs')} rungs) stopped {len(pruned)} trial(s) early: "
-            f"{saved:,} of {full:,} trial steps ({saved / max(full, 1):.0%}) were not trained.",
+            (
+                f"Pruning (median pruner, {tune.get('rungs')} rungs) stopped {len(pruned)} trial(s) early: "
+                f"{saved:,} of {full:,} trial steps ({saved / max(full, 1):.0%}) were not trained."
+            ),
             "",
         ]
     for task in dict.fromkeys(t.task for t in tuned):
@@ -337,8 +345,10 @@ def tuning_lines(results: CompareResults, out_dir: Path) -> list[str]:
         lines += [
             f"### {task}",
             "",
-            f"| variant | trials (done / pruned / failed) | chosen | best validation {metric} "
-            f"| best trials (top quarter) | steps trained | tuning s |",
+            (
+                f"| variant | trials (done / pruned / failed) | chosen | best validation {metric} "
+                f"| best trials (top quarter) | steps trained | tuning s |"
+            ),
             "| --- | --- | --- | ---: | --- | ---: | ---: |",
         ]
         for study in studies:

@@ -530,10 +530,12 @@ def study_lines(result: StudyResult) -> list[str]:
     if result.notes:
         lines += [result.notes.strip(), ""]
     lines += [
-        f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {_minutes(result.wall_seconds)}; "
-        f"{result.test}; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
-        f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
-        f"[{result.report}]({result.report}).",
+        (
+            f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {_minutes(result.wall_seconds)}; "
+            f"{result.test}; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
+            f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
+            f"[{result.report}]({result.report})."
+        ),
         "",
         "| claim | a | b | a - b [95% CI] | p | verdict |",
         "|---|---|---|---|---|---|",
@@ -647,8 +649,10 @@ def reproduce_all(
         raise StudiesFailed(
             "\n".join(
                 [
-                    f"{len(failed)} of {len(studies)} studies failed (the others are in "
-                    f"{out_dir / 'reproductions.md'}):",
+                    (
+                        f"{len(failed)} of {len(studies)} studies failed (the others are in "
+                        f"{out_dir / 'reproductions.md'}):"
+                    ),
                     *failed.values(),
                 ]
             )

@@ -1,8 +1,11 @@
 """Writes tests/data/checkpoints/<variant>/: a small model saved by save_pretrained, with a fixed input
 and the outputs it gave, at the commit named in tests/data/checkpoints/README.md."""
 
-import json, torch, safetensors.torch
 from pathlib import Path
+
+import safetensors.torch
+import torch
+
 import transformer_zoo as tz
 
 root = Path("tests/data/checkpoints")
