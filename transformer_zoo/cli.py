@@ -172,11 +172,13 @@ def _reproduce(args: argparse.Namespace) -> Any:
     from .comparing.studies import as_json, available_studies, reproduce_all, study_rows
 
     overrides = {key: value for key, value in (("seeds", args.seeds), ("steps", args.steps)) if value is not None}
-    if not args.names and args.scale is None and args.out is None and not overrides:
+    if not args.names and args.scale is None and args.out is None and args.at_once is None and not overrides:
         return study_rows()
     names = args.names or list(available_studies())  # a scale, a folder or a budget given: every study
     out = args.out or Path("reports") / "reproduce"
-    results = reproduce_all(names, out, scale=args.scale or "cpu", overrides=overrides, at_once=args.at_once)
+    results = reproduce_all(
+        names, out, scale=args.scale or "cpu", overrides=overrides, plugins=args.plugin, at_once=args.at_once
+    )
     return {"report": str(out / "reproductions.md"), "studies": as_json(results)}
 
 
@@ -372,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="NAME",
         help="studies to run (default: list the built-in ones, or run them all when --scale, --out, "
-        "--seeds or --steps is given)",
+        "--at-once, --seeds or --steps is given)",
     )
     p.add_argument(
         "--out", type=Path, help="report folder (default: reports/reproduce); each study in a folder of its own"

@@ -20,6 +20,7 @@ from transformer_zoo.comparing.studies import (
     reproduce_all,
 )
 from transformer_zoo.core.errors import ConfigError, UnknownNameError
+from transformer_zoo.registry import get_registry
 
 NOISE = [0.0, 0.01, -0.01, 0.005, -0.005]
 
@@ -223,7 +224,7 @@ def test_cli_lists_the_studies(capsys):
     assert {row["study"] for row in rows} == set(STUDIES) and all(row["source"] for row in rows)
 
 
-def tiny_study(tmp_path, name: str, **train) -> str:
+def tiny_study(tmp_path, name: str, variant: str = "transformer-tiny", **train) -> str:
     """A study of one's own: one-layer encoders on a short ordered-pair, 2 steps."""
     data = {
         "name": name,
@@ -240,8 +241,8 @@ def tiny_study(tmp_path, name: str, **train) -> str:
         ],
         "compare": {
             "variants": [
-                {"variant": "transformer-tiny", "label": "1 head", "n_heads": 1},
-                {"variant": "transformer-tiny", "label": "4 heads", "n_heads": 4},
+                {"variant": variant, "label": "1 head", "n_heads": 1},
+                {"variant": variant, "label": "4 heads", "n_heads": 4},
             ],
             "tasks": [{"kind": "ordered-pair", "length": 4, "symbols": 2, "train_size": 32, "test_size": 4}],
             "steps": 2,
@@ -257,10 +258,34 @@ def tiny_study(tmp_path, name: str, **train) -> str:
     return str(path)
 
 
-def test_studies_side_by_side_each_log_to_their_folder_and_a_failure_spares_the_others(tmp_path):
-    """Studies run at once, each in a process of its own; one whose every run fails (its loss diverges) is named
-    with its log, and the others finish and are on the page."""
-    good = tiny_study(tmp_path, "good")
+PLUGIN = """
+from transformer_zoo.core.options import Variant
+from transformer_zoo.plugins.transformer import TINY, TransformerConfig
+from transformer_zoo.registry import hookimpl
+
+
+@hookimpl
+def tzoo_variants():
+    return [Variant(name="transformer-studies-tiny", config=TransformerConfig, defaults={**TINY, "d_ff": 32})]
+"""
+
+
+@pytest.fixture
+def plugin_variant(tmp_path, monkeypatch):
+    """A plugin's variant, registered here from an importable module; unregistered afterwards."""
+    import importlib
+
+    (tmp_path / "zoo_studies_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    get_registry().register(importlib.import_module("zoo_studies_plugin"))
+    yield "transformer-studies-tiny"
+    get_registry().unregister("zoo_studies_plugin")
+
+
+def test_studies_side_by_side_each_log_to_their_folder_and_a_failure_spares_the_others(tmp_path, plugin_variant):
+    """Studies run at once, each in a process of its own (a plugin registered here reaches them); one whose every
+    run fails (its loss diverges) is named with its log, and the others finish and are on the page."""
+    good = tiny_study(tmp_path, "good", variant=plugin_variant)
     other = tiny_study(tmp_path, "other")
     bad = tiny_study(tmp_path, "bad", lr=1e6, grad_clip=None, warmup_steps=0)
     out = tmp_path / "out"
@@ -270,6 +295,8 @@ def test_studies_side_by_side_each_log_to_their_folder_and_a_failure_spares_the_
         assert json.loads((out / name / "verdict.json").read_text())["name"] == name
         assert "compared 4 runs" in (out / name / "log.txt").read_text()
     assert "no run of the comparison finished" in (out / "bad" / "log.txt").read_text()
+    with pytest.raises(ConfigError, match=r"studies \['good'\] are named more than once"):
+        reproduce_all([good, good], out, at_once=2)
     page = (out / "reproductions.md").read_text()
     assert "[good](good/verdict.md)" in page and "[other](other/verdict.md)" in page and "2 at a time" in page
 
@@ -277,7 +304,7 @@ def test_studies_side_by_side_each_log_to_their_folder_and_a_failure_spares_the_
 def test_cli_with_a_scale_and_no_name_runs_every_study(monkeypatch, tmp_path, capsys):
     called = {}
 
-    def fake(names, out, scale, overrides, at_once):
+    def fake(names, out, scale, overrides, plugins, at_once):
         called.update(names=names, out=out, scale=scale, overrides=overrides, at_once=at_once)
         return []
 
@@ -370,4 +397,21 @@ def test_a_claim_whose_runs_stopped_at_the_time_cap_is_not_judged():
     ]
     assert capped.claims[0].reason.startswith("not judged: 1 of its runs stopped at the time cap")
     assert "as measured, holds" in capped.claims[0].reason
-    assert "stopped at the time cap before their 800 steps" in "\n".join(study_lines(capped))
+    assert "stopped at the time cap before their steps" in "\n".join(study_lines(capped))
+
+
+def test_a_runs_planned_steps_come_from_its_own_plan_tuned_twins_included():
+    from transformer_zoo.comparing.spec import CompareSpec
+    from transformer_zoo.comparing.studies import short_runs
+
+    spec = load_study("tuned-pre-vs-post-norm").spec("cpu")
+    spec = CompareSpec.model_validate({**spec.model_dump(), "variant_train": {"post-ln": {"steps": 300}}})
+
+    def run(label: str, steps: int) -> RunRecord:
+        return record(label, 0, 0.5).model_copy(update={"task": "reverse", "steps": steps})
+
+    made = [run("pre-ln", 400), run("post-ln", 300), run("pre-ln tuned", 400), run("post-ln tuned", 300)]
+    assert short_runs(spec, CompareResults(spec={}, machine={}, runs=made, skipped=[])) == []
+    made[3] = run("post-ln tuned", 250)
+    found = short_runs(spec, CompareResults(spec={}, machine={}, runs=made, skipped=[]))
+    assert [text for _, _, text in found] == ["post-ln tuned on reverse, seed 0: 250 of 300 steps"]

@@ -42,6 +42,7 @@ from ..core.errors import ConfigError, UnknownNameError, ZooError
 from ..core.model import atomic_write
 from ..core.options import Options
 from ..core.tasks import Better
+from ..registry import get_registry
 from .probes import PROBE_OUTPUTS
 from .records import Cell, CompareResults
 from .runner import compare
@@ -141,6 +142,10 @@ class Study(Options):
             data["task_train"] = {
                 kind: {**train, "steps": overrides["steps"]} if "steps" in train else train
                 for kind, train in data.get("task_train", {}).items()
+            }
+            data["variant_train"] = {
+                label: {**train, "steps": overrides["steps"]} if "steps" in train else train
+                for label, train in data.get("variant_train", {}).items()
             }
             if data.get("tune", {}).get("steps") is not None:
                 data["tune"] = {**data["tune"], "steps": overrides["steps"]}
@@ -337,12 +342,14 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
     if verdict == "inconclusive" and diff.low is not None:
         needed = seeds_needed(sd.sd_a, sd.sd_b, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
         reason += (
-            f"; at these spreads about {needed} seeds a side would decide it"
+            f"{SEEDS_NOTE}about {needed} seeds a side would decide it"
             if needed
-            else "; at these spreads no practical number of seeds would decide it (the mean lies at or near the "
-            "boundary)"
+            else f"{SEEDS_NOTE}no practical number of seeds would decide it (the mean lies at or near the boundary)"
         )
     return ClaimResult(claim=claim, p=diff.p, verdict=verdict, reason=reason, seeds_needed=needed, **figures)
+
+
+SEEDS_NOTE = "; at these spreads "  # begins the planning sentence of an inconclusive claim's reason
 
 
 def _gap(claim: Claim, gain: float) -> float:
@@ -441,6 +448,8 @@ def reproduce(
 ) -> StudyResult:
     """Run a study's comparison into ``out_dir`` and judge its claims: ``verdict.json`` and
     ``verdict.md`` beside the comparison's ``report.md``."""
+    for module in plugins or ():  # before the spec, whose variants a plugin may provide
+        get_registry().register_module(module)
     spec = study.spec(scale, overrides)
     out_dir = Path(out_dir)
     started = time.perf_counter()
@@ -484,20 +493,20 @@ def verdict(
 
 def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, str, str]]:
     """The runs that stopped before their steps (the spec's ``seconds`` ran out): their variant,
-    task, and ``variant on task, seed S: N of M steps``."""
-
-    def planned(label: str, task: str) -> int:
-        return spec.variant_train.get(label, {}).get("steps", spec.task_train.get(task, {}).get("steps", spec.steps))
-
-    return [
-        (
-            run.variant,
-            run.task,
-            f"{run.variant} on {run.task}, seed {run.seed}: {run.steps} of {planned(run.variant, run.task)} steps",
-        )
-        for run in results.runs
-        if run.steps < planned(run.variant, run.task)
-    ]
+    task, and ``variant on task, seed S: N of M steps``, M from the run's own plan (a task's or a
+    variant's budget, and a tuned twin's, its variant's)."""
+    runs, _ = plan(spec)
+    if spec.tune is not None:
+        runs = tuned_runs(spec.tune, runs, [])
+    planned = {(label, config.task.kind): config.steps for label, config in runs}
+    short = []
+    for run in results.runs:
+        steps = planned.get((run.variant, run.task), spec.steps)
+        if run.steps < steps:
+            short.append(
+                (run.variant, run.task, f"{run.variant} on {run.task}, seed {run.seed}: {run.steps} of {steps} steps")
+            )
+    return short
 
 
 def _capped(outcome: ClaimResult, short: list[tuple[str, str, str]]) -> ClaimResult:
@@ -510,8 +519,8 @@ def _capped(outcome: ClaimResult, short: list[tuple[str, str, str]]) -> ClaimRes
         return outcome.model_copy(
             update={
                 "seeds_needed": None,
-                "reason": f"{outcome.reason}; and {len(stopped)} of its "
-                "runs stopped at the time cap before their steps: give the runs more time",
+                "reason": f"{outcome.reason.partition(SEEDS_NOTE)[0]}; and {len(stopped)} of its runs stopped at the "
+                "time cap before their steps: give the runs more time",
             }
         )
     return outcome.model_copy(
@@ -556,7 +565,7 @@ def study_lines(result: StudyResult) -> list[str]:
     if result.short_runs:
         lines += [
             "",
-            f"**{len(result.short_runs)} run(s) stopped at the time cap before their {result.steps} steps**, so "
+            f"**{len(result.short_runs)} run(s) stopped at the time cap before their steps**, so "
             "the verdicts above compare runs trained for different numbers of steps: "
             + "; ".join(result.short_runs)
             + ".",
@@ -619,44 +628,52 @@ def reproduce_all(
     at_once: int | None = None,
 ) -> list[StudyResult]:
     """Run the named studies (each into ``out_dir/NAME``), then write ``out_dir/reproductions.md``,
-    a row per study run so far in ``out_dir``, with the wall time of this call. Every study is
-    validated before the first one trains.
+    a row per study of this scale run so far in ``out_dir``, with the wall time of this call.
+    Every study is validated before the first one trains.
 
     Args:
+        plugins: plugin modules to register in every study's process (``--plugin``); plugins
+            registered in this process are carried too.
         at_once: studies run at the same time, each in a process of its own whose output goes to
             ``out_dir/NAME/log.txt``; None: :func:`default_at_once`.
 
     Raises:
+        ConfigError: two studies of one name (they would share a folder).
         StudiesFailed: a study run beside others failed; the others finished and are reported.
     """
     studies = [load_study(name) for name in names]
+    twice = sorted({s.name for s in studies if [t.name for t in studies].count(s.name) > 1})
+    if twice:
+        raise ConfigError(f"studies {twice} are named more than once (a study's folder is its name); give each once")
     for study in studies:
         study.spec(scale, overrides)
     out_dir = Path(out_dir)
     at_once = default_at_once(scale, len(studies)) if at_once is None else at_once
+    carried, stranded = get_registry().portable_plugins()
+    if at_once > 1 and stranded:  # a study's own process could not register them
+        print(
+            f"plugin(s) {', '.join(stranded)} are not importable modules, so no study's own process could register "
+            "them: the studies run one after another in this process",
+            file=sys.stderr,
+        )
+        at_once = 1
     started = time.perf_counter()
+    failed: dict[str, str] = {}
     if at_once <= 1 or len(studies) == 1:
         results = [reproduce(study, out_dir / study.name, scale, overrides, plugins) for study in studies]
-        failed: dict[str, str] = {}
     else:
-        results, failed = _side_by_side(studies, out_dir, scale, overrides, plugins, at_once)
+        carry = list(dict.fromkeys([*(plugins or []), *carried]))
+        results = _side_by_side(studies, out_dir, scale, overrides, carry, at_once, failed)
     wall = time.perf_counter() - started
     done = [StudyResult.model_validate_json(p.read_text()) for p in sorted(out_dir.glob("*/verdict.json"))]
     ran = f"This call ran {len(results)} of {len(studies)} studies, {at_once} at a time, in {_minutes(wall)} of wall time."
-    page = "\n".join([f"# Reproductions ({scale} scale)", "", ran, "", *summary_lines(done), ""])
+    page = "\n".join(
+        [f"# Reproductions ({scale} scale)", "", ran, "", *summary_lines([r for r in done if r.scale == scale]), ""]
+    )
     atomic_write(out_dir / "reproductions.md", lambda tmp: tmp.write_text(page))
     if failed:
-        raise StudiesFailed(
-            "\n".join(
-                [
-                    (
-                        f"{len(failed)} of {len(studies)} studies failed (the others are in "
-                        f"{out_dir / 'reproductions.md'}):"
-                    ),
-                    *failed.values(),
-                ]
-            )
-        )
+        heading = f"{len(failed)} of {len(studies)} studies failed (the others are in {out_dir / 'reproductions.md'}):"
+        raise StudiesFailed("\n".join([heading, *failed.values()]))
     return results
 
 
@@ -664,19 +681,24 @@ class StudiesFailed(ZooError):
     """Studies run side by side ended, and some of them failed."""
 
 
+LOG_START = "== tzoo reproduce: "  # the line each start of a study writes first in its log
+
+
 def _side_by_side(
     studies: list[Study],
     out_dir: Path,
     scale: Scale,
     overrides: dict[str, Any] | None,
-    plugins: list[str] | None,
+    plugins: list[str],
     at_once: int,
-) -> tuple[list[StudyResult], dict[str, str]]:
+    failed: dict[str, str],
+) -> list[StudyResult]:
     """Run ``studies``, ``at_once`` at a time, each in a process of its own; returns the results
-    of those that finished, and why each other failed."""
+    of those that finished, and puts why each other failed in ``failed``. Ctrl-C is passed on,
+    once, to each study (its comparison keeps what finished)."""
     context = get_context("spawn")
     waiting, running = list(studies), {}
-    results, failed = [], {}
+    results: list[StudyResult] = []
     begun = time.perf_counter()
 
     def say(message: str) -> None:
@@ -688,6 +710,10 @@ def _side_by_side(
                 study = waiting.pop(0)
                 (out_dir / study.name).mkdir(parents=True, exist_ok=True)
                 log = out_dir / study.name / "log.txt"
+                with open(log, "a") as stream:
+                    stream.write(
+                        f"{LOG_START}{study.name} at the {scale} scale, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                    )
                 process = context.Process(
                     target=_reproduce_logged,
                     name=f"study {study.name}",
@@ -705,9 +731,14 @@ def _side_by_side(
                     results.append(result)
                     say(f"{study.name}: {result.verdict} ({_minutes(result.wall_seconds)})")
                 else:
-                    last = _last_line(log)
-                    failed[study.name] = f"  {study.name} (exit code {process.exitcode}): {last}; the log: {log}"
-                    say(f"{study.name} failed: {last}")
+                    code = process.exitcode
+                    ended = (
+                        f"killed by {signal.Signals(-code).name}"
+                        if code is not None and code < 0
+                        else f"exit code {code}"
+                    )
+                    failed[study.name] = f"  {study.name} ({ended}): {_last_line(log)}; the log: {log}"
+                    say(f"{study.name} failed ({ended}): {_last_line(log)}")
     except KeyboardInterrupt:
         for process, _, _ in running.values():
             if process.is_alive():
@@ -716,18 +747,26 @@ def _side_by_side(
             process.join(60)
         from .runner import ComparisonInterrupted
 
+        failures = f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""
         raise ComparisonInterrupted(
-            f"reproduction interrupted with {len(results)} of {len(studies)} studies finished (in {out_dir}); run the "
-            "same command again to go on: finished runs are reused and the others resume from their checkpoints"
+            f"reproduction interrupted with {len(results)} of {len(studies)} studies finished (in {out_dir}){failures}; "
+            "run the same command again to go on: finished runs are reused and the others resume from their checkpoints"
         ) from None
+    finally:  # an error here, or a study that did not stop in time: none is left running
+        for process, _, _ in running.values():
+            if process.is_alive():
+                process.terminate()
+                process.join(10)
     order = [study.name for study in studies]
-    return sorted(results, key=lambda r: order.index(r.name)), failed
+    return sorted(results, key=lambda r: order.index(r.name))
 
 
 def _reproduce_logged(
-    study: Study, out_dir: Path, scale: Scale, overrides: dict[str, Any] | None, plugins: list[str] | None, log: str
+    study: Study, out_dir: Path, scale: Scale, overrides: dict[str, Any] | None, plugins: list[str], log: str
 ) -> None:
-    """A study in a process of its own, its output (progress and errors) written to ``log``."""
+    """A study in a process of its own, its output (progress and errors) written to ``log``. The
+    process leaves the terminal's group, so that Ctrl-C reaches it once, from the caller."""
+    os.setpgrp()
     with open(log, "a") as stream:
         os.dup2(stream.fileno(), 1)
         os.dup2(stream.fileno(), 2)
@@ -741,7 +780,9 @@ def _reproduce_logged(
 
 
 def _last_line(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.is_file() else []
+    """The last line the study's latest start wrote to its log."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = [line for line in text.rpartition(LOG_START)[2].splitlines()[1:] if line.strip()]
     return lines[-1].strip() if lines else "it wrote nothing"
 
 
