@@ -2,8 +2,7 @@
 
 from typing import ClassVar, Literal
 
-import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer_zoo.core.attention import Kernel, apply_weights
 from transformer_zoo.core.masks import AttentionMask
@@ -16,7 +15,7 @@ def linear_attention(
     """The kind's kernel (see ``transformer_zoo.core.attention.Kernel``); causal by prefix sums."""
     if bias is not None:
         raise ValueError("linear attention forms no scores to add a bias to; use sinusoidal, learned or rotary")
-    q, k = F.elu(q) + 1, F.elu(k) + 1  # (B, H, T, Dh), positive
+    q, k = nn.functional.elu(q) + 1, nn.functional.elu(k) + 1  # (B, H, T, Dh), positive
     k = k if mask.padding is None else k * mask.padding[:, None, :, None]  # a padded key drops out of the sums
     if need_weights or dropout_p:  # the n x n weights, only to return them or to drop some out
         scores = (q @ k.transpose(-2, -1)).tril(k.size(-2) - q.size(-2) if mask.causal else k.size(-2))
