@@ -44,6 +44,7 @@ from ..core.options import Options
 from ..core.tasks import Better
 from ..registry import get_registry
 from .probes import PROBE_OUTPUTS
+from .progress import duration
 from .records import Cell, CompareResults
 from .runner import compare
 from .spec import CompareSpec, plan
@@ -139,14 +140,11 @@ class Study(Options):
             if tasks is not None:
                 data["tasks"] = _merged_tasks(data.get("tasks", []), tasks, self.name)
         if overrides and "steps" in overrides:  # every run's budget, a task's own and a tuning trial's included
-            data["task_train"] = {
-                kind: {**train, "steps": overrides["steps"]} if "steps" in train else train
-                for kind, train in data.get("task_train", {}).items()
-            }
-            data["variant_train"] = {
-                label: {**train, "steps": overrides["steps"]} if "steps" in train else train
-                for label, train in data.get("variant_train", {}).items()
-            }
+            for key in ("task_train", "variant_train"):
+                data[key] = {
+                    name: {**train, "steps": overrides["steps"]} if "steps" in train else train
+                    for name, train in data.get(key, {}).items()
+                }
             if data.get("tune", {}).get("steps") is not None:
                 data["tune"] = {**data["tune"], "steps": overrides["steps"]}
         spec = validate(CompareSpec, {**data, "name": self.name}, f"study {self.name!r} at the {scale} scale")
@@ -155,9 +153,7 @@ class Study(Options):
 
     def check(self, spec: CompareSpec) -> None:
         """Raise a ConfigError unless every claim can be judged from ``spec``'s runs."""
-        runs, skipped = plan(spec)
-        if spec.tune is not None:  # tuned twins run beside the spec's own, or in their place
-            runs = tuned_runs(spec.tune, runs, [])
+        runs, skipped = planned_runs(spec)
         ran = {(label, config.task.kind) for label, config in runs}
         tasks = {options.kind: options for options in spec.tasks}
         built: dict[str, Any] = {}
@@ -202,6 +198,13 @@ class Study(Options):
                     f"{where}: task {figure.task!r} has metrics {', '.join(task.metrics)} on splits "
                     f"{', '.join(task.splits)}; got {figure.split} {figure.metric}"
                 )
+
+
+def planned_runs(spec: CompareSpec) -> tuple[list[tuple[str, Any]], list[Any]]:
+    """:func:`~.spec.plan`'s runs and skipped pairs, with the tuned twins that run beside the spec's
+    own or in their place (labelled ``LABEL tuned``, planned as their variant)."""
+    runs, skipped = plan(spec)
+    return (runs if spec.tune is None else tuned_runs(spec.tune, runs, [])), skipped
 
 
 def _merged_tasks(tasks: list[Any], changes: dict[str, Any], study: str) -> list[Any]:
@@ -310,8 +313,14 @@ def _cell(results: CompareResults, metric: str, values: list[float]) -> Cell:
     return Cell(**(interval(values) if bounds is None else bounded_interval(values, bounds)).__dict__)
 
 
-def judge(claim: Claim, results: CompareResults) -> ClaimResult:
-    """A claim's verdict from the comparison's runs (see the module's docstring for the rules)."""
+def judge(claim: Claim, results: CompareResults, stopped: list[str] = ()) -> ClaimResult:
+    """A claim's verdict from the comparison's runs (see the module's docstring for the rules).
+
+    Args:
+        stopped: the claim's runs that stopped at the time cap before their steps: then the claim
+            is not judged (inconclusive, the measured verdict in its reason), since a and b did not
+            train alike.
+    """
     a, b = (_values(results, label, claim.task, claim.split, claim.metric) for label in (claim.a, claim.b))
     if not a or not b:
         missing = claim.a if not a else claim.b
@@ -334,22 +343,31 @@ def judge(claim: Claim, results: CompareResults) -> ClaimResult:
         probe=probe,
         direction=direction,
     )
+    needed, p = None, diff.p
     if claim.relation == "steadier":
-        verdict, reason = _steadier(sd, claim, min(len(a), len(b)))
-        return ClaimResult(claim=claim, p=sd.p, verdict=verdict, reason=reason, **figures)
-    verdict, reason = _by_interval(claim, diff.low, diff.high, direction, diff.difference)
-    needed = None
-    if verdict == "inconclusive" and diff.low is not None:
+        (verdict, reason), p = _steadier(sd, claim, min(len(a), len(b))), sd.p
+    else:
+        verdict, reason = _by_interval(claim, diff.low, diff.high, direction, diff.difference)
+    if stopped:
+        verdict, reason = _not_judged(verdict, reason, len(stopped))
+    elif verdict == "inconclusive" and diff.low is not None and claim.relation != "steadier":
         needed = seeds_needed(sd.sd_a, sd.sd_b, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
         reason += (
-            f"{SEEDS_NOTE}about {needed} seeds a side would decide it"
+            f"; at these spreads about {needed} seeds a side would decide it"
             if needed
-            else f"{SEEDS_NOTE}no practical number of seeds would decide it (the mean lies at or near the boundary)"
+            else "; at these spreads no practical number of seeds would decide it (the mean lies at or near the boundary)"
         )
-    return ClaimResult(claim=claim, p=diff.p, verdict=verdict, reason=reason, seeds_needed=needed, **figures)
+    return ClaimResult(claim=claim, p=p, verdict=verdict, reason=reason, seeds_needed=needed, **figures)
 
 
-SEEDS_NOTE = "; at these spreads "  # begins the planning sentence of an inconclusive claim's reason
+def _not_judged(verdict: Verdict, reason: str, stopped: int) -> tuple[Verdict, str]:
+    """The verdict of a claim with ``stopped`` runs cut short by the time cap: inconclusive."""
+    capped = f"{stopped} of its runs stopped at the time cap before their steps"
+    if verdict == "inconclusive":
+        return verdict, f"{reason}; and {capped}: give the runs more time"
+    return "inconclusive", (
+        f"not judged: {capped}, so a and b did not train alike (as measured, {verdict}: {reason}); give the runs more time"
+    )
 
 
 def _gap(claim: Claim, gain: float) -> float:
@@ -470,7 +488,12 @@ def verdict(
     """The study's outcome from its comparison's results: each claim judged, the source's figures
     beside ours, and the runs that stopped short of their steps (a time cap)."""
     short = short_runs(spec, results)
-    claims = [_capped(judge(claim, results), short) for claim in study.claims]
+    claims = [
+        judge(
+            claim, results, [text for label, task, text in short if task == claim.task and label in (claim.a, claim.b)]
+        )
+        for claim in study.claims
+    ]
     figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
     return StudyResult(
         name=study.name,
@@ -495,10 +518,7 @@ def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, st
     """The runs that stopped before their steps (the spec's ``seconds`` ran out): their variant,
     task, and ``variant on task, seed S: N of M steps``, M from the run's own plan (a task's or a
     variant's budget, and a tuned twin's, its variant's)."""
-    runs, _ = plan(spec)
-    if spec.tune is not None:
-        runs = tuned_runs(spec.tune, runs, [])
-    planned = {(label, config.task.kind): config.steps for label, config in runs}
+    planned = {(label, config.task.kind): config.steps for label, config in planned_runs(spec)[0]}
     short = []
     for run in results.runs:
         steps = planned.get((run.variant, run.task), spec.steps)
@@ -509,30 +529,6 @@ def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, st
     return short
 
 
-def _capped(outcome: ClaimResult, short: list[tuple[str, str, str]]) -> ClaimResult:
-    """A claim whose runs stopped short of their steps is not judged: its two sides did not train alike."""
-    claim = outcome.claim
-    stopped = [text for label, task, text in short if task == claim.task and label in (claim.a, claim.b)]
-    if not stopped:
-        return outcome
-    if outcome.verdict == "inconclusive":
-        return outcome.model_copy(
-            update={
-                "seeds_needed": None,
-                "reason": f"{outcome.reason.partition(SEEDS_NOTE)[0]}; and {len(stopped)} of its runs stopped at the "
-                "time cap before their steps: give the runs more time",
-            }
-        )
-    return outcome.model_copy(
-        update={
-            "verdict": "inconclusive",
-            "seeds_needed": None,
-            "reason": f"not judged: {len(stopped)} of its runs stopped at the time cap before their steps, so a and b did "
-            f"not train alike (as measured, {outcome.verdict}: {outcome.reason}); give the runs more time",
-        }
-    )
-
-
 def study_lines(result: StudyResult) -> list[str]:
     """A study's verdict as markdown: the claims' figures, their test and verdict."""
     lines = [f"# {result.name}: {result.verdict}", "", f"**{result.title}** ({result.source})", ""]
@@ -540,7 +536,7 @@ def study_lines(result: StudyResult) -> list[str]:
         lines += [result.notes.strip(), ""]
     lines += [
         (
-            f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {_minutes(result.wall_seconds)}; "
+            f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {duration(result.wall_seconds)}; "
             f"{result.test}; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
             f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
             f"[{result.report}]({result.report})."
@@ -586,10 +582,6 @@ def study_lines(result: StudyResult) -> list[str]:
     return lines
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
-
-
 def summary_lines(results: list[StudyResult]) -> list[str]:
     """One row per study: claim | source | figures | verdict | time."""
     lines = [
@@ -605,7 +597,7 @@ def summary_lines(results: list[StudyResult]) -> list[str]:
         short = f"; {len(r.short_runs)} run(s) stopped at the time cap" if r.short_runs else ""
         lines.append(
             f"| [{r.name}]({r.name}/verdict.md) | {r.title} | {r.source} | {figures}; {len(r.seeds)} seeds, "
-            f"{r.steps} steps{short} | **{r.verdict}** | {_minutes(r.wall_seconds)} |"
+            f"{r.steps} steps{short} | **{r.verdict}** | {duration(r.wall_seconds)} |"
         )
     return lines
 
@@ -666,7 +658,7 @@ def reproduce_all(
         results = _side_by_side(studies, out_dir, scale, overrides, carry, at_once, failed)
     wall = time.perf_counter() - started
     done = [StudyResult.model_validate_json(p.read_text()) for p in sorted(out_dir.glob("*/verdict.json"))]
-    ran = f"This call ran {len(results)} of {len(studies)} studies, {at_once} at a time, in {_minutes(wall)} of wall time."
+    ran = f"This call ran {len(results)} of {len(studies)} studies, {at_once} at a time, in {duration(wall)} of wall time."
     page = "\n".join(
         [f"# Reproductions ({scale} scale)", "", ran, "", *summary_lines([r for r in done if r.scale == scale]), ""]
     )
@@ -702,7 +694,7 @@ def _side_by_side(
     begun = time.perf_counter()
 
     def say(message: str) -> None:
-        print(f"[{_minutes(time.perf_counter() - begun)}] {message}", file=sys.stderr, flush=True)
+        print(f"[{duration(time.perf_counter() - begun)}] {message}", file=sys.stderr, flush=True)
 
     try:
         while waiting or running:
@@ -729,7 +721,7 @@ def _side_by_side(
                 if process.exitcode == 0 and verdict.is_file():
                     result = StudyResult.model_validate_json(verdict.read_text())
                     results.append(result)
-                    say(f"{study.name}: {result.verdict} ({_minutes(result.wall_seconds)})")
+                    say(f"{study.name}: {result.verdict} ({duration(result.wall_seconds)})")
                 else:
                     code = process.exitcode
                     ended = (
