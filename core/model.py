@@ -26,6 +26,9 @@ from .stack import DecoderCache, StackOutput
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+FORMAT = 1
+"""The version of the folder layout ``save_pretrained`` writes, saved as ``config.json``'s
+``format``; a folder of a newer format is refused, and an older one will be upgraded on loading."""
 
 
 def atomic_write(path: Path, write: Any) -> None:
@@ -89,6 +92,7 @@ class ZooModel(nn.Module):
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
 
         Each file is written atomically; load with ``transformer_zoo.from_pretrained``.
+        ``config.json`` holds the config's fields and ``format``, the layout's version (:data:`FORMAT`).
         ``format="zoo"``, the zoo's own layout, keeps every option of the config; a family with
         another layout overrides this method to offer it (the bert family's ``"hf"``, which
         ``transformers`` loads).
@@ -107,7 +111,7 @@ class ZooModel(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_model(self, str(p)))
-        text = json.dumps(self.config.model_dump(mode="json"), indent=2) + "\n"
+        text = json.dumps({"format": FORMAT, **self.config.model_dump(mode="json")}, indent=2) + "\n"
         atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
         return directory
 

@@ -11,7 +11,6 @@ from .manager import (
     ENTRY_POINT_GROUP,
     PluginWarning,
     Registry,
-    RenamedWarning,
     get_registry,
 )
 
@@ -20,7 +19,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginWarning",
     "Registry",
-    "RenamedWarning",
     "get_registry",
     "hookimpl",
     "hookspec",

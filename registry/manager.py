@@ -75,10 +75,6 @@ class PluginWarning(UserWarning):
     """A plugin failed to load, or offers something that looks like a hook but is not one."""
 
 
-class RenamedWarning(FutureWarning):
-    """A config used the former name of a kind (one of its options class's ``aliases``) or of an option."""
-
-
 class Registry:
     """Every component kind and variant offered by the loaded plugins.
 
@@ -91,12 +87,6 @@ class Registry:
         entry_points: whether to load third-party plugins of the ``transformer_zoo`` group
             (unless ``$TZOO_DISABLE_PLUGIN_AUTOLOAD`` is set) and the modules named in
             ``$TZOO_PLUGINS``.
-
-    A kind that was renamed keeps its former names in its options class's ``aliases`` (a
-    ``ClassVar[tuple[str, ...]]``): :meth:`component` maps a former name to the kind with a
-    :class:`RenamedWarning`, and :meth:`components` (``tzoo list``) lists the kind once. The class
-    must accept a former name as its ``kind`` (a ``mode="before"`` model validator that rewrites it,
-    with whatever else the former kind spelled differently).
 
     Attributes:
         load_errors: plugin name -> why it was not loaded.
@@ -112,7 +102,6 @@ class Registry:
         self._components: dict[str, dict[str, type[ComponentOptions]]] = {c: {} for c in CATEGORIES}
         self._variants: dict[str, Variant] = {}
         self._importers: dict[str, Importer] = {}
-        self._aliases: dict[str, dict[str, str]] = {c: {} for c in CATEGORIES}  # category -> former name -> kind
         self._providers: dict[tuple[str, str], str] = {}
         self.load_errors: dict[str, str] = {}
         self.load_warnings: dict[str, list[str]] = {}
@@ -230,8 +219,6 @@ class Registry:
                     del self._variants[item]
                 elif category == "importer":
                     del self._importers[item]
-                elif item in self._aliases[category]:
-                    del self._aliases[category][item]
                 else:
                     del self._components[category][item]
 
@@ -302,13 +289,6 @@ class Registry:
                 )
             kind = kind_name(options)
             self._add_offer(offered, (category, kind), options, name)
-            for alias in getattr(options, "aliases", ()):
-                if not isinstance(alias, str) or alias == kind:
-                    raise PluginLoadError(
-                        f"{options.__name__}.aliases must hold former names of kind {kind!r} (other "
-                        f"strings); got {alias!r}"
-                    )
-                self._add_offer(offered, (category, alias), _FormerName(kind), name)
         for variant in (item for batch in variants for item in batch or ()):
             if not (isinstance(variant, Variant) and issubclass(variant.config, VariantConfig)):
                 raise PluginLoadError(
@@ -327,8 +307,6 @@ class Registry:
                 self._variants[item] = value
             elif category == "importer":
                 self._importers[item] = value
-            elif isinstance(value, _FormerName):
-                self._aliases[category][item] = value.kind
             else:
                 self._components[category][item] = value
 
@@ -363,27 +341,11 @@ class Registry:
         return dict(sorted(self.load()._components[category].items()))
 
     def component(self, category: str, kind: str) -> type[ComponentOptions]:
-        """The options class of one kind; a former name of a kind (see :meth:`aliases`) gives the
-        kind's class, with a :class:`RenamedWarning`."""
+        """The options class of one kind."""
         kinds = self.components(category)
-        if kind in kinds:
-            return kinds[kind]
-        current = self._aliases[category].get(kind) if isinstance(kind, str) else None
-        if current is None:
+        if kind not in kinds:
             raise UnknownNameError(f"{category} kind", str(kind), kinds, hint=LOAD_HINT)
-        warnings.warn(
-            f"{category} kind {kind!r} is now called {current!r}; the former name still works, for now: "
-            f"write kind: {current}",
-            RenamedWarning,
-            stacklevel=2,
-        )
-        return kinds[current]
-
-    def aliases(self, category: str) -> dict[str, str]:
-        """Former names of the kinds of ``category``: former name -> the kind's name now."""
-        if category not in CATEGORIES:
-            raise UnknownNameError("component category", category, CATEGORIES)
-        return dict(sorted(self.load()._aliases[category].items()))
+        return kinds[kind]
 
     def default_kind(self, category: str) -> str:
         return CATEGORIES[category].default_kind
@@ -418,8 +380,7 @@ class Registry:
         return found
 
     def provider(self, category: str, name: str) -> str:
-        """The name of the plugin that offers a component kind (or a former name of one) or
-        (``category="variant"``) a variant."""
+        """The name of the plugin that offers a component kind or (``category="variant"``) a variant."""
         return self.load()._providers[(category, name)]
 
     def plugin_module(self, name: str) -> str:
@@ -470,7 +431,7 @@ class Registry:
 
     def missing_plugins(self, record: Mapping[str, str]) -> dict[str, str]:
         """The entries of a :meth:`providers_of` record that nothing loaded provides now (neither a
-        kind, a former name of one, nor a variant): ``"category:name"`` -> the module that did."""
+        kind nor a variant): ``"category:name"`` -> the module that did."""
         self.load()
         return {key: module for key, module in record.items() if tuple(key.split(":", 1)) not in self._providers}
 
@@ -517,12 +478,6 @@ class Registry:
                 exc.args = (f"{exc.args[0]}; {hint}", *exc.args[1:])
                 raise
             raise ConfigError(f"{exc}; {hint}") from exc
-
-
-class _FormerName(typing.NamedTuple):
-    """An offer of a former name of ``kind`` (one of its options class's ``aliases``)."""
-
-    kind: str
 
 
 def _what(category: str) -> str:

@@ -291,12 +291,9 @@ def test_the_benchmark_list_says_how_long_each_takes(capsys):
 
 
 def test_list_tasks_shows_one_task_per_job(capsys):
-    """text-lm and translation were language-modeling and seq2seq twice: their former names still
-    load (with a warning) but are not listed as tasks of their own."""
     names = [row["name"] for row in run_json(capsys, "list", "--kind", "task")]
     assert len(names) == len(set(names))
     assert {"language-modeling", "seq2seq", "text-mlm", "text-classification"} <= set(names)
-    assert not {"text-lm", "translation"} & set(names)
 
 
 def test_an_unknown_kind_says_how_to_load_a_plugin(capsys):

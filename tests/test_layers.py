@@ -4,13 +4,9 @@ layers below it (core -> registry -> plugins -> training -> comparing -> cli).""
 from __future__ import annotations
 
 import ast
-import importlib
-import warnings
 from pathlib import Path
 
 import pytest
-
-from transformer_zoo._moved import MOVED
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {
@@ -180,23 +176,3 @@ def test_no_module_imports_a_private_name_of_another():
                 if private:
                     wrong.append(f"{name} imports {private} from {'.' * node.level}{node.module or ''}")
     assert not wrong, "\n".join(wrong)
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_an_old_import_path_still_works_and_names_the_new_one(old):
-    import sys
-
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    assert any(
-        issubclass(w.category, DeprecationWarning) and MOVED[old][0].rpartition(".")[0] in str(w.message)
-        for w in caught
-    ), [str(w.message) for w in caught]
-    home = importlib.import_module(MOVED[old][0])
-    public = [n for n in vars(home) if not n.startswith("_") and getattr(home, n).__class__.__module__ != "builtins"]
-    for attr in public[:20]:
-        assert getattr(module, attr) is getattr(home, attr)
-    with pytest.raises(AttributeError, match="moved to"):
-        module.no_such_name  # noqa: B018

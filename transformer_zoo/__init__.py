@@ -13,7 +13,6 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from ._moved import install as _install_moved_modules
 from .core.errors import ConfigError, UnknownNameError, ZooError
 
 if TYPE_CHECKING:
@@ -24,8 +23,6 @@ try:
     __version__ = version("transformer-zoo")  # pyproject.toml is the one place the version is written
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
-
-_install_moved_modules()  # transformer_zoo.train and the other 0.1 paths, with a warning
 
 _LAZY = {
     "build_model": ".api",

@@ -21,7 +21,7 @@ from .configs import (
 )
 from .core import weights
 from .core.errors import ConfigError, naming
-from .core.model import CONFIG_NAME, WEIGHTS_NAME, ZooModel
+from .core.model import CONFIG_NAME, FORMAT, WEIGHTS_NAME, ZooModel
 from .core.options import VariantConfig
 from .registry import get_registry
 
@@ -43,7 +43,7 @@ def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, An
     """
     if isinstance(source, str) and Path(source).suffix not in CONFIG_SUFFIXES and not is_folder_path(source):
         source = {"variant": source}
-    data = read_config(source)
+    data = _without_format(read_config(source))
     if overrides:
         data = merge(data, parse_overrides(overrides))
     name = data.get("variant")
@@ -61,6 +61,20 @@ def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, An
         return variant.config.model_validate(merge(base, data), context=context)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, f"config for variant {name!r}")) from None
+
+
+def _without_format(data: dict[str, Any]) -> dict[str, Any]:
+    """A config's fields without the ``format`` a saved ``config.json`` carries; refused if a newer
+    transformer-zoo wrote it (a config without ``format`` is read as the current one)."""
+    saved = data.get("format", FORMAT)
+    if isinstance(saved, bool) or not isinstance(saved, int) or saved < 1:
+        raise ConfigError(f"format {saved!r}: expected a positive integer (save_pretrained writes format {FORMAT})")
+    if saved > FORMAT:
+        raise ConfigError(
+            f"format {saved}: the config was saved by a newer transformer-zoo; this one reads format {FORMAT} "
+            "and older: upgrade it (pip install -U transformer-zoo)"
+        )
+    return {key: value for key, value in data.items() if key != "format"}
 
 
 def build_model(name_or_config: ConfigSource, **overrides: Any) -> nn.Module:

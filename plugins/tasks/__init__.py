@@ -1,6 +1,4 @@
-"""Built-in tasks: generated, seeded or read from local files; none downloads. One task per job:
-``language-modeling`` and ``seq2seq`` took over ``text-lm`` and ``translation``, whose names still
-load (with a warning)."""
+"""Built-in tasks: generated, seeded or read from local files; none downloads. One task per job."""
 
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ import functools
 import json
 import math
 import re
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -26,7 +25,6 @@ from pydantic import Field, field_validator, model_validator
 from transformer_zoo.core.errors import ConfigError, optional
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH
 from transformer_zoo.core.tasks import ClassificationTask, Task
-from transformer_zoo.registry import RenamedWarning
 
 from .text import (
     Tokenized,
@@ -76,18 +74,10 @@ class DatasetOptions(TokenizerSource):
     A kind lists the fields that name columns (``columns``) and those whose text trains the
     tokenizer (``text_columns``). A kind with its own plain files adds ``files`` and
     ``test_files`` fields and reads them in :meth:`read_files`.
-
-    A kind that took over another keeps the old one's configs working: ``aliases`` holds the
-    former kind names (the registry maps them here), ``former_defaults`` the former kind's defaults
-    that differ (filled in when a config names the former kind), and ``renamed`` the former option
-    names (accepted, with a warning when the config names the kind by its current name).
     """
 
     columns: ClassVar[tuple[str, ...]] = ()
     text_columns: ClassVar[tuple[str, ...]] = ()
-    aliases: ClassVar[tuple[str, ...]] = ()
-    former_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
-    renamed: ClassVar[dict[str, str]] = {}
     file_suffixes: ClassVar[tuple[str, ...]] = (".txt",)  # what a folder given as files is searched for
 
     path: str | dict[str, str | list[str]] | None = Field(
@@ -115,31 +105,6 @@ class DatasetOptions(TokenizerSource):
     )
 
     _patterns = field_validator("path")(check_patterns)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_former_names(cls, data: Any) -> Any:
-        """A config naming a former kind (``aliases``) or a former option name (``renamed``), as this kind."""
-        if not isinstance(data, dict):
-            return data
-        kind = cls.model_fields["kind"].default
-        former = data.get("kind") in cls.aliases
-        if former:  # the registry has warned of the kind's new name already
-            data = {**cls.former_defaults.get(data["kind"], {}), **data, "kind": kind}
-        for old, new in cls.renamed.items():
-            if old not in data:
-                continue
-            if new in data:
-                raise ValueError(f"{old} is the former name of {new}; give {new} only")
-            if not former:
-                warnings.warn(
-                    f"task kind {kind!r}: option {old!r} is now called {new!r}; the former name still works, "
-                    f"for now: write {new}",
-                    RenamedWarning,
-                    stacklevel=2,
-                )
-            data = {(new if key == old else key): value for key, value in data.items()}
-        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetOptions:

@@ -1,7 +1,6 @@
 """``language-modeling``: next-token prediction on your text (a causal decoder), scored by
 perplexity. The data is any source of :class:`~.datasets.DatasetOptions` (a file or folder in a
-``datasets`` format, a saved dataset, a hub name), or plain text files (``files``), the options
-of the former ``text-lm`` task, whose configs still load.
+``datasets`` format, a saved dataset, a hub name), or plain text files (``files``).
 """
 
 from __future__ import annotations
@@ -21,16 +20,9 @@ if TYPE_CHECKING:
 
 
 class LanguageModeling(DatasetOptions):
-    """Predict each next token of your text (a causal decoder); scored by perplexity.
-
-    Formerly also ``text-lm`` (text files only), whose configs still load: ``files``,
-    ``test_files`` and ``sample_by`` are its options, ``seq_len`` and ``max_test_sequences`` its
-    names for ``max_len`` and ``max_test_examples``.
-    """
+    """Predict each next token of your text (a causal decoder); scored by perplexity."""
 
     kind: Literal["language-modeling"] = "language-modeling"
-    aliases: ClassVar[tuple[str, ...]] = ("text-lm",)
-    renamed: ClassVar[dict[str, str]] = {"seq_len": "max_len", "max_test_sequences": "max_test_examples"}
     columns: ClassVar[tuple[str, ...]] = ("text",)
     text_columns: ClassVar[tuple[str, ...]] = ("text",)
 

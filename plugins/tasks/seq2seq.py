@@ -3,8 +3,7 @@ text-to-text job), scored by corpus BLEU (sacrebleu, on detokenized text) of the
 or beam-search output, and by token and sequence accuracy.
 
 The data is any source of :class:`~.datasets.DatasetOptions`, or parallel files (``files``): a
-.tsv line ``source<TAB>target`` with no header, or .jsonl objects, the options of the former
-``translation`` task, whose configs still load. A Hugging Face translation dataset, whose rows
+.tsv line ``source<TAB>target`` with no header, or .jsonl objects. A Hugging Face translation dataset, whose rows
 hold a ``translation`` column mapping languages to text (WMT's), is read with ``source`` and
 ``target`` naming the languages. Source and target share one byte-level BPE tokenizer (trained
 here on both sides of the training split, or loaded), as the original Transformer shares its
@@ -79,17 +78,9 @@ class BleuScored:
 
 
 class Seq2Seq(DatasetOptions):
-    """Write the target text for each source text of your data (translation, ...); BLEU, and token accuracy.
-
-    Formerly also ``translation``: its configs still load (``files`` and ``test_files`` are its
-    options, ``max_test_pairs`` its name for ``max_test_examples``; a config naming it keeps its
-    defaults ``source: src`` and ``target: tgt``).
-    """
+    """Write the target text for each source text of your data (translation, ...); BLEU, and token accuracy."""
 
     kind: Literal["seq2seq"] = "seq2seq"
-    aliases: ClassVar[tuple[str, ...]] = ("translation",)
-    former_defaults: ClassVar[dict[str, dict[str, Any]]] = {"translation": {"source": "src", "target": "tgt"}}
-    renamed: ClassVar[dict[str, str]] = {"max_test_pairs": "max_test_examples"}
     columns: ClassVar[tuple[str, ...]] = ("source", "target")
     text_columns: ClassVar[tuple[str, ...]] = ("source", "target")
     file_suffixes: ClassVar[tuple[str, ...]] = PARALLEL_SUFFIXES

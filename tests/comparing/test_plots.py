@@ -37,6 +37,7 @@ def record(variant: str, task: str = "listops", seed: int = 0, *, phases: tuple[
         wall_seconds=10.0,
         metric=metric,
         metrics={"test": {metric: 0.5 * shift}},
+        better={metric: "lower" if phases else "higher"},
         curve=curve,
     )
 

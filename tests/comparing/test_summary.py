@@ -46,6 +46,7 @@ def record(
             "wall_seconds": 10.0 + seed,
             "metric": metric,
             "metrics": {"test": {metric: accuracy}},
+            "better": {metric: "lower" if metric == "perplexity" else "higher"},
             "curve": [{"step": 10, "loss": 1.0}],
             "threads": 1,
             "cpus": 2,
@@ -106,8 +107,8 @@ def test_lower_is_better_for_perplexity():
 
 
 def test_a_task_of_its_own_says_which_way_its_metrics_are_better():
-    """No library file names the metric: the task declares it, and the records carry it (or,
-    written without it, take it from the task classes that declare the name)."""
+    """No library file names the metric: the task declares it, and the records carry it; a record
+    that does not is refused, naming the metric."""
     from transformer_zoo.core.tasks import Task
 
     class Regret(Task):
@@ -120,10 +121,11 @@ def test_a_task_of_its_own_says_which_way_its_metrics_are_better():
             for seed in range(5)
         ]
 
-    for records in (runs(better=Regret.metrics), runs()):
-        summary = summarize_task(records)
-        assert next(c.better for c in summary.columns if c.name == "test test_regret") == "lower"
-        assert summary.best == summary.leaders[0] == "a"
+    summary = summarize_task(runs(better=Regret.metrics))
+    assert next(c.better for c in summary.columns if c.name == "test test_regret") == "lower"
+    assert summary.best == summary.leaders[0] == "a"
+    with pytest.raises(ValueError, match=r"better gives no direction for the metrics \['test_regret'\]"):
+        runs(better={"test_hits": "higher"})
 
 
 def test_a_permutation_test_of_three_seeds_says_it_cannot_separate():

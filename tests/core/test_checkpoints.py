@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def test_the_old_checkpoints_are_all_here():
 
 @pytest.mark.parametrize("name", FOLDERS)
 def test_a_checkpoint_saved_before_the_kernel_change_loads_and_gives_the_same_logits(name):
-    model = tz.from_pretrained(ROOT / name)  # strict: a renamed or missing key raises
+    model = tz.from_pretrained(ROOT / name)  # strict: a missing or unexpected key raises
     saved = safetensors.torch.load_file(str(ROOT / name / "io.safetensors"))
     expected = saved.pop("logits")
     with torch.no_grad():
@@ -53,3 +54,19 @@ def test_a_sagan_folder_saved_with_scalar_gammas_still_loads(tmp_path):
     image = torch.rand(2, 1, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(image).logits, model(image).logits)
+
+
+def test_a_saved_config_names_its_format_and_a_newer_format_is_refused(tmp_path):
+    from transformer_zoo.core.model import FORMAT
+
+    folder = tz.build_model("transformer-tiny").save_pretrained(tmp_path / "model")
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["format"] == FORMAT == 1
+    assert tz.from_pretrained(folder).config == tz.load_config(folder / "config.json")
+    for newer, says in ((FORMAT + 1, "saved by a newer transformer-zoo"), ("1", "expected a positive integer")):
+        (folder / "config.json").write_text(json.dumps({**saved, "format": newer}))
+        with pytest.raises(tz.ConfigError, match=f"config.json.*format {newer!r}: {says}" if newer == "1" else says):
+            tz.from_pretrained(folder)
+    del saved["format"]  # a config written by hand: the current format
+    (folder / "config.json").write_text(json.dumps(saved))
+    assert tz.from_pretrained(folder).config.variant == "transformer-tiny"

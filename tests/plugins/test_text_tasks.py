@@ -1,6 +1,5 @@
 """The text tasks (language-modeling and text-mlm on text files) and seq2seq on parallel files
-(translation), on small generated local files; and the former kinds ``text-lm`` and
-``translation``, which still load as these, with a warning.
+(translation), on small generated local files.
 
 The corpora are written by the tests: sentences drawn from a small word list (for the language
 models) and a word-for-word "translation" into another word list with the order reversed.
@@ -21,7 +20,7 @@ import tokenizers
 import torch
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.registry import RenamedWarning, get_registry
+from transformer_zoo.registry import get_registry
 from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.trainer import train
 
@@ -283,76 +282,3 @@ def test_a_resumed_text_run_uses_its_own_tokenizer(corpus, tmp_path, monkeypatch
     a = safetensors.torch.load_file(str(tmp_path / "straight" / "model" / "model.safetensors"))
     b = safetensors.torch.load_file(str(tmp_path / "resumed" / "model" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-
-
-# ---- the former kinds: text-lm is language-modeling, translation is seq2seq -------------------
-def test_the_former_kinds_resolve_to_the_new_ones_with_a_warning():
-    registry = get_registry()
-    for old, new in (("text-lm", "language-modeling"), ("translation", "seq2seq")):
-        with pytest.warns(RenamedWarning, match=f"task kind '{old}' is now called '{new}'"):
-            assert registry.component("task", old) is registry.component("task", new)
-    assert registry.aliases("task") == {"text-lm": "language-modeling", "translation": "seq2seq"}
-
-
-def test_a_saved_config_of_a_former_kind_loads_as_it_meant(corpus):
-    """train.json of an older run holds every option of the former kind: it loads, with the
-    former option names and defaults read as they were."""
-    text_lm = {
-        "kind": "text-lm",
-        "files": str(corpus),
-        "test_files": None,
-        "sample_by": "line",
-        "test_fraction": 0.1,
-        "seq_len": 32,
-        "max_test_sequences": 100,
-        "tokenizer": None,
-        "vocab_size": 300,
-        "seed": 0,
-    }
-    translation = {
-        "kind": "translation",
-        "files": str(corpus / "pairs.tsv"),
-        "test_files": None,
-        "dataset_name": None,
-        "dataset_config": None,
-        "test_fraction": 0.1,
-        "max_len": 128,
-        "max_test_pairs": 100,
-        "beam_size": 1,
-        "tokenizer": None,
-        "vocab_size": 300,
-        "seed": 0,
-    }
-    with pytest.warns(RenamedWarning, match="'text-lm' is now called 'language-modeling'"):
-        lm = load_train_config({"model": SMALL_MODEL, "task": text_lm}).task
-    assert (lm.kind, lm.max_len, lm.max_test_examples, lm.files) == ("language-modeling", 32, 100, str(corpus))
-    with pytest.warns(RenamedWarning, match="'translation' is now called 'seq2seq'"):
-        pairs = load_train_config({"model": SMALL_MODEL, "task": translation}).task
-    assert (pairs.kind, pairs.source, pairs.target, pairs.max_test_examples) == ("seq2seq", "src", "tgt", 100)
-    assert pairs.model_dump()["kind"] == "seq2seq", "saved again, it names the kind by its name now"
-
-
-def test_a_former_kind_reads_the_same_data_as_the_new_one(corpus):
-    with pytest.warns(RenamedWarning):
-        old = make("text-lm", files=str(corpus), vocab_size=300, seq_len=32, max_test_sequences=100)
-    new = text_task("language-modeling", corpus)
-    assert old.dataset("test")["ids"] == new.dataset("test")["ids"]
-    with pytest.warns(RenamedWarning):
-        old = make("translation", files=str(corpus / "pairs.jsonl"), source="en", target="de", vocab_size=300)
-    new = make("seq2seq", files=str(corpus / "pairs.jsonl"), source="en", target="de", vocab_size=300)
-    assert old.dataset("test")["target_text"] == new.dataset("test")["target_text"]
-    assert old.metric == new.metric == "bleu"
-
-
-def test_a_former_option_name_is_read_with_a_warning(corpus):
-    with pytest.warns(RenamedWarning, match="option 'seq_len' is now called 'max_len'"):
-        options = (
-            get_registry()
-            .component("task", "language-modeling")
-            .model_validate({"kind": "language-modeling", "files": str(corpus), "seq_len": 32})
-        )
-    assert options.max_len == 32
-    with pytest.raises(ValueError, match="seq_len is the former name of max_len; give max_len only"):
-        get_registry().component("task", "language-modeling").model_validate(
-            {"kind": "language-modeling", "files": str(corpus), "seq_len": 32, "max_len": 16}
-        )

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import types
-from typing import ClassVar, Literal
+from typing import Literal
 
 import pytest
-from pydantic import Field, model_validator
+from pydantic import Field
 
 import transformer_zoo as tz
 from transformer_zoo.core.errors import DuplicateNameError, PluginLoadError
 from transformer_zoo.core.options import NormOptions, Variant
 from transformer_zoo.plugins.transformer import TransformerConfig
-from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, RenamedWarning, get_registry, hookimpl
+from transformer_zoo.registry import BUILTIN_PLUGINS, PluginWarning, Registry, get_registry, hookimpl
 
 
 class ScaleNorm(NormOptions):
@@ -190,67 +190,6 @@ def test_an_unknown_name_says_a_plugin_may_be_missing_and_how_to_load_one(lookup
     message = str(raised.value)
     assert "unknown" in message and "if a plugin provides it, load the plugin: --plugin MODULE" in message
     assert "TZOO_PLUGINS=MODULE" in message and "'transformer_zoo' entry point" in message
-
-
-# ---- a renamed kind keeps its former names ----------------------------------------------------
-class RenamedNorm(NormOptions):
-    """A norm kind that was called 'oldnorm' and 'oldernorm' before."""
-
-    kind: Literal["newnorm"] = "newnorm"
-    aliases: ClassVar[tuple[str, ...]] = ("oldnorm", "oldernorm")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _former_kind(cls, data):
-        return {**data, "kind": "newnorm"} if isinstance(data, dict) and data.get("kind") in cls.aliases else data
-
-    def build(self, *, d_model: int):
-        import torch
-
-        return torch.nn.LayerNorm(d_model)
-
-
-class ClashingNorm(NormOptions):
-    """A new kind named as another kind's former name."""
-
-    kind: Literal["oldnorm"] = "oldnorm"
-
-
-def test_a_former_kind_name_resolves_with_a_warning_and_is_listed_once():
-    registry = Registry(builtins=BUILTIN_PLUGINS, entry_points=False)
-    registry.register(make_plugin(tzoo_components=lambda: [RenamedNorm]), "renamed")
-    with pytest.warns(RenamedWarning, match="norm kind 'oldnorm' is now called 'newnorm'.*write kind: newnorm"):
-        assert registry.component("norm", "oldnorm") is RenamedNorm
-    assert "newnorm" in registry.components("norm") and "oldnorm" not in registry.components("norm")
-    assert registry.aliases("norm") == {"oldernorm": "newnorm", "oldnorm": "newnorm"}
-    assert registry.provider("norm", "oldnorm") == "renamed"
-    assert RenamedNorm.model_validate({"kind": "oldernorm"}).kind == "newnorm"
-    with pytest.raises(DuplicateNameError, match="norm kind 'oldnorm' is provided by plugin 'renamed' and again"):
-        registry.register(make_plugin(tzoo_components=lambda: [ClashingNorm]), "clash")
-    registry.unregister("renamed")
-    assert registry.aliases("norm") == {}
-    with pytest.raises(tz.UnknownNameError):
-        registry.component("norm", "oldnorm")
-
-
-def test_a_config_naming_a_former_kind_validates_as_the_kind(notebook_plugin):
-    get_registry().register(make_plugin(tzoo_components=lambda: [RenamedNorm]), "renamed")
-    try:
-        with pytest.warns(RenamedWarning, match="'oldnorm' is now called 'newnorm'"):
-            config = tz.load_config({"variant": "transformer-tiny", "norm": "oldnorm"})
-        assert config.norm.kind == "newnorm" and config.model_dump()["norm"]["kind"] == "newnorm"
-    finally:
-        get_registry().unregister("renamed")
-
-
-def test_aliases_must_be_other_names():
-    class SelfAlias(RenamedNorm):
-        """Names itself as its former name."""
-
-        aliases: ClassVar[tuple[str, ...]] = ("newnorm",)
-
-    with pytest.raises(PluginLoadError, match="aliases must hold former names of kind 'newnorm'"):
-        Registry(builtins={}, entry_points=False).register(make_plugin(tzoo_components=lambda: [SelfAlias]), "bad")
 
 
 # ---- which plugin provided each kind of a saved config ----------------------------------------

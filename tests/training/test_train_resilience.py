@@ -353,7 +353,7 @@ def crashed(tmp_path, straight, layout: dict[str, int | None]):
     ("layout", "resumed"),
     [
         ({".checkpoint.tmp": 6}, 6),  # the double crash: only a complete .tmp is left
-        ({".checkpoint.old": 3, ".checkpoint.tmp": 6}, 6),  # a crash after checkpoint was renamed .old
+        ({".checkpoint.old": 3, ".checkpoint.tmp": 6}, 6),  # a crash after checkpoint was moved to .old
         ({"checkpoint": 3, ".checkpoint.tmp": 6}, 6),  # a crash before the swap began
         ({"checkpoint": 6, ".checkpoint.old": 3}, 6),  # a crash before .old was removed
         ({"checkpoint": 3, ".checkpoint.tmp": None}, 3),  # a crash while writing .tmp

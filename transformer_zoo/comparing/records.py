@@ -12,8 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from ..core.tasks import Better, declared_metrics
-from ..registry import get_registry
+from ..core.tasks import Better
 from .scaling import ScalingPoint
 from .stats import ALPHA, TestKind
 
@@ -62,9 +61,8 @@ class RunRecord(BaseModel):
     metric: str = Field(description="the task's headline metric")
     metrics: dict[str, dict[str, float]] = Field(description="metrics by evaluation split")
     better: dict[str, Better] = Field(
-        {},
-        description="which way each metric is better, as the task declares it (its metrics); a metric a record "
-        "does not give takes the direction the tasks that declare its name give it (higher where none does)",
+        description="which way each metric is better, as the task declares it (its metrics); every metric of "
+        "the record has one",
     )
     bounds: dict[str, tuple[float, float]] = Field(
         {},
@@ -92,10 +90,11 @@ class RunRecord(BaseModel):
     @model_validator(mode="after")
     def _every_direction(self) -> RunRecord:
         names = {self.metric, *(name for scores in self.metrics.values() for name in scores)}
-        if not names <= self.better.keys():  # written before records carried them, or by hand
-            get_registry()  # the plugins' task classes are imported, with what they declare
-            declared = declared_metrics()
-            self.better = {**{name: declared.get(name, "higher") for name in sorted(names)}, **self.better}
+        if missing := sorted(names - self.better.keys()):
+            raise ValueError(
+                f"better gives no direction for the metrics {missing}; give each metric 'higher' or 'lower' "
+                "(the task's metrics declare them)"
+            )
         return self
 
 

@@ -6,8 +6,8 @@ and ``state.json`` (the step, the random state and the learning curve). ``state.
 written last, so a folder whose four files are there and whose ``state.json`` reads is complete.
 
 Writing goes through three names, so that a crash at any moment leaves a complete checkpoint:
-the new one is written into ``.checkpoint.tmp``, the current ``checkpoint`` is renamed
-``.checkpoint.old``, ``.checkpoint.tmp`` is renamed ``checkpoint``, and ``.checkpoint.old`` is
+the new one is written into ``.checkpoint.tmp``, the current ``checkpoint`` is moved to
+``.checkpoint.old``, ``.checkpoint.tmp`` is moved to ``checkpoint``, and ``.checkpoint.old`` is
 removed. Recovery (:func:`candidates`) takes the complete one of the highest step among the
 three; one that does not read falls back to the next, with a warning. Once a run has resumed,
 :func:`promote` makes what it resumed from ``checkpoint`` again and removes the others.
@@ -214,7 +214,7 @@ def candidates(run_dir: Path) -> list[Path]:
     """The checkpoints a run can resume from, the newest first: the complete ones among
     ``checkpoint``, ``.checkpoint.tmp`` and ``.checkpoint.old``, by step (on a tie in that
     order). A ``checkpoint`` folder that is not complete is listed first all the same: only a
-    finished write is renamed to it, so it is damaged, and reading it says how."""
+    finished write is moved to it, so it is damaged, and reading it says how."""
     found = []
     for rank, folder in enumerate(run_dir / name for name in (CHECKPOINT, PARTIAL, PREVIOUS)):
         step = _written_step(folder)
