@@ -23,7 +23,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import transformer_zoo as tz
-from transformer_zoo.comparing.scaling import _median_seconds
+from transformer_zoo.comparing.scaling import median_seconds
 from transformer_zoo.training.step import datasheet_tflops, fused_adamw
 
 from .common import add_device_options, bench_parser, device_name, device_of, write_json
@@ -40,7 +40,7 @@ def matmul_tflops(device: torch.device, size: int, repeats: int = 10) -> float:
     a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
     for _ in range(3):
         a @ b
-    return 2 * size**3 / _median_seconds(lambda: a @ b, repeats, device) / 1e12
+    return 2 * size**3 / median_seconds(lambda: a @ b, repeats, device) / 1e12
 
 
 def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
@@ -74,7 +74,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict:
         step()
     _sync(device)
     warmup_seconds = time.perf_counter() - started
-    seconds = _median_seconds(step, args.repeats, device)
+    seconds = median_seconds(step, args.repeats, device)
     row = {
         "variant": name,
         "loss": "eager" if args.eager_loss else "compiled",

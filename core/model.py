@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -19,6 +18,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from .files import atomic_write
 from .inputs import check_tensor, check_token_ids
 from .masks import AttentionMask, as_padding_mask
 from .positional import draw_starts
@@ -29,18 +29,6 @@ WEIGHTS_NAME = "model.safetensors"
 FORMAT = 1
 """The version of the folder layout ``save_pretrained`` writes, saved as ``config.json``'s
 ``format``; a folder of a newer format is refused, and an older one will be upgraded on loading."""
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(tmp_path)`` then move the file into place, so ``path`` is never half-written."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

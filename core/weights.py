@@ -292,7 +292,9 @@ def _finite_only(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON number; numbers must be finite")
 
 
-def read_config(folder: str | os.PathLike, name: str = "config.json", what: str = "config fields") -> dict[str, Any]:
+def read_json_object(
+    folder: str | os.PathLike, name: str = "config.json", what: str = "config fields"
+) -> dict[str, Any]:
     """The JSON object in ``folder / name`` (a model folder's ``config.json``, or a shard index),
     kept inside the folder (:func:`inside`); a ConfigError naming the file if it is not one
     object of ``what`` (it is a list, a string, ``null``, holds NaN or a key given twice, or

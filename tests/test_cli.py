@@ -209,7 +209,7 @@ def test_errors_and_zoo_warnings_print_brackets_as_written(capsys, monkeypatch):
     import warnings
 
     import transformer_zoo.cli as cli
-    from transformer_zoo.training.checkpoints import CheckpointWarning
+    from transformer_zoo.training.run_folder import CheckpointWarning
 
     def warn_then_fail(args):
         warnings.warn("a shape [bold] of [64, 32]", CheckpointWarning, stacklevel=2)

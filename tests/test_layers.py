@@ -1,5 +1,7 @@
-"""The package's layers, read from its sources: no import circle, and each layer imports only the
-layers below it (core -> registry -> plugins -> training -> comparing -> cli)."""
+"""The package's layers, read from its sources (``benchmarks/`` included): no import circle, each
+layer imports only the layers below it (core -> registry -> plugins -> training -> comparing ->
+cli -> benchmarks), and no module imports another's private name or a name that a module other
+than the one defining it passes on."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ FOLDERS = {
     "transformer_zoo.core": ROOT / "core",
     "transformer_zoo.registry": ROOT / "registry",
     "transformer_zoo.plugins": ROOT / "plugins",
+    "benchmarks": ROOT / "benchmarks",  # not installed, but held to the same rules
 }
 
 
@@ -97,6 +100,8 @@ def test_the_graph_is_read_from_every_room():
         "transformer_zoo.core.attention",
         "transformer_zoo.registry.manager",
         "transformer_zoo.plugins.bert.hf",
+        "benchmarks.mfu",
+        "benchmarks.robustness.harness",
     ):
         assert expected in GRAPH
     assert "transformer_zoo.comparing.records" in GRAPH["transformer_zoo.comparing.report"]
@@ -125,6 +130,7 @@ LAYERS = [
     "transformer_zoo.training",
     "transformer_zoo.comparing",
     "transformer_zoo.cli",
+    "benchmarks",
 ]
 ABOVE = {layer: LAYERS[i + 1 :] for i, layer in enumerate(LAYERS)}
 ABOVE["transformer_zoo.plugins"] = ["transformer_zoo.training", "transformer_zoo.comparing", "transformer_zoo.cli"]
@@ -175,4 +181,46 @@ def test_no_module_imports_a_private_name_of_another():
                 private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 if private:
                     wrong.append(f"{name} imports {private} from {'.' * node.level}{node.module or ''}")
+    assert not wrong, "\n".join(wrong)
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module binds at its top level itself: functions, classes and assignments (not
+    what it imports)."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try)):  # a name bound either way
+            names |= {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            names |= {
+                t.id for n in ast.walk(node) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+            }
+    return names
+
+
+def test_a_name_is_imported_from_the_module_that_defines_it():
+    """``from module import name`` reaches the module where ``name`` is defined, not one that
+    imported it in turn; a package's ``__init__`` (its public face) may be imported from."""
+    wrong = []
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or node.level)):
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            if base not in MODULES or MODULES[base].name == "__init__.py":
+                continue
+            defined = _defined(MODULES[base])
+            wrong += [
+                f"{name} imports {a.name} from {base}, which does not define it"
+                for a in node.names
+                if a.name not in defined
+            ]
     assert not wrong, "\n".join(wrong)

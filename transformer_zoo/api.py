@@ -205,7 +205,7 @@ def from_pretrained(directory: str | os.PathLike) -> nn.Module:
             f"{str(directory / CONFIG_NAME)!r} not found; from_pretrained expects a folder written by "
             f"save_pretrained ({CONFIG_NAME} and {WEIGHTS_NAME}) or a checkpoint folder a plugin imports"
         )
-    data = weights.read_config(directory, CONFIG_NAME)
+    data = weights.read_json_object(directory, CONFIG_NAME)
     if "variant" not in data:
         with naming(repr(str(directory / CONFIG_NAME))):
             return _import(directory, data)

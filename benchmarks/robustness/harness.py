@@ -78,7 +78,8 @@ WARMUP_VARIANTS = [
 
 
 def worker_main(conn: Any, extra_bytes: int, log: str, cwd: str) -> None:
-    """Answer ``(runner, payload, seconds)`` messages with what happened, until None."""
+    """Answer ``(runner, payload, seconds)`` messages with what happened, until None; ``runner`` is a
+    name in :data:`RUNNERS` or a function."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1), os.dup2(fd, 2)  # libraries' progress bars go to the log
     os.chdir(cwd)
@@ -96,7 +97,8 @@ def worker_main(conn: Any, extra_bytes: int, log: str, cwd: str) -> None:
         runner, payload, seconds = message
         signal.setitimer(signal.ITIMER_REAL, seconds)
         try:
-            answer = {"status": "returned", **(RUNNERS[runner](payload) or {})}
+            call = RUNNERS[runner] if isinstance(runner, str) else runner
+            answer = {"status": "returned", **(call(payload) or {})}
         except Hang:
             answer = {"status": "hang", "message": f"still running after {seconds:g} s"}
         except BaseException as exc:  # SystemExit included: whatever a case raises is its outcome
@@ -150,42 +152,10 @@ def run_pretrained(path: str) -> None:
     tz.from_pretrained(path)
 
 
-_MODELS: dict[str, Any] = {}
-
-
-def run_input(payload: tuple) -> dict[str, Any]:
-    import torch
-
-    import transformer_zoo as tz
-
-    variant, where, defect = payload
-    if variant not in _MODELS:
-        torch.manual_seed(0)
-        _MODELS[variant] = tz.build_model(variant).eval()
-    from .inputs import INPUT_CALLS
-
-    with torch.no_grad():
-        out = INPUT_CALLS[where](_MODELS[variant], defect)
-    return {"finite": _finite(out)}
-
-
-def _finite(out: Any) -> bool:
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return not out.is_floating_point() or bool(torch.isfinite(out).all())
-    if isinstance(out, (list, tuple)):
-        return all(_finite(x) for x in out)
-    if isinstance(out, dict):
-        return all(_finite(x) for x in out.values())
-    return _finite([getattr(out, "logits", None), getattr(out, "hidden", None)]) if hasattr(out, "logits") else True
-
-
 RUNNERS: dict[str, Callable[[Any], Any]] = {
     "build": run_build,
     "train": run_train,
     "pretrained": run_pretrained,
-    "input": run_input,
 }
 
 
@@ -212,7 +182,9 @@ class Sandbox:
             self.proc.join()
         self.proc = None
 
-    def run(self, runner: str, payload: Any, seconds: float) -> dict[str, Any]:
+    def run(self, runner: str | Callable[[Any], Any], payload: Any, seconds: float) -> dict[str, Any]:
+        """``runner(payload)`` in the worker: a name in :data:`RUNNERS`, or a module-level function
+        (sent by reference: the worker imports its module)."""
         if self.proc is None or not self.proc.is_alive():
             self._start()
         self.conn.send((runner, payload, seconds))

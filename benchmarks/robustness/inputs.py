@@ -258,7 +258,7 @@ INPUT_CALLS: dict[str, Callable[[Any, str], Any]] = {
 def inputs(ctx: Context) -> list[Result]:
     results = []
     for variant, where, defect in ctx.track(input_cases(), "inputs"):
-        answer = ctx.sandbox.run("input", (variant, where, defect), 20.0)
+        answer = ctx.sandbox.run(run_input, (variant, where, defect), 20.0)
         if answer["status"] == "returned":
             outcome, detail = ("accepted", "") if answer["finite"] else ("silent NaN", "output not finite")
         elif answer["status"] == "raised":
@@ -268,3 +268,32 @@ def inputs(ctx: Context) -> list[Result]:
             outcome, detail = answer["status"], answer.get("message", "")
         results.append(Result("inputs", f"{variant} {where}: {defect}", outcome, detail))
     return results
+
+
+_MODELS: dict[str, Any] = {}
+
+
+def run_input(payload: tuple) -> dict[str, Any]:
+    import torch
+
+    import transformer_zoo as tz
+
+    variant, where, defect = payload
+    if variant not in _MODELS:
+        torch.manual_seed(0)
+        _MODELS[variant] = tz.build_model(variant).eval()
+    with torch.no_grad():
+        out = INPUT_CALLS[where](_MODELS[variant], defect)
+    return {"finite": _finite(out)}
+
+
+def _finite(out: Any) -> bool:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return not out.is_floating_point() or bool(torch.isfinite(out).all())
+    if isinstance(out, (list, tuple)):
+        return all(_finite(x) for x in out)
+    if isinstance(out, dict):
+        return all(_finite(x) for x in out.values())
+    return _finite([getattr(out, "logits", None), getattr(out, "hidden", None)]) if hasattr(out, "logits") else True

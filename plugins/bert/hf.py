@@ -138,7 +138,7 @@ def bert_config(hf: dict[str, Any], checkpoint: dict[str, Tensor], source: str) 
 def _shards(directory: Path) -> list[Path]:
     """The files a sharded checkpoint's ``model.safetensors.index.json`` names, each kept inside
     the folder (:func:`~transformer_zoo.core.weights.inside`)."""
-    index = weights.read_config(directory, INDEX_NAME, "tensor names by shard file (a weight_map)")
+    index = weights.read_json_object(directory, INDEX_NAME, "tensor names by shard file (a weight_map)")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
         raise WeightsError(

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.model import CONFIG_NAME, ZooModel, atomic_write
+from transformer_zoo.core.files import atomic_write
+from transformer_zoo.core.model import CONFIG_NAME, ZooModel
 
 from .hf import BODY, DECODER, LAYER, OTHER, WEIGHTS_NAME, bert_config
 

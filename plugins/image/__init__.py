@@ -4,7 +4,7 @@ attention (Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words", ViT).
 
 The models read images ``(B, C, H, W)``, not token ids (``inputs = "image"`` on their configs),
 so they train on tasks that have images (``digits``). The building blocks are in
-:mod:`transformer_zoo.core.image`; local 2-D attention's pattern and kernel, used by this family
+:mod:`transformer_zoo.plugins.image.blocks`; local 2-D attention's pattern and kernel, used by this family
 only, are beside this file in :mod:`.kernels`.
 
 Presets, sized for 8x8 digits: ``vit-tiny`` (2x2 patches, full attention), ``image-transformer-tiny``
@@ -23,13 +23,7 @@ from torch import Tensor, nn
 from transformer_zoo.core import builders
 from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core.heads import SequenceClassificationHead
-from transformer_zoo.core.image import (
-    Learned2d,
-    PatchEmbedding,
-    SelfAttention2d,
-    Sinusoidal2d,
-    check_image,
-)
+from transformer_zoo.core.inputs import check_image
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.model import ModelOutput, ZooModel
@@ -45,6 +39,12 @@ from transformer_zoo.core.options import (
 )
 from transformer_zoo.registry import hookimpl
 
+from .blocks import (
+    Learned2d,
+    PatchEmbedding,
+    SelfAttention2d,
+    Sinusoidal2d,
+)
 from .config import ImageConfig, Side
 from .gan import SaganGanConfig
 from .kernels import Local2dPattern

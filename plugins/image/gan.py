@@ -4,7 +4,7 @@
 As in the paper (section 4 and 5):
 
 - residual blocks, up-sampling in the generator and down-sampling in the discriminator
-  (Miyato et al. 2018's SN-GAN architecture), with a :class:`~transformer_zoo.core.image.SelfAttention2d`
+  (Miyato et al. 2018's SN-GAN architecture), with a :class:`~transformer_zoo.plugins.image.blocks.SelfAttention2d`
   block after the chosen blocks of each network;
 - spectral normalisation on every convolution, linear map and class embedding of **both**
   networks (not on the conditional batch norm's gains and biases);
@@ -30,11 +30,11 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import spectral_norm
 
-from transformer_zoo.core.image import SelfAttention2d
 from transformer_zoo.core.inputs import check_float_dtype, check_image, check_not_empty, check_tensor
 from transformer_zoo.core.model import ModelOutput, Phase, ZooModel
 from transformer_zoo.core.options import MAX_WIDTH, Width
 
+from .blocks import SelfAttention2d
 from .config import ImageConfig
 
 

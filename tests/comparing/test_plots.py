@@ -9,8 +9,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.container import ErrorbarContainer
 
 from transformer_zoo.comparing import plots
-from transformer_zoo.comparing.records import RunRecord
-from transformer_zoo.comparing.scaling import ScalingPoint
+from transformer_zoo.comparing.records import RunRecord, ScalingPoint
 
 VARIANTS = {"transformer-tiny": 101_706, "universal-transformer-tiny": 51_787, "bert-tiny": 482_570}
 

@@ -16,11 +16,11 @@ from transformer_zoo.comparing import runner, tuning
 from transformer_zoo.comparing.runner import ComparisonInterrupted, compare
 from transformer_zoo.comparing.spec import load_spec
 from transformer_zoo.comparing.tuning import rung_steps, with_values
-from transformer_zoo.core.holdout import carve, held_out
 from transformer_zoo.core.options import TaskOptions
 from transformer_zoo.core.tasks import ClassificationTask
 from transformer_zoo.registry import get_registry, hookimpl
 from transformer_zoo.training.config import load_train_config
+from transformer_zoo.training.holdout import carve, held_out
 
 optuna = pytest.importorskip("optuna")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_zoo.core.image import Learned2d, PatchEmbedding, SelfAttention2d, Sinusoidal2d, sinusoid_2d
+from transformer_zoo.plugins.image.blocks import Learned2d, PatchEmbedding, SelfAttention2d, Sinusoidal2d, sinusoid_2d
 
 
 def test_sagan_block_is_the_identity_at_init_and_not_after_training():

@@ -11,7 +11,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 import transformer_zoo as tz
-from transformer_zoo.core.image import SelfAttention2d
+from transformer_zoo.plugins.image.blocks import SelfAttention2d
 from transformer_zoo.plugins.image.gan import ConditionalBatchNorm2d
 from transformer_zoo.plugins.tasks.digits_generation import DigitsGenerationTask
 from transformer_zoo.training.config import TrainConfig

@@ -9,8 +9,8 @@ import torch
 
 from transformer_zoo.api import build_model
 from transformer_zoo.training.checkpointing import Checkpointer
-from transformer_zoo.training.checkpoints import RunFolderBusy, RunFolderError, candidates
 from transformer_zoo.training.config import load_train_config, model_config_for
+from transformer_zoo.training.run_folder import RunFolderBusy, RunFolderError, candidates
 from transformer_zoo.training.step import TrainingDiverged, phase_optimizers
 
 CONFIG = {

@@ -100,7 +100,7 @@ def test_a_run_names_the_plugin_it_needs_where_that_plugin_is_missing(plugin_mod
 
 def test_a_run_saved_before_the_record_still_loads_and_errors_are_unchanged(tmp_path):
     from transformer_zoo.training import evaluate_run
-    from transformer_zoo.training.checkpoints import read_plugins
+    from transformer_zoo.training.run_folder import read_plugins
 
     config = load_train_config(
         {

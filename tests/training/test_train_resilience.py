@@ -18,8 +18,8 @@ import torch
 from transformer_zoo.cli import main
 from transformer_zoo.core.errors import ConfigError, ZooError
 from transformer_zoo.core.tasks import Seq2SeqTask
-from transformer_zoo.training.checkpoints import CheckpointError, RunFolderBusy, RunFolderError, RunLock, candidates
 from transformer_zoo.training.config import RESUMABLE_FIELDS, TrainConfig, load_train_config
+from transformer_zoo.training.run_folder import CheckpointError, RunFolderBusy, RunFolderError, RunLock, candidates
 from transformer_zoo.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted, train
 
 MODEL = {

@@ -22,8 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from .records import RunRecord, Tuned
-from .scaling import MODE_NAMES, MODES, ScalingPoint
+from .records import MODE_NAMES, MODES, RunRecord, ScalingPoint, Tuned
 from .stats import interval
 
 DPI = 120

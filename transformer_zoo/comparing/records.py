@@ -13,8 +13,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from ..core.tasks import Better
-from .scaling import ScalingPoint
 from .stats import ALPHA, TestKind
+
+MODES = ("forward", "train")
+"""How a scaling point is measured: inference, or a training step."""
+MODE_NAMES = {"forward": "forward (inference)", "train": "forward + backward"}
+
+
+class ScalingPoint(BaseModel):
+    """One model at one length in one mode."""
+
+    variant: str = Field(description="the variant's label in the spec")
+    attention: str = Field(description="'as configured', or the full attention kind of a twin")
+    length: int = Field(description="tokens per sequence")
+    mode: str = Field(description="'forward' (inference, no gradients) or 'train' (forward and backward)")
+    seconds: float | None = Field(description="median wall time of one pass (None: it failed)")
+    peak_mb: float | None = Field(
+        description="peak memory of the tensors the pass created (weights not counted), in MiB (None: it failed)"
+    )
+    error: str | None = Field(None, description="why the pass failed (out of memory, say), if it did")
+
+    @property
+    def label(self) -> str:
+        """The measured model's name: the variant, with a twin's full attention kind in brackets."""
+        return self.variant if self.attention == "as configured" else f"{self.variant} [{self.attention}]"
 
 
 class RunRecord(BaseModel):

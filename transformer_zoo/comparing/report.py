@@ -14,8 +14,7 @@ from .plots import (
     plot_throughput,
     plot_tuning,
 )
-from .records import CompareResults, RunRecord, TaskSummary
-from .scaling import MODE_NAMES, MODES, ScalingPoint
+from .records import MODE_NAMES, MODES, CompareResults, RunRecord, ScalingPoint, TaskSummary
 from .stats import ALPHA, TEST_NAMES
 from .summary import column_decimals, format_cell, format_number
 

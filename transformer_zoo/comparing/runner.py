@@ -28,13 +28,13 @@ import torch
 
 from .. import __version__
 from ..core.errors import ConfigError, ZooError
-from ..core.model import atomic_write
+from ..core.files import atomic_write
 from ..registry import get_registry
 from ..training import distributed
-from ..training.checkpoints import check_folder
-from ..training.config import TrainConfig
+from ..training.config import TrainConfig, model_config_for
+from ..training.interrupts import TrainingInterrupted
 from ..training.placement import resolve_device
-from ..training.trainer import TrainingInterrupted, model_config_for
+from ..training.run_folder import check_folder
 from .cache import RunCache, run_key
 from .executors import (
     Executor,
@@ -45,7 +45,7 @@ from .executors import (
     local_devices,
 )
 from .progress import GridProgress, duration
-from .records import CompareResults, Failed, RunRecord, Tuned
+from .records import CompareResults, Failed, RunRecord, ScalingPoint, Tuned
 from .runs import (
     RunJob,
     available_cores,
@@ -53,7 +53,7 @@ from .runs import (
     ponder_summary,
     training_step_costs,
 )
-from .scaling import ScalingPoint, measure_scaling
+from .scaling import measure_scaling
 from .spec import CompareSpec, plan
 from .summary import summarize
 from .tuning import Tuning, short, tuned_runs

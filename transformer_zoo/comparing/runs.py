@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..api import from_pretrained, load_config
-from ..core.model import atomic_write
+from ..core.files import atomic_write
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.placement import resolve_device

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import torch
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -28,9 +28,7 @@ from torch.utils._pytree import tree_leaves
 from ..api import load_config
 from ..core.options import Options, VariantConfig
 from ..registry import get_registry
-
-MODES = ("forward", "train")
-MODE_NAMES = {"forward": "forward (inference)", "train": "forward + backward"}
+from .records import MODES, ScalingPoint
 
 
 class ScalingSpec(Options):
@@ -57,25 +55,6 @@ class ScalingSpec(Options):
             full = sorted(k for k in get_registry().components("attention") if is_full(k))
             raise ValueError(f"references {sparse} are not full attention kinds; use some of {full}")
         return kinds
-
-
-class ScalingPoint(BaseModel):
-    """One model at one length in one mode."""
-
-    variant: str = Field(description="the variant's label in the spec")
-    attention: str = Field(description="'as configured', or the full attention kind of a twin")
-    length: int = Field(description="tokens per sequence")
-    mode: str = Field(description="'forward' (inference, no gradients) or 'train' (forward and backward)")
-    seconds: float | None = Field(description="median wall time of one pass (None: it failed)")
-    peak_mb: float | None = Field(
-        description="peak memory of the tensors the pass created (weights not counted), in MiB (None: it failed)"
-    )
-    error: str | None = Field(None, description="why the pass failed (out of memory, say), if it did")
-
-    @property
-    def label(self) -> str:
-        """The measured model's name: the variant, with a twin's full attention kind in brackets."""
-        return self.variant if self.attention == "as configured" else f"{self.variant} [{self.attention}]"
 
 
 class PeakMemory(TorchDispatchMode):
@@ -159,7 +138,7 @@ def stretched(batch: dict[str, torch.Tensor], length: int) -> dict[str, torch.Te
     return out
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
+def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
     def timed() -> float:
         start = time.perf_counter()
         fn()
@@ -205,7 +184,7 @@ def measure(
 
     model.eval()  # no dropout: both modes do the same arithmetic on every repeat
     return {
-        mode: (_median_seconds(fn, spec.repeats, device), _peak_mb(fn, device))
+        mode: (median_seconds(fn, spec.repeats, device), _peak_mb(fn, device))
         for mode, fn in zip(MODES, (forward, train))
     }
 

@@ -16,8 +16,7 @@ from ..api import build_model, load_config
 from ..configs import read_config, validate
 from ..core.errors import ConfigError
 from ..core.options import Options, TaskField
-from ..training.config import TrainConfig
-from ..training.trainer import model_config_for
+from ..training.config import TrainConfig, model_config_for
 from .probes import PROBE_NAMES, ProbeName
 from .records import Skipped
 from .scaling import ScalingSpec

@@ -39,7 +39,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from ..configs import merge, read_config, validate
 from ..core.errors import ConfigError, UnknownNameError, ZooError
-from ..core.model import atomic_write
+from ..core.files import atomic_write
 from ..core.options import Options
 from ..core.tasks import Better
 from ..registry import get_registry

@@ -26,9 +26,9 @@ from pydantic import Field, field_validator, model_validator
 
 from ..api import load_config
 from ..core.errors import ConfigError, optional
-from ..core.holdout import VALIDATION
 from ..core.options import Options
 from ..training.config import TrainConfig
+from ..training.holdout import VALIDATION
 from ..training.trainer import Trainer
 from .records import TrialRecord, Tuned
 

@@ -10,7 +10,7 @@ What lives here:
   optimizer steps, FLOP counts), :mod:`.checkpointing` (:class:`Checkpointer`: a run folder's
   lock, resume and saves) and :mod:`.placement` (:class:`Placement`: the device, and the
   model's place among the processes);
-- :mod:`.checkpoints`: the run folder's files (its lock, atomic checkpoints, checks on resume);
+- :mod:`.run_folder`: the run folder's files (its lock, atomic checkpoints, checks on resume);
 - :mod:`.distributed`: one run over a torchrun job's processes (DDP, FSDP);
 - :mod:`.interrupts`: Ctrl-C, which stops a run after the step under way;
 - :mod:`.tracking`: every run's scalars as CSV, TensorBoard events and plugins' trackers.

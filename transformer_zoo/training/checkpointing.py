@@ -4,7 +4,7 @@
 to resume (the newest that reads, once the config is checked to be the run's), loading its
 weights, optimizer and schedule states and random state, ``train.json`` and the task's assets,
 writing a checkpoint of a step, and when one is due. The files themselves (their layout, the
-atomic swap, the checks made on reading) are :mod:`~transformer_zoo.training.checkpoints`'.
+atomic swap, the checks made on reading) are :mod:`~transformer_zoo.training.run_folder`'.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import torch
 
 from ..core.errors import ZooError
 from ..registry import get_registry
-from .checkpoints import (
+from .config import RESUMABLE_FIELDS, TrainConfig, config_changes, load_train_config, model_config_for
+from .placement import Placement
+from .run_folder import (
     CHECKPOINT,
     PLUGINS,
     CheckpointError,
@@ -39,8 +41,6 @@ from .checkpoints import (
     warn_passed_over,
     write_checkpoint,
 )
-from .config import RESUMABLE_FIELDS, TrainConfig, config_changes, load_train_config, model_config_for
-from .placement import Placement
 from .step import TrainingDiverged
 
 
@@ -93,7 +93,7 @@ class Checkpointer:
 
     # ---- resume -------------------------------------------------------------------------------
     def resumable(self) -> list[Path]:
-        """The run folder's checkpoints, newest first (see :func:`~transformer_zoo.training.checkpoints.candidates`),
+        """The run folder's checkpoints, newest first (see :func:`~transformer_zoo.training.run_folder.candidates`),
         once the config is checked to be the run's.
 
         Raises:

@@ -16,7 +16,7 @@ from ..api import load_config
 from ..configs import merge, parse_overrides, read_config, validate
 from ..core.errors import ConfigError, ZooError, naming
 from ..core.options import Options, TaskField, VariantConfig
-from .checkpoints import differences
+from .run_folder import differences
 
 MAX_COUNT = 2**31 - 1  # steps, batch sizes and cadences: far beyond any run, and within every index type
 

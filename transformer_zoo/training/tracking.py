@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..core.model import atomic_write
+from ..core.files import atomic_write
 from ..core.tracking import TrackedRun, Tracker
 from ..registry import get_registry
 

@@ -3,7 +3,7 @@
 A run folder holds ``train.json`` (the run's config), ``plugins.json`` (which plugin module
 provided each kind it uses), what the task derived from its data (``tokenizer/`` for text
 tasks), ``checkpoint/`` (``model.safetensors``, ``config.json``, ``optimizer.pt``, ``state.json``
-with the learning curve; replaced atomically, see :mod:`~transformer_zoo.training.checkpoints`),
+with the learning curve; replaced atomically, see :mod:`~transformer_zoo.training.run_folder`),
 and at the end ``summary.json`` and ``model/``. Batches are drawn by a generator seeded from
 (seed, step), so a run resumed from step k sees exactly the batches an uninterrupted run sees.
 
@@ -32,14 +32,14 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..api import build_model
-from ..core.holdout import VALIDATION, held_out
 from ..registry import get_registry
 from . import distributed
 from .checkpointing import Checkpointer
-from .checkpoints import CHECKPOINT, check_folder, read_plugins
 from .config import TrainConfig, load_train_config, model_config_for
+from .holdout import VALIDATION, held_out
 from .interrupts import TrainingInterrupted, stop_requests
 from .placement import Placement, resolve_device
+from .run_folder import CHECKPOINT, check_folder, read_plugins
 from .step import Stepper, TrainingDiverged, flop_rates, peak_tflops
 from .tracking import Trackers
 

@@ -33,7 +33,7 @@ import safetensors.torch
 import torch
 
 from ..core.errors import ZooError
-from ..core.model import atomic_write
+from ..core.files import atomic_write
 
 CHECKPOINT = "checkpoint"
 PARTIAL = f".{CHECKPOINT}.tmp"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .tasks import Task
+from ..core.tasks import Task
 
 if TYPE_CHECKING:
     import datasets

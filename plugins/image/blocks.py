@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .inputs import check_image
+from transformer_zoo.core.inputs import check_image
 
 
 # ---- SAGAN ----------------------------------------------------------------------------------
