@@ -36,7 +36,7 @@ from ..common import bench_parser
 from .configs import GAN_BASE, TRAIN_BASE, configs, files, training
 from .folders import checkpoints, pretrained
 from .harness import GOOD, TITLES, WARMUP_VARIANTS, Context, Result, Sandbox
-from .inputs import TOKEN_MODELS, inputs
+from .inputs import TOKEN_MODELS, inputs, run_input
 from .processes import concurrency, plugins
 
 CATEGORIES: dict[str, Callable[[Context], list[Result]]] = {
@@ -65,7 +65,7 @@ def controls_of_worker(ctx: Context) -> None:
         ("sagan-classifier-tiny", "image"),
         ("sagan-gan", "labels"),
     ]:
-        answer = ctx.sandbox.run("input", (variant, where, ""), 60.0)
+        answer = ctx.sandbox.run(run_input, (variant, where, ""), 60.0)
         ok = answer["status"] == "returned" and answer["finite"]
         ctx.control("inputs", f"{variant} takes a valid input", ok, answer.get("message", ""))
 
