@@ -140,11 +140,22 @@ STUDIES = [
 ]
 
 
-def test_the_built_in_studies_are_listed_and_validate_at_every_scale():
+def test_every_scale_of_every_study_validates():
+    """Every study's every scale is a valid spec whose runs plan; the paper scale's models (a d 512 UT, say) build,
+    on the meta device, which holds no memory."""
+    from transformer_zoo.api import on_meta
+    from transformer_zoo.comparing.spec import plan
+    from transformer_zoo.training.config import model_config_for
+
     assert sorted(available_studies()) == sorted(STUDIES)
     for name in STUDIES:
         study = load_study(name)
         cpu, gpu, paper = (study.spec(scale) for scale in ("cpu", "gpu", "paper"))
+        runs = {(label, config.task.kind): config for label, config in plan(paper)[0]}  # a model per variant and task
+        assert runs, name
+        for (label, _), config in runs.items():
+            model = on_meta(model_config_for(config, config.task.build()))
+            assert model is not None and sum(p.numel() for p in model.parameters()) > 0, (name, label)
         # the gpu scale has eight minutes for every study at once: fewer steps than the cpu scale at times, but larger
         # models, batches and inputs; the paper scale has hours
         assert paper.steps > max(gpu.steps, cpu.steps) and min(len(cpu.seeds), len(gpu.seeds), len(paper.seeds)) >= 3
@@ -179,11 +190,14 @@ def small_data(study) -> dict:
     return overrides
 
 
-@pytest.mark.parametrize("scale", ["cpu", "gpu", "paper"])
+@pytest.mark.parametrize("scale", ["cpu", "gpu", pytest.param("paper", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_study_builds_trains_and_is_judged_at_every_scale(name, scale, tmp_path):
     """Each scale's own models and tasks (a d 512 UT at lengths up to 40 at the paper scale, say) build, train a few
-    steps on the CPU, and the claims are judged and written; only the data are cut to a few examples."""
+    steps on the CPU, and the claims are judged and written; only the data are cut to a few examples. The paper
+    scale's models take 10 s to 80 s a study here, so it is among the slow tests (``pytest -m slow``); that every
+    study's paper scale validates and builds is checked in the default run, by
+    ``test_every_scale_of_every_study_validates``."""
     study = load_study(name)
     result = reproduce(study, tmp_path / name, scale, small_data(study))
     spec = study.spec(scale)
