@@ -74,15 +74,6 @@ class Local2dOptions(AttentionOptions):
     memory: tuple[Reach, Reach] = Field(
         (1, 1), description="rows and columns the memory block extends its query block by, each side"
     )
-    # Kept, though deprecated: model folders saved by the earlier 0.x release hold "grid": null here
-    # (tests/data/checkpoints/image-transformer-tiny/config.json), and from_pretrained must load them.
-    # Remove it with a loader that upgrades old config.json files, not before.
-    grid: tuple[Side, Side] | None = Field(
-        None,
-        exclude=True,
-        description="deprecated, leave it out: the image model gives the grid when it builds; "
-        "configs written before may hold null or the model's own grid, which are accepted and dropped",
-    )
     kernel: Literal["auto", "blocked", "flex", "dense"] = Field(
         "auto",
         description="auto: dense up to 256 positions, then compiled FlexAttention on CUDA (no dropout), else blocked",
@@ -96,12 +87,7 @@ class Local2dOptions(AttentionOptions):
 
     def pattern(self, grid: Pair) -> Local2dPattern:
         """The pattern over a ``(rows, columns)`` grid of tokens; a ValueError if the query block
-        does not fit it (or a deprecated ``grid`` field names another grid)."""
-        if self.grid is not None and tuple(self.grid) != tuple(grid):
-            raise ValueError(
-                f"grid {list(self.grid)} is not the patch grid {list(grid)}; leave grid out "
-                "(deprecated): the model gives its grid"
-            )
+        does not fit it."""
         return Local2dPattern(grid=tuple(grid), query_block=tuple(self.query_block), memory=tuple(self.memory))
 
     def make_kernel(self) -> Kernel:
@@ -227,12 +213,6 @@ class ImageEncoderConfig(ImageConfig):
                 if self.pooling == "cls":
                     raise ValueError(
                         "local-2d attention runs over the patch grid, which a class token is not on; use pooling: mean"
-                    )
-                if attention.grid is not None and tuple(attention.grid) != self.grid:
-                    raise ValueError(
-                        f"encoder.attention.grid {list(attention.grid)} is not the patch grid "
-                        f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}; "
-                        "leave grid out (deprecated): the model gives its grid"
                     )
                 try:
                     attention.pattern(self.grid)
