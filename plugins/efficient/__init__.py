@@ -32,7 +32,7 @@ from transformer_zoo.registry import hookimpl
 from .kernels import EluFeatures, LinformerAttention, PositiveRandomFeatures, RecurrentAttention
 
 
-class _Recurrent(AttentionOptions):
+class _RecurrentOptions(AttentionOptions):
     """Options the feature-map kinds share: a feature map, linear attention, a recurrent cache."""
 
     full: ClassVar[bool] = False
@@ -73,7 +73,7 @@ class _Recurrent(AttentionOptions):
         )
 
 
-class LinearAttention(_Recurrent):
+class LinearAttentionOptions(_RecurrentOptions):
     """Linear attention with phi = elu + 1 (Katharopoulos et al. 2020); causal by running sums."""
 
     takes_scale: ClassVar[bool] = False  # phi(q) . phi(k) is no dot product that a factor on q scales
@@ -83,7 +83,7 @@ class LinearAttention(_Recurrent):
         return EluFeatures()
 
 
-class Performer(_Recurrent):
+class PerformerOptions(_RecurrentOptions):
     """FAVOR+ (Choromanski et al. 2021): positive orthogonal random features estimating softmax attention."""
 
     kind: Literal["performer"] = "performer"
@@ -99,7 +99,7 @@ class Performer(_Recurrent):
         return PositiveRandomFeatures(d_head, self.features, self.seed)
 
 
-class Linformer(AttentionOptions):
+class LinformerOptions(AttentionOptions):
     """Linformer (Wang et al. 2020): keys and values projected along the sequence; encoders only."""
 
     full: ClassVar[bool] = False
@@ -152,4 +152,4 @@ class Linformer(AttentionOptions):
 
 @hookimpl
 def tzoo_components():
-    return [LinearAttention, Performer, Linformer]
+    return [LinearAttentionOptions, PerformerOptions, LinformerOptions]

@@ -39,7 +39,7 @@ from transformer_zoo.registry import hookimpl
 from .kernels import MemoryCompressedAttention, Pattern
 
 
-class _Sparse(AttentionOptions):
+class _SparseOptions(AttentionOptions):
     """Options every sparse kind shares: a pattern, computed by the sparse kernel chooser."""
 
     full: ClassVar[bool] = False
@@ -77,7 +77,7 @@ class _Sparse(AttentionOptions):
         )
 
 
-class SlidingWindow(_Sparse):
+class SlidingWindowOptions(_SparseOptions):
     """Each query sees the keys within ``window`` positions of it (Longformer)."""
 
     kind: Literal["sliding-window"] = "sliding-window"
@@ -104,7 +104,7 @@ class SlidingWindow(_Sparse):
         return Pattern(window=self.window, dilation=self.dilation)
 
 
-class BlockLocal(_Sparse):
+class BlockLocalOptions(_SparseOptions):
     """Blocks of ``block`` positions attend within themselves; causal: own and previous block (Liu 2018)."""
 
     kind: Literal["block-local"] = "block-local"
@@ -120,7 +120,7 @@ class BlockLocal(_Sparse):
         return Pattern(block=self.block)
 
 
-class LocalGlobal(SlidingWindow):
+class LocalGlobalOptions(SlidingWindowOptions):
     """A sliding window plus global positions that see and are seen by all (Longformer)."""
 
     kind: Literal["local-global"] = "local-global"
@@ -144,7 +144,7 @@ class LocalGlobal(SlidingWindow):
         )
 
 
-class BlockSparse(_Sparse):
+class BlockSparseOptions(_SparseOptions):
     """BigBird: blocks see their neighbours, global blocks and random blocks; encoders only."""
 
     kind: Literal["block-sparse"] = "block-sparse"
@@ -186,7 +186,7 @@ class _EncoderPattern(Pattern):
         return super().for_call(mask, q_len, k_len)
 
 
-class MemoryCompressed(AttentionOptions):
+class MemoryCompressedOptions(AttentionOptions):
     """Keys and values shortened by a strided convolution of kernel and stride ``compression`` (Liu 2018)."""
 
     full: ClassVar[bool] = False
@@ -251,7 +251,7 @@ DMCA_LAYERS = [{"kind": "block-local", "block": 256}, {"kind": "memory-compresse
 
 @hookimpl
 def tzoo_components():
-    return [SlidingWindow, BlockLocal, LocalGlobal, BlockSparse, MemoryCompressed]
+    return [SlidingWindowOptions, BlockLocalOptions, LocalGlobalOptions, BlockSparseOptions, MemoryCompressedOptions]
 
 
 @hookimpl

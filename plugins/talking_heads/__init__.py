@@ -65,7 +65,7 @@ class TalkingHeadsKernel(nn.Module):
         return apply_weights(weights, v, dropout_p), weights if need_weights else None
 
 
-class TalkingHeads(AttentionOptions):
+class TalkingHeadsOptions(AttentionOptions):
     """Talking-heads attention (Shazeer et al. 2020): learned h x h matrices mix the heads' scores
     before the softmax and their weights after it; both start as the identity (multi-head attention)."""
 
@@ -94,4 +94,4 @@ class TalkingHeads(AttentionOptions):
 
 @hookimpl
 def tzoo_components() -> list[type[AttentionOptions]]:
-    return [TalkingHeads]
+    return [TalkingHeadsOptions]
