@@ -8,12 +8,12 @@ experts: Shazeer et al. 2017, Lepikhin et al. 2020 (GShard), Fedus et al. 2021 (
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from torch import nn
 
-from transformer_zoo.core.attention import AttentionPositional, Kernel, MathAttention, math_kernel
+from transformer_zoo.core.attention import MathAttention
 from transformer_zoo.core.builders import recurrent_stack
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, MixtureOfExperts, TokenBatchNorm
@@ -48,28 +48,10 @@ class MathAttentionOptions(AttentionOptions):
     """Full attention written out (no fused kernel): the n x n weights are made, a reference for kernels."""
 
     kind: Literal["math"] = "math"
+    module: ClassVar[type[nn.Module]] = MathAttention
 
-    def make_kernel(self) -> Kernel:
-        return math_kernel
-
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return MathAttention(
-            d_model,
-            n_heads,
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return {}  # MathAttention runs math_kernel itself
 
 
 # ---- positional ---------------------------------------------------------------------------

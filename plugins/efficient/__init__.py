@@ -20,12 +20,11 @@ modules are in :mod:`.kernels`.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.attention import AttentionPositional
 from transformer_zoo.core.options import MAX_LENGTH, MAX_WIDTH, AttentionOptions, PositionalOptions
 from transformer_zoo.registry import hookimpl
 
@@ -37,6 +36,7 @@ class _RecurrentOptions(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    module: ClassVar[type[nn.Module]] = RecurrentAttention
 
     def feature_map(self, d_head: int) -> nn.Module:
         raise NotImplementedError
@@ -51,26 +51,8 @@ class _RecurrentOptions(AttentionOptions):
                 f"{positional.kind} positions to them; use sinusoidal or learned positions"
             )
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return RecurrentAttention(
-            d_model,
-            n_heads,
-            features=self.feature_map(d_model // n_heads),
-            kind=self.kind,
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(features=self.feature_map(d_model // n_heads), kind=self.kind)  # its module makes the kernel
 
 
 class LinearAttentionOptions(_RecurrentOptions):
@@ -104,7 +86,9 @@ class LinformerOptions(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    takes_causal: ClassVar[bool] = False  # each projected key mixes every position, later ones included
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = LinformerAttention
     kind: Literal["linformer"] = "linformer"
     projected_length: int = Field(64, ge=1, le=MAX_LENGTH, description="rows keys and values are projected to (k)")
     seq_len: int = Field(
@@ -127,26 +111,11 @@ class LinformerOptions(AttentionOptions):
                 "nothing is compressed; use kind: sdpa, or a projected_length below max_len"
             )
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return LinformerAttention(
-            d_model,
-            n_heads,
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(
+            super().module_arguments(d_model=d_model, n_heads=n_heads, grid=grid),
             projected_length=self.projected_length,
             seq_len=self.seq_len,
-            kernel=self.make_kernel(),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
         )
 
 

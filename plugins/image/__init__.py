@@ -14,14 +14,13 @@ stages, each followed by a SAGAN block). The GAN, ``sagan-gan``, is in :mod:`.ga
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core import builders
-from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.image import (
     Learned2d,
@@ -68,7 +67,9 @@ class Local2dOptions(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    takes_causal: ClassVar[bool] = False  # an encoder's, over the whole grid: no causal form
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = Local2dAttention
     kind: Literal["local-2d"] = "local-2d"
     query_block: tuple[Side, Side] = Field((2, 2), description="rows and columns of a query block")
     memory: tuple[Reach, Reach] = Field(
@@ -90,32 +91,12 @@ class Local2dOptions(AttentionOptions):
         does not fit it."""
         return Local2dPattern(grid=tuple(grid), query_block=tuple(self.query_block), memory=tuple(self.memory))
 
-    def make_kernel(self) -> Kernel:
-        raise ValueError("local-2d attention needs the token grid: build it with grid=, as image models do")
-
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: Pair | None = None,
-    ) -> nn.Module:
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: Pair | None) -> dict[str, Any]:
         if grid is None:
             raise ValueError(
                 "local-2d attention needs the token grid (rows, columns): use it in an image model, which gives it"
             )
-        return Local2dAttention(
-            d_model,
-            n_heads,
-            kernel=PatternKernel(self.pattern(grid), self.kernel),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+        return dict(kernel=PatternKernel(self.pattern(grid), self.kernel))
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------

@@ -24,12 +24,12 @@ Liu 2018's T-DMCA). The 1-D patterns, their chunked kernel and memory-compressed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.attention import AttentionPositional, Kernel
+from transformer_zoo.core.attention import Kernel, math_kernel
 from transformer_zoo.core.config import EncoderDecoderConfig
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
@@ -45,6 +45,7 @@ class _SparseOptions(AttentionOptions):
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = SparseAttention
 
     kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
         "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked"
@@ -55,26 +56,6 @@ class _SparseOptions(AttentionOptions):
 
     def make_kernel(self) -> Kernel:
         return PatternKernel(self.pattern(), self.kernel)
-
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return SparseAttention(
-            d_model,
-            n_heads,
-            kernel=self.make_kernel(),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
 
 
 class SlidingWindowOptions(_SparseOptions):
@@ -147,6 +128,7 @@ class LocalGlobalOptions(SlidingWindowOptions):
 class BlockSparseOptions(_SparseOptions):
     """BigBird: blocks see their neighbours, global blocks and random blocks; encoders only."""
 
+    takes_causal: ClassVar[bool] = False  # its random and global blocks see the future
     kind: Literal["block-sparse"] = "block-sparse"
     block: int = Field(64, ge=1, le=MAX_LENGTH, description="positions per block")
     window_blocks: int = Field(1, ge=0, le=MAX_LENGTH, description="neighbouring blocks seen on each side")
@@ -192,6 +174,7 @@ class MemoryCompressedOptions(AttentionOptions):
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = MemoryCompressedAttention
     kind: Literal["memory-compressed"] = "memory-compressed"
     compression: int = Field(
         3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)"
@@ -201,25 +184,11 @@ class MemoryCompressedOptions(AttentionOptions):
         if self.compression >= max_len:
             raise ValueError(f"memory-compressed compression={self.compression} is not below max_len={max_len}")
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return MemoryCompressedAttention(
-            d_model,
-            n_heads,
-            compression=self.compression,
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def make_kernel(self) -> Kernel:
+        return math_kernel  # gives a query that sees no summary yet (the first of a decoder) zeros
+
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(super().module_arguments(d_model=d_model, n_heads=n_heads, grid=grid), compression=self.compression)
 
 
 # ---- the family -----------------------------------------------------------------------------
