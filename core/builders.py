@@ -187,16 +187,8 @@ def transformer_layer(
             None for sequences.
     """
 
-    where = {} if grid is None else {"grid": grid}  # a kind written for sequences need not take grid
-
     def attend(options: AttentionOptions, scheme: AttentionPositional | None) -> nn.Module:
-        module = options.build(d_model=d_model, n_heads=n_heads, dropout=dropout, positional=scheme, **where)
-        if options.n_kv_heads not in (None, getattr(module, "n_kv_heads", n_heads)):
-            raise ValueError(
-                f"{options.kind} attention built a module without n_kv_heads={options.n_kv_heads}: its "
-                "build() must pass n_kv_heads=self.n_kv_heads on to MultiHeadAttention"
-            )
-        return module
+        return options.build(d_model=d_model, n_heads=n_heads, dropout=dropout, positional=scheme, grid=grid)
 
     return TransformerLayer(
         attend(attention, positional),

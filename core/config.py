@@ -97,6 +97,8 @@ class EncoderDecoderConfig(VariantConfig):
                     kind.check(max_len=self.max_len)
                     kind.check_heads(self.n_heads)
                     kind.check_positional(self.positional)
+                    if name == "decoder":  # a decoder's self-attention is causal
+                        kind.check_causal()
                 except ValueError as error:
                     raise ValueError(f"{name}.attention{f'.{index}' if listed else ''}: {error}") from None
         if self.encoder is not None and self.decoder is not None:

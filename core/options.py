@@ -159,23 +159,32 @@ class AttentionOptions(ComponentOptions):
     """Attention kinds: a kernel and the options that choose it.
 
     ``build(d_model=, n_heads=, dropout=, positional=, grid=)`` returns a module called as
-    ``attn(x, memory=None, *, mask, cache, need_weights) -> (out, weights)``: by default a
-    :class:`~transformer_zoo.core.attention.MultiHeadAttention` running :meth:`make_kernel`'s
-    kernel. A new kind declares its fields and overrides :meth:`make_kernel`; a kind that changes
-    keys and values (or keeps parameters of its own) overrides :meth:`build` to return a
-    ``MultiHeadAttention`` subclass with its ``kernel_inputs`` hook.
+    ``attn(x, memory=None, *, mask, cache, need_weights) -> (out, weights)``: an instance of the
+    kind's :attr:`module` class (:class:`~transformer_zoo.core.attention.MultiHeadAttention` by
+    default), built once, here, for every kind. :meth:`common_arguments` gives it what every kind
+    shares (the fields ``bias``, ``scale`` and ``n_kv_heads``, and the call's ``dropout`` and
+    ``positional``); :meth:`module_arguments` gives it what is the kind's own (by default its
+    kernel, from :meth:`make_kernel`). A new kind declares its fields and overrides
+    :meth:`make_kernel`; a kind that changes keys and values (or keeps parameters of its own)
+    also sets :attr:`module` to a ``MultiHeadAttention`` subclass with its ``kernel_inputs`` hook,
+    and overrides :meth:`module_arguments` for that class's own arguments. A kind does not
+    override :meth:`build`: a common option added to :meth:`common_arguments` then reaches every
+    kind with no edit in any of them.
 
-    Every kind has the two fields below, ``bias`` and ``scale``; an override of :meth:`build`
-    passes both on (or its kind refuses them, below). What a kind can take is declared by the
-    class variables ``full``, ``takes_bias``, ``takes_scale`` and ``self_only``, each with the
-    default given here; a kind that differs says so in its own class body, and nothing is
-    inferred from which methods it overrides. Validation checks them (:meth:`check_scale`,
-    :meth:`check_positional`, :meth:`check_cross_attention`). The table of these capability
-    flags is in the plugin guide (docs/writing-a-plugin.md, "What a kind can take").
+    Every kind has the three fields below, ``bias``, ``scale`` and ``n_kv_heads``. What a kind can
+    take is declared by the class variables ``full``, ``takes_bias``, ``takes_scale``,
+    ``takes_causal`` and ``self_only``, each with the default given here; a kind that differs says
+    so in its own class body, and nothing is inferred from which methods it overrides. Validation
+    checks them (:meth:`check_scale`, :meth:`check_positional`, :meth:`check_causal`,
+    :meth:`check_cross_attention`). The table of these capabilities is in the plugin guide
+    (docs/writing-a-plugin.md, "What a kind can take").
     """
 
     category: ClassVar[str] = "attention"
     default_kind: ClassVar[str] = "sdpa"
+    module: ClassVar[type[nn.Module]] = MultiHeadAttention
+    """The class :meth:`build` instantiates as ``module(d_model, n_heads, **common_arguments(...),
+    **module_arguments(...))``."""
     full: ClassVar[bool] = True
     """Whether every query sees every key the mask allows, by softmax attention. False for sparse
     and compressed kinds, and for kinds that see every key another way (linear attention): a
@@ -183,11 +192,17 @@ class AttentionOptions(ComponentOptions):
     takes_bias: ClassVar[bool] = True
     """Whether the kernel adds a positional bias to the scores (ALiBi); see :meth:`check_positional`."""
     takes_scale: ClassVar[bool] = True
-    """Whether the kind honours ``scale``: its module is a ``MultiHeadAttention`` built with
-    ``scale=self.scale`` and its kernel divides the scores by ``sqrt(d_head)``, as SDPA does. A
-    kind that does not (its own temperature, a kernel that is not softmax attention) sets
+    """Whether the kind honours ``scale``: its module multiplies the queries by it (as
+    ``MultiHeadAttention`` does) and its kernel divides the scores by ``sqrt(d_head)``, as SDPA
+    does. A kind that does not (its own temperature, a kernel that is not softmax attention) sets
     ``takes_scale: ClassVar[bool] = False`` in its class body, and a non-null ``scale`` is then
     refused at validation rather than silently ignored (see :meth:`check_scale`)."""
+    takes_causal: ClassVar[bool] = True
+    """Whether the kind can be a decoder's (causal) self-attention, where no query sees a later
+    key. False for a kind whose every key mixes positions, later ones included (Linformer's
+    projections, BigBird's global and random blocks) or whose rule has no causal form (local 2-D
+    attention): a config with such a kind in a decoder is refused at validation (see
+    :meth:`check_causal`), not at the first forward pass."""
     self_only: ClassVar[bool] = False
     """Whether the kind is for self-attention only: its rule is over the positions of one sequence
     (a sparse pattern, a convolution over positions), so an encoder-decoder refuses it as the
@@ -226,6 +241,15 @@ class AttentionOptions(ComponentOptions):
         if self.n_kv_heads is not None and n_heads % self.n_kv_heads:
             raise ValueError(kv_heads_problem(n_heads, self.n_kv_heads))
 
+    def check_causal(self) -> None:
+        """Raise a ValueError if this kind cannot be a decoder's causal self-attention (``takes_causal``)."""
+        if not self.takes_causal:
+            raise ValueError(
+                f"{self.kind} attention cannot be causal (a query would see later positions), so it "
+                "cannot be a decoder's self-attention; use it in an encoder, or give the decoder a "
+                "kind that can be causal (sdpa, sliding-window, block-local, linear)"
+            )
+
     def check_cross_attention(self) -> None:
         """Raise a ValueError if this kind cannot attend to an encoder's memory (``self_only``)."""
         if self.self_only:
@@ -239,6 +263,24 @@ class AttentionOptions(ComponentOptions):
         (:class:`~transformer_zoo.core.attention.Kernel`); full attention on SDPA by default."""
         return sdpa_kernel
 
+    def common_arguments(self, *, dropout: float, positional: AttentionPositional | None) -> dict[str, Any]:
+        """The constructor arguments every kind's :attr:`module` takes: the shared fields and the
+        call's dropout and in-attention positions. The one place a common option is passed on."""
+        return dict(
+            dropout=dropout, bias=self.bias, positional=positional, scale=self.scale, n_kv_heads=self.n_kv_heads
+        )
+
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        """The constructor arguments that are the kind's own: ``kernel=make_kernel()`` by default.
+        A kind whose :attr:`module` takes more (or builds its own kernel) overrides this.
+
+        Args:
+            d_model, n_heads: the model's width and heads (a kernel with per-head parameters reads them).
+            grid: ``(rows, columns)`` of the token grid in image models; None for sequences. Kinds
+                over a grid read it; the others ignore it.
+        """
+        return dict(kernel=self.make_kernel())
+
     def build(
         self,
         *,
@@ -248,24 +290,19 @@ class AttentionOptions(ComponentOptions):
         positional: AttentionPositional | None = None,
         grid: tuple[int, int] | None = None,
     ) -> nn.Module:
-        """The attention module.
+        """The attention module: :attr:`module` given :meth:`common_arguments` and :meth:`module_arguments`.
 
         Args:
             d_model, n_heads: the model's width and heads.
             dropout: dropout on the attention weights.
             positional: the in-attention positional scheme (rotary, ALiBi), or None.
             grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
-                Kinds over a grid read it; the others ignore it.
         """
-        return MultiHeadAttention(
+        return self.module(
             d_model,
             n_heads,
-            kernel=self.make_kernel(),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
+            **self.common_arguments(dropout=dropout, positional=positional),
+            **self.module_arguments(d_model=d_model, n_heads=n_heads, grid=grid),
         )
 
     def check(self, *, max_len: int) -> None:

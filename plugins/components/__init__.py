@@ -8,12 +8,12 @@ experts: Shazeer et al. 2017, Lepikhin et al. 2020 (GShard), Fedus et al. 2021 (
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 from torch import nn
 
-from transformer_zoo.core.attention import AttentionPositional, Kernel, MathAttention, math_kernel
+from transformer_zoo.core.attention import MathAttention
 from transformer_zoo.core.builders import recurrent_stack
 from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
 from transformer_zoo.core.layers import FeedForward, GatedFeedForward, MixtureOfExperts, TokenBatchNorm
@@ -38,7 +38,7 @@ from transformer_zoo.registry import hookimpl
 
 
 # ---- attention ----------------------------------------------------------------------------
-class SDPAAttention(AttentionOptions):
+class SDPAAttentionOptions(AttentionOptions):
     """Full multi-head attention on PyTorch's scaled_dot_product_attention."""
 
     kind: Literal["sdpa"] = "sdpa"
@@ -48,32 +48,14 @@ class MathAttentionOptions(AttentionOptions):
     """Full attention written out (no fused kernel): the n x n weights are made, a reference for kernels."""
 
     kind: Literal["math"] = "math"
+    module: ClassVar[type[nn.Module]] = MathAttention
 
-    def make_kernel(self) -> Kernel:
-        return math_kernel
-
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return MathAttention(
-            d_model,
-            n_heads,
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return {}  # MathAttention runs math_kernel itself
 
 
 # ---- positional ---------------------------------------------------------------------------
-class Sinusoidal(PositionalOptions):
+class SinusoidalOptions(PositionalOptions):
     """Fixed sinusoids added to the embeddings (Vaswani et al. 2017)."""
 
     kind: Literal["sinusoidal"] = "sinusoidal"
@@ -83,7 +65,7 @@ class Sinusoidal(PositionalOptions):
         return SinusoidalPositional(d_model, max_len, base=self.base)
 
 
-class Learned(PositionalOptions):
+class LearnedOptions(PositionalOptions):
     """A learned vector per absolute position, added to the embeddings."""
 
     kind: Literal["learned"] = "learned"
@@ -92,7 +74,7 @@ class Learned(PositionalOptions):
         return LearnedPositional(d_model, max_len)
 
 
-class Rotary(PositionalOptions):
+class RotaryOptions(PositionalOptions):
     """Rotary embeddings applied to queries and keys inside self-attention (Su et al. 2021)."""
 
     kind: Literal["rotary"] = "rotary"
@@ -103,7 +85,7 @@ class Rotary(PositionalOptions):
         return RotaryPositional(d_model // n_heads, max_len, base=self.base)
 
 
-class ALiBi(PositionalOptions):
+class ALiBiOptions(PositionalOptions):
     """Linear distance penalties on the attention scores, one slope per head (Press et al. 2022)."""
 
     kind: Literal["alibi"] = "alibi"
@@ -118,7 +100,7 @@ class ALiBi(PositionalOptions):
 
 
 # ---- norms --------------------------------------------------------------------------------
-class LayerNorm(NormOptions):
+class LayerNormOptions(NormOptions):
     """Layer normalisation over the feature axis (Ba et al. 2016)."""
 
     kind: Literal["layernorm"] = "layernorm"
@@ -128,7 +110,7 @@ class LayerNorm(NormOptions):
         return nn.LayerNorm(d_model, eps=self.eps)
 
 
-class RMSNorm(NormOptions):
+class RMSNormOptions(NormOptions):
     """Root-mean-square normalisation, no centring (Zhang & Sennrich 2019)."""
 
     kind: Literal["rmsnorm"] = "rmsnorm"
@@ -138,7 +120,7 @@ class RMSNorm(NormOptions):
         return nn.RMSNorm(d_model, eps=self.eps)
 
 
-class BatchNorm(NormOptions):
+class BatchNormOptions(NormOptions):
     """Batch normalisation over batch and time (Ioffe & Szegedy 2015), for comparison; its
     statistics, batch and running, are over real tokens only, padding left out."""
 
@@ -151,7 +133,7 @@ class BatchNorm(NormOptions):
 
 
 # ---- feed-forward -------------------------------------------------------------------------
-class MLP(FFNOptions):
+class MLPOptions(FFNOptions):
     """Two linear maps with an activation between (Vaswani et al. 2017, eq. 2)."""
 
     kind: Literal["mlp"] = "mlp"
@@ -164,7 +146,7 @@ class MLP(FFNOptions):
         return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout if self.inner_dropout else 0.0)
 
 
-class Gated(FFNOptions):
+class GatedOptions(FFNOptions):
     """Gated linear unit FFN: GEGLU with gelu, SwiGLU with silu (Shazeer 2020)."""
 
     kind: Literal["gated"] = "gated"
@@ -174,7 +156,7 @@ class Gated(FFNOptions):
         return GatedFeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
 
 
-class MoE(FFNOptions):
+class MoEOptions(FFNOptions):
     """Mixture of experts: a router sends each token to its top-k of ``experts`` MLPs, each within a
     capacity (Switch Transformer, Fedus et al. 2021, with top-1; Shazeer et al. 2017 and GShard,
     Lepikhin et al. 2020, with top-2). Its load-balancing loss joins the model's loss; the stacks
@@ -197,7 +179,7 @@ class MoE(FFNOptions):
     activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity of the experts")
 
     @model_validator(mode="after")
-    def _enough_experts(self) -> MoE:
+    def _enough_experts(self) -> MoEOptions:
         if self.top_k > self.experts:
             raise ValueError(f"top_k={self.top_k} needs at least {self.top_k} experts, got experts={self.experts}")
         return self
@@ -214,7 +196,7 @@ class MoE(FFNOptions):
 
 
 # ---- stacks -------------------------------------------------------------------------------
-class Standard(StackOptions):
+class StandardOptions(StackOptions):
     """N distinct layers applied in turn."""
 
     kind: Literal["standard"] = "standard"
@@ -225,7 +207,7 @@ class Standard(StackOptions):
         return StandardStack(layers, final_norm=final_norm)
 
 
-class Recurrent(StackOptions):
+class RecurrentOptions(StackOptions):
     """One shared layer applied up to ``layers`` times, with optional adaptive computation time
     (Dehghani et al. 2018; Graves 2016)."""
 
@@ -266,7 +248,7 @@ class Recurrent(StackOptions):
 
 
 # ---- heads --------------------------------------------------------------------------------
-class LM(HeadOptions):
+class LMOptions(HeadOptions):
     """Next-token logits over the vocabulary: the seq2seq generator and the LM head."""
 
     kind: Literal["lm"] = "lm"
@@ -287,7 +269,7 @@ class LM(HeadOptions):
         )
 
 
-class SequenceClassification(HeadOptions):
+class SequenceClassificationOptions(HeadOptions):
     """One label per sequence, from the first token or the mean of the real tokens."""
 
     kind: Literal["sequence-classification"] = "sequence-classification"
@@ -300,7 +282,7 @@ class SequenceClassification(HeadOptions):
         return SequenceClassificationHead(d_model, self.num_classes, pooling=self.pooling, dropout=dropout)
 
 
-class TokenClassification(HeadOptions):
+class TokenClassificationOptions(HeadOptions):
     """One label per token (tagging), on an encoder."""
 
     kind: Literal["token-classification"] = "token-classification"
@@ -315,21 +297,21 @@ class TokenClassification(HeadOptions):
 @hookimpl
 def tzoo_components():
     return [
-        SDPAAttention,
+        SDPAAttentionOptions,
         MathAttentionOptions,
-        Sinusoidal,
-        Learned,
-        Rotary,
-        ALiBi,
-        LayerNorm,
-        RMSNorm,
-        BatchNorm,
-        MLP,
-        Gated,
-        MoE,
-        Standard,
-        Recurrent,
-        LM,
-        SequenceClassification,
-        TokenClassification,
+        SinusoidalOptions,
+        LearnedOptions,
+        RotaryOptions,
+        ALiBiOptions,
+        LayerNormOptions,
+        RMSNormOptions,
+        BatchNormOptions,
+        MLPOptions,
+        GatedOptions,
+        MoEOptions,
+        StandardOptions,
+        RecurrentOptions,
+        LMOptions,
+        SequenceClassificationOptions,
+        TokenClassificationOptions,
     ]

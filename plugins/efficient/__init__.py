@@ -20,23 +20,23 @@ modules are in :mod:`.kernels`.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.attention import AttentionPositional
 from transformer_zoo.core.options import MAX_LENGTH, MAX_WIDTH, AttentionOptions, PositionalOptions
 from transformer_zoo.registry import hookimpl
 
 from .kernels import EluFeatures, LinformerAttention, PositiveRandomFeatures, RecurrentAttention
 
 
-class _Recurrent(AttentionOptions):
+class _RecurrentOptions(AttentionOptions):
     """Options the feature-map kinds share: a feature map, linear attention, a recurrent cache."""
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    module: ClassVar[type[nn.Module]] = RecurrentAttention
 
     def feature_map(self, d_head: int) -> nn.Module:
         raise NotImplementedError
@@ -51,29 +51,11 @@ class _Recurrent(AttentionOptions):
                 f"{positional.kind} positions to them; use sinusoidal or learned positions"
             )
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return RecurrentAttention(
-            d_model,
-            n_heads,
-            features=self.feature_map(d_model // n_heads),
-            kind=self.kind,
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(features=self.feature_map(d_model // n_heads), kind=self.kind)  # its module makes the kernel
 
 
-class LinearAttention(_Recurrent):
+class LinearAttentionOptions(_RecurrentOptions):
     """Linear attention with phi = elu + 1 (Katharopoulos et al. 2020); causal by running sums."""
 
     takes_scale: ClassVar[bool] = False  # phi(q) . phi(k) is no dot product that a factor on q scales
@@ -83,7 +65,7 @@ class LinearAttention(_Recurrent):
         return EluFeatures()
 
 
-class Performer(_Recurrent):
+class PerformerOptions(_RecurrentOptions):
     """FAVOR+ (Choromanski et al. 2021): positive orthogonal random features estimating softmax attention."""
 
     kind: Literal["performer"] = "performer"
@@ -99,12 +81,14 @@ class Performer(_Recurrent):
         return PositiveRandomFeatures(d_head, self.features, self.seed)
 
 
-class Linformer(AttentionOptions):
+class LinformerOptions(AttentionOptions):
     """Linformer (Wang et al. 2020): keys and values projected along the sequence; encoders only."""
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    takes_causal: ClassVar[bool] = False  # each projected key mixes every position, later ones included
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = LinformerAttention
     kind: Literal["linformer"] = "linformer"
     projected_length: int = Field(64, ge=1, le=MAX_LENGTH, description="rows keys and values are projected to (k)")
     seq_len: int = Field(
@@ -127,29 +111,14 @@ class Linformer(AttentionOptions):
                 "nothing is compressed; use kind: sdpa, or a projected_length below max_len"
             )
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return LinformerAttention(
-            d_model,
-            n_heads,
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(
+            super().module_arguments(d_model=d_model, n_heads=n_heads, grid=grid),
             projected_length=self.projected_length,
             seq_len=self.seq_len,
-            kernel=self.make_kernel(),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
         )
 
 
 @hookimpl
 def tzoo_components():
-    return [LinearAttention, Performer, Linformer]
+    return [LinearAttentionOptions, PerformerOptions, LinformerOptions]

@@ -14,14 +14,13 @@ stages, each followed by a SAGAN block). The GAN, ``sagan-gan``, is in :mod:`.ga
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core import builders
-from transformer_zoo.core.attention import AttentionPositional, Kernel
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.inputs import check_image
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
@@ -68,20 +67,13 @@ class Local2dOptions(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    takes_causal: ClassVar[bool] = False  # an encoder's, over the whole grid: no causal form
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = Local2dAttention
     kind: Literal["local-2d"] = "local-2d"
     query_block: tuple[Side, Side] = Field((2, 2), description="rows and columns of a query block")
     memory: tuple[Reach, Reach] = Field(
         (1, 1), description="rows and columns the memory block extends its query block by, each side"
-    )
-    # Kept, though deprecated: model folders saved by the earlier 0.x release hold "grid": null here
-    # (tests/data/checkpoints/image-transformer-tiny/config.json), and from_pretrained must load them.
-    # Remove it with a loader that upgrades old config.json files, not before.
-    grid: tuple[Side, Side] | None = Field(
-        None,
-        exclude=True,
-        description="deprecated, leave it out: the image model gives the grid when it builds; "
-        "configs written before may hold null or the model's own grid, which are accepted and dropped",
     )
     kernel: Literal["auto", "blocked", "flex", "dense"] = Field(
         "auto",
@@ -96,40 +88,15 @@ class Local2dOptions(AttentionOptions):
 
     def pattern(self, grid: Pair) -> Local2dPattern:
         """The pattern over a ``(rows, columns)`` grid of tokens; a ValueError if the query block
-        does not fit it (or a deprecated ``grid`` field names another grid)."""
-        if self.grid is not None and tuple(self.grid) != tuple(grid):
-            raise ValueError(
-                f"grid {list(self.grid)} is not the patch grid {list(grid)}; leave grid out "
-                "(deprecated): the model gives its grid"
-            )
+        does not fit it."""
         return Local2dPattern(grid=tuple(grid), query_block=tuple(self.query_block), memory=tuple(self.memory))
 
-    def make_kernel(self) -> Kernel:
-        raise ValueError("local-2d attention needs the token grid: build it with grid=, as image models do")
-
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: Pair | None = None,
-    ) -> nn.Module:
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: Pair | None) -> dict[str, Any]:
         if grid is None:
             raise ValueError(
                 "local-2d attention needs the token grid (rows, columns): use it in an image model, which gives it"
             )
-        return Local2dAttention(
-            d_model,
-            n_heads,
-            kernel=PatternKernel(self.pattern(grid), self.kernel),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+        return dict(kernel=PatternKernel(self.pattern(grid), self.kernel))
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------
@@ -227,12 +194,6 @@ class ImageEncoderConfig(ImageConfig):
                 if self.pooling == "cls":
                     raise ValueError(
                         "local-2d attention runs over the patch grid, which a class token is not on; use pooling: mean"
-                    )
-                if attention.grid is not None and tuple(attention.grid) != self.grid:
-                    raise ValueError(
-                        f"encoder.attention.grid {list(attention.grid)} is not the patch grid "
-                        f"{list(self.grid)} of image_size {list(self.image_size)} with patch {self.patch}; "
-                        "leave grid out (deprecated): the model gives its grid"
                     )
                 try:
                     attention.pattern(self.grid)

@@ -24,12 +24,12 @@ Liu 2018's T-DMCA). The 1-D patterns, their chunked kernel and memory-compressed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.attention import AttentionPositional, Kernel
+from transformer_zoo.core.attention import Kernel, math_kernel
 from transformer_zoo.core.config import EncoderDecoderConfig
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
@@ -39,12 +39,13 @@ from transformer_zoo.registry import hookimpl
 from .kernels import MemoryCompressedAttention, Pattern
 
 
-class _Sparse(AttentionOptions):
+class _SparseOptions(AttentionOptions):
     """Options every sparse kind shares: a pattern, computed by the sparse kernel chooser."""
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = SparseAttention
 
     kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
         "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked"
@@ -56,28 +57,8 @@ class _Sparse(AttentionOptions):
     def make_kernel(self) -> Kernel:
         return PatternKernel(self.pattern(), self.kernel)
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return SparseAttention(
-            d_model,
-            n_heads,
-            kernel=self.make_kernel(),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
 
-
-class SlidingWindow(_Sparse):
+class SlidingWindowOptions(_SparseOptions):
     """Each query sees the keys within ``window`` positions of it (Longformer)."""
 
     kind: Literal["sliding-window"] = "sliding-window"
@@ -104,7 +85,7 @@ class SlidingWindow(_Sparse):
         return Pattern(window=self.window, dilation=self.dilation)
 
 
-class BlockLocal(_Sparse):
+class BlockLocalOptions(_SparseOptions):
     """Blocks of ``block`` positions attend within themselves; causal: own and previous block (Liu 2018)."""
 
     kind: Literal["block-local"] = "block-local"
@@ -120,7 +101,7 @@ class BlockLocal(_Sparse):
         return Pattern(block=self.block)
 
 
-class LocalGlobal(SlidingWindow):
+class LocalGlobalOptions(SlidingWindowOptions):
     """A sliding window plus global positions that see and are seen by all (Longformer)."""
 
     kind: Literal["local-global"] = "local-global"
@@ -144,9 +125,10 @@ class LocalGlobal(SlidingWindow):
         )
 
 
-class BlockSparse(_Sparse):
+class BlockSparseOptions(_SparseOptions):
     """BigBird: blocks see their neighbours, global blocks and random blocks; encoders only."""
 
+    takes_causal: ClassVar[bool] = False  # its random and global blocks see the future
     kind: Literal["block-sparse"] = "block-sparse"
     block: int = Field(64, ge=1, le=MAX_LENGTH, description="positions per block")
     window_blocks: int = Field(1, ge=0, le=MAX_LENGTH, description="neighbouring blocks seen on each side")
@@ -186,12 +168,13 @@ class _EncoderPattern(Pattern):
         return super().for_call(mask, q_len, k_len)
 
 
-class MemoryCompressed(AttentionOptions):
+class MemoryCompressedOptions(AttentionOptions):
     """Keys and values shortened by a strided convolution of kernel and stride ``compression`` (Liu 2018)."""
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     self_only: ClassVar[bool] = True
+    module: ClassVar[type[nn.Module]] = MemoryCompressedAttention
     kind: Literal["memory-compressed"] = "memory-compressed"
     compression: int = Field(
         3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)"
@@ -201,25 +184,11 @@ class MemoryCompressed(AttentionOptions):
         if self.compression >= max_len:
             raise ValueError(f"memory-compressed compression={self.compression} is not below max_len={max_len}")
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return MemoryCompressedAttention(
-            d_model,
-            n_heads,
-            compression=self.compression,
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def make_kernel(self) -> Kernel:
+        return math_kernel  # gives a query that sees no summary yet (the first of a decoder) zeros
+
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(super().module_arguments(d_model=d_model, n_heads=n_heads, grid=grid), compression=self.compression)
 
 
 # ---- the family -----------------------------------------------------------------------------
@@ -251,7 +220,7 @@ DMCA_LAYERS = [{"kind": "block-local", "block": 256}, {"kind": "memory-compresse
 
 @hookimpl
 def tzoo_components():
-    return [SlidingWindow, BlockLocal, LocalGlobal, BlockSparse, MemoryCompressed]
+    return [SlidingWindowOptions, BlockLocalOptions, LocalGlobalOptions, BlockSparseOptions, MemoryCompressedOptions]
 
 
 @hookimpl

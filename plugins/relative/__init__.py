@@ -121,7 +121,7 @@ class ShawRelativeKeys(AttentionPositional):
 
 
 # ---- options ------------------------------------------------------------------------------
-class T5Bias(PositionalOptions):
+class T5BiasOptions(PositionalOptions):
     """T5's relative position bias (Raffel et al. 2020, section 2.1): a learned scalar per head and
     distance bucket, added to the attention scores; exact buckets for short distances, logarithmic
     ones up to max_distance. One table per stack, shared by its layers, as in T5."""
@@ -151,7 +151,7 @@ class T5Bias(PositionalOptions):
     )
 
     @model_validator(mode="after")
-    def _buckets_fit(self) -> T5Bias:
+    def _buckets_fit(self) -> T5BiasOptions:
         per_direction = self.num_buckets // 2 if self.bidirectional else self.num_buckets
         if per_direction < 2:
             raise ValueError(
@@ -176,7 +176,7 @@ class T5Bias(PositionalOptions):
         )
 
 
-class Shaw(PositionalOptions):
+class ShawOptions(PositionalOptions):
     """Relative position representations (Shaw et al. 2018): a learned vector per clipped distance
     j - i, whose product with the query is added to the scores (relative keys, a^K). Relative
     values (a^V) are left out: the paper's ablation of the two found keys alone as good as both.
@@ -199,4 +199,4 @@ class Shaw(PositionalOptions):
 
 @hookimpl
 def tzoo_components() -> list[type[PositionalOptions]]:
-    return [T5Bias, Shaw]
+    return [T5BiasOptions, ShawOptions]

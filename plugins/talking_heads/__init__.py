@@ -18,12 +18,12 @@ initialisation the kind is multi-head attention.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import AttentionPositional, MultiHeadAttention, apply_weights
+from transformer_zoo.core.attention import apply_weights
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions
 from transformer_zoo.registry import hookimpl
@@ -65,33 +65,16 @@ class TalkingHeadsKernel(nn.Module):
         return apply_weights(weights, v, dropout_p), weights if need_weights else None
 
 
-class TalkingHeads(AttentionOptions):
+class TalkingHeadsOptions(AttentionOptions):
     """Talking-heads attention (Shazeer et al. 2020): learned h x h matrices mix the heads' scores
     before the softmax and their weights after it; both start as the identity (multi-head attention)."""
 
     kind: Literal["talking-heads"] = "talking-heads"
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return MultiHeadAttention(
-            d_model,
-            n_heads,
-            kernel=TalkingHeadsKernel(n_heads),
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            scale=self.scale,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(kernel=TalkingHeadsKernel(n_heads))
 
 
 @hookimpl
 def tzoo_components() -> list[type[AttentionOptions]]:
-    return [TalkingHeads]
+    return [TalkingHeadsOptions]

@@ -33,16 +33,6 @@ class TransformerConfig(EncoderDecoderConfig):
         validate_default=True,
         description="generator tied to the shared embeddings, label smoothing 0.1",
     )
-    # Kept, though deprecated: model folders saved by the earlier 0.x release hold "warmup_steps" here
-    # (tests/data/checkpoints/transformer-tiny/config.json), and from_pretrained must load them.
-    # Remove it with a loader that upgrades old config.json files, not before.
-    warmup_steps: int | None = Field(
-        None,
-        ge=1,
-        exclude=True,
-        description="deprecated, leave it out: the learning-rate schedule is the training "
-        "config's (schedule: inverse-sqrt, warmup_steps); configs written before hold it, and it is accepted and dropped",
-    )
 
 
 BIG = dict(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)

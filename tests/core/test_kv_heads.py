@@ -163,20 +163,3 @@ def test_a_value_that_does_not_divide_n_heads_is_refused_with_the_divisors():
         tz.load_config({"variant": "vit-tiny", "encoder": {"attention": {"kind": "sdpa", "n_kv_heads": 8}}})
     with pytest.raises(ValueError, match="n_kv_heads=3 does not divide n_heads=4"):
         MultiHeadAttention(D, H, n_kv_heads=3)
-
-
-def test_a_kind_whose_build_drops_n_kv_heads_is_refused_when_the_model_is_built():
-    from transformer_zoo.core import builders
-    from transformer_zoo.core.options import AttentionOptions
-
-    class Forgetful(AttentionOptions):
-        kind: str = "forgetful"
-
-        def build(self, *, d_model, n_heads, dropout, positional=None, grid=None):
-            return MultiHeadAttention(d_model, n_heads, dropout=dropout, positional=positional)
-
-    ffn, norm = tz.load_config("transformer-tiny").ffn, tz.load_config("transformer-tiny").norm
-    with pytest.raises(ValueError, match="forgetful attention built a module without n_kv_heads=2: its build"):
-        builders.transformer_layer(
-            d_model=D, n_heads=H, d_ff=64, dropout=0.0, attention=Forgetful(n_kv_heads=2), ffn=ffn, norm=norm
-        )

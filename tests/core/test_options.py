@@ -6,11 +6,14 @@ import json
 from typing import Literal
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 import transformer_zoo as tz
 from transformer_zoo.configs import merge, parse_overrides
-from transformer_zoo.core.options import CATEGORIES
+from transformer_zoo.core.attention import MultiHeadAttention
+from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.options import CATEGORIES, AttentionOptions
 from transformer_zoo.registry import get_registry
 
 
@@ -235,3 +238,61 @@ def test_no_core_module_imports_the_registry():
             if isinstance(node, ast.ImportFrom) and node.module:
                 names.append(node.module)
             assert not any("registry" in name for name in names), f"{path.name} imports {names}"
+
+
+ATTENTION = get_registry().components("attention")
+
+
+def test_a_common_attention_option_is_one_edit_and_reaches_every_registered_kind(monkeypatch):
+    """A made-up common option added in one place, ``AttentionOptions.common_arguments``, reaches
+    the module of every registered kind: a kind that built its module by hand would not pass it."""
+    common, init = AttentionOptions.common_arguments, MultiHeadAttention.__init__
+
+    def with_made_up(self, **call):  # the one edit
+        return {**common(self, **call), "made_up": self.kind}
+
+    def taking_made_up(module, *args, made_up=None, **kwargs):
+        init(module, *args, **kwargs)
+        module.made_up = made_up
+
+    monkeypatch.setattr(AttentionOptions, "common_arguments", with_made_up)
+    monkeypatch.setattr(MultiHeadAttention, "__init__", taking_made_up)
+    received = {}
+    for kind, options in ATTENTION.items():
+        module = options(kind=kind).build(d_model=16, n_heads=2, dropout=0.0, grid=(4, 4))
+        received[kind] = getattr(module, "made_up", None)
+    assert received == {kind: kind for kind in ATTENTION}
+
+
+@pytest.mark.parametrize("kind", sorted(ATTENTION))
+def test_what_a_kind_declares_is_what_its_module_does(kind):
+    """``takes_causal`` and ``self_only`` are the module's behaviour, declared: a kind that says it
+    can be causal runs under a causal mask, one that says it cannot raises there; a self-only kind's
+    module refuses an encoder's memory, the others attend to it (validation refuses both first)."""
+    options = ATTENTION[kind]
+    module = options(kind=kind).build(d_model=16, n_heads=2, dropout=0.0, grid=(4, 4)).eval()
+    x, memory = torch.randn(2, 16, 16), torch.randn(2, 16, 16)
+    if options.takes_causal:
+        assert module(x, mask=AttentionMask(causal=True))[0].shape == (2, 16, 16)
+    else:
+        with pytest.raises(ValueError):
+            module(x, mask=AttentionMask(causal=True))
+    if options.self_only:
+        with pytest.raises(ValueError, match="is for self-attention"):
+            module(x, memory)
+    else:
+        assert module(x, memory)[0].shape == (2, 16, 16)
+
+
+@pytest.mark.parametrize("kind", sorted(kind for kind, options in ATTENTION.items() if not options.takes_causal))
+@pytest.mark.parametrize("model", [{}, {"encoder": None}], ids=["encoder-decoder", "decoder-only"])
+def test_a_decoder_given_a_kind_that_cannot_be_causal_is_refused_at_validation(kind, model):
+    decoder = {"layers": 1, "attention": kind}
+    with pytest.raises(tz.ConfigError) as refused:
+        tz.load_config("transformer-tiny", {**model, "decoder": decoder})
+    message = str(refused.value)
+    assert "decoder.attention" in message
+    if kind != "local-2d":  # refused first for another reason: a token model has no grid for it
+        assert f"{kind} attention cannot be causal" in message
+        assert "use it in an encoder, or give the decoder a kind that can be causal" in message
+        assert tz.load_config("transformer-tiny", {"encoder": {"attention": kind}}).encoder.attention.kind == kind

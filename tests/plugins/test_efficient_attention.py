@@ -234,6 +234,7 @@ def test_each_kind_trains_and_round_trips(kind, tmp_path):
         ({"encoder": {"attention": {"kind": "linformer", "seq_len": 100}}}, "seq_len=100 is below max_len=512"),
         ({"encoder": {"attention": {"kind": "linformer", "projected_length": 512}}}, "nothing is compressed"),
         ({"decoder": {"cross_attention": "linformer"}}, "is for self-attention"),
+        ({"encoder": None, "decoder": {"attention": "linformer"}}, "decoder.attention: linformer attention cannot be"),
     ],
 )
 def test_what_a_kind_cannot_take_is_refused_at_validation(config, message):

@@ -38,7 +38,6 @@ def test_digits_fixes_the_image_models_size_and_classes(name):
 
 def test_the_local_2d_grid_follows_the_image_size():
     config = tz.load_config("image-transformer-tiny", {"image_size": [12, 16]})
-    assert config.encoder.attention.grid is None, "derived when the model is built, not stored"
     assert config.build()(torch.rand(1, 1, 12, 16)).logits.shape == (1, 10)
 
 
@@ -85,10 +84,6 @@ def test_images_of_the_wrong_shape_name_the_expected_one(name):
     [
         ({"patch": 3}, "patch=3 does not divide image_size=\\[8, 8\\]"),
         ({"encoder": {"attention": {"kind": "local-2d"}}}, "use pooling: mean"),
-        (
-            {"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "grid": [2, 2]}}},
-            "encoder.attention.grid \\[2, 2\\] is not the patch grid \\[4, 4\\]",
-        ),
         (
             {"pooling": "mean", "encoder": {"attention": {"kind": "local-2d", "query_block": [8, 2]}}},
             "query_block \\(8, 2\\) is larger than the grid \\(4, 4\\)",

@@ -280,17 +280,16 @@ def test_patterns_that_the_kernels_cannot_agree_on_are_refused(fields, message):
         Pattern(**fields)
 
 
-def test_block_sparse_in_a_decoder_is_refused():
-    model = tz.build_model(
-        "transformer-tiny",
-        encoder=None,
-        decoder={"layers": 1, "attention": {"kind": "block-sparse", "block": 8, "random_blocks": 0}},
-        d_model=32,
-        n_heads=4,
-        vocab_size=50,
-    )
-    with pytest.raises(ValueError, match="block-sparse attention is for encoders"):
-        model(torch.randint(3, 50, (1, 40)))
+def test_block_sparse_in_a_decoder_is_refused_at_validation():
+    with pytest.raises(tz.ConfigError, match="decoder.attention: block-sparse attention cannot be causal"):
+        tz.build_model(
+            "transformer-tiny",
+            encoder=None,
+            decoder={"layers": 1, "attention": {"kind": "block-sparse", "block": 8, "random_blocks": 0}},
+            d_model=32,
+            n_heads=4,
+            vocab_size=50,
+        )
 
 
 def test_weights_are_the_dense_reference():

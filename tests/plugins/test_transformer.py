@@ -184,9 +184,3 @@ def test_trainings_inverse_sqrt_schedule_is_equation_3():
     paper = [d_model**-0.5 * min(n**-0.5, n * warmup**-1.5) for n in range(1, 8001)]
     assert rates == pytest.approx(paper, rel=1e-12)
     assert max(range(len(rates)), key=rates.__getitem__) + 1 == warmup
-
-
-def test_a_saved_config_with_the_former_warmup_field_still_loads():
-    config = tz.load_config({"variant": "transformer-tiny", "warmup_steps": 4000})
-    assert "warmup_steps" not in config.model_dump()
-    assert tz.build_model(config).config == tz.load_config("transformer-tiny")

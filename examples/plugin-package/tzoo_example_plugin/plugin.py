@@ -23,7 +23,7 @@ package points at. The linear-attention kind, a kernel alone, is in :mod:`.linea
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import AttentionPositional, KVCache, MultiHeadAttention, math_kernel
+from transformer_zoo.core.attention import KVCache, MultiHeadAttention, math_kernel
 from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions, Variant
 from transformer_zoo.plugins.transformer import TINY, TransformerConfig
@@ -48,32 +48,12 @@ class CosineAttention(MultiHeadAttention):
         n_heads: number of heads.
         init_scale: the temperature ``g`` at initialisation; it is learned (in log space, so it
             stays positive).
-        dropout: dropout on the attention weights, in training only.
-        bias: whether the projections have a bias.
-        positional: an in-attention positional scheme, or None.
-        n_kv_heads: heads of the keys and values (grouped-query attention); None: ``n_heads``.
+        **common: what every attention module takes (``dropout``, ``bias``, ``positional``,
+            ``scale``, ``n_kv_heads``), passed on to ``MultiHeadAttention``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        init_scale: float = 10.0,
-        dropout: float = 0.0,
-        bias: bool = True,
-        positional: AttentionPositional | None = None,
-        n_kv_heads: int | None = None,
-    ) -> None:
-        super().__init__(
-            d_model,
-            n_heads,
-            kernel=math_kernel,
-            dropout=dropout,
-            bias=bias,
-            positional=positional,
-            n_kv_heads=n_kv_heads,
-        )
+    def __init__(self, d_model: int, n_heads: int, *, init_scale: float = 10.0, **common: Any) -> None:
+        super().__init__(d_model, n_heads, kernel=math_kernel, **common)
         if init_scale <= 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         self.log_scale = nn.Parameter(torch.tensor(math.log(init_scale)))
@@ -92,32 +72,16 @@ class CosineAttentionOptions(AttentionOptions):
     """Multi-head attention on cosine similarities with a learned temperature (QKNorm)."""
 
     # The learned temperature takes the place of ``scale``: the inherited field stays, and validation
-    # refuses any value but null (``check_scale``). The other inherited fields, ``bias`` and ``n_kv_heads``, are
-    # passed on.
+    # refuses any value but null (``check_scale``). The base build passes the inherited fields on.
     takes_scale: ClassVar[bool] = False
+    module: ClassVar[type[nn.Module]] = CosineAttention
     kind: Literal["cosine"] = "cosine"
     init_scale: float = Field(
         10.0, gt=0.0, description="temperature g multiplying the cosine scores at initialisation (then learned)"
     )
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        return CosineAttention(
-            d_model,
-            n_heads,
-            init_scale=self.init_scale,
-            dropout=dropout,
-            bias=self.bias,
-            positional=positional,
-            n_kv_heads=self.n_kv_heads,
-        )
+    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+        return dict(init_scale=self.init_scale)  # CosineAttention brings its own kernel
 
 
 # ---- the variant: transformer-tiny with cosine attention everywhere -----------------------
