@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import time
 
-from transformer_zoo.plugins.tasks.digits_generation import DigitsGeneration
+from transformer_zoo.plugins.tasks.digits_generation import DigitsGenerationOptions
 from transformer_zoo.training.config import TrainConfig
 from transformer_zoo.training.trainer import train
 
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    results = {"args": vars(args), "real": DigitsGeneration().build().baselines("test"), "models": {}}
+    results = {"args": vars(args), "real": DigitsGenerationOptions().build().baselines("test"), "models": {}}
     for name, model in MODELS.items():
         results["models"][name] = [run(model, seed, args) for seed in args.seeds]
     print(f"sagan-gan on digits-generation, {args.steps} steps, batch {args.batch}, seeds {args.seeds}")

@@ -4,34 +4,34 @@ from __future__ import annotations
 
 from transformer_zoo.registry import hookimpl
 
-from .algorithmic import Addition, Copy, Reverse, Sort
-from .datasets import TextClassification
-from .digits import Digits
-from .digits_generation import DigitsGeneration
-from .language_modeling import LanguageModeling
-from .listops import ListOps
-from .pairs import FarPair, NearPair, OrderedPair
-from .pathfinder import Pathfinder
-from .seq2seq import Seq2Seq
-from .text import TextMLM
+from .algorithmic import AdditionOptions, CopyOptions, ReverseOptions, SortOptions
+from .datasets import TextClassificationOptions
+from .digits import DigitsOptions
+from .digits_generation import DigitsGenerationOptions
+from .language_modeling import LanguageModelingOptions
+from .listops import ListOpsOptions
+from .pairs import FarPairOptions, NearPairOptions, OrderedPairOptions
+from .pathfinder import PathfinderOptions
+from .seq2seq import Seq2SeqOptions
+from .text import TextMLMOptions
 
 
 @hookimpl
 def tzoo_tasks():
     return [
-        Copy,
-        Reverse,
-        Sort,
-        Addition,
-        ListOps,
-        Pathfinder,
-        NearPair,
-        FarPair,
-        OrderedPair,
-        Digits,
-        DigitsGeneration,
-        LanguageModeling,
-        TextMLM,
-        Seq2Seq,
-        TextClassification,
+        CopyOptions,
+        ReverseOptions,
+        SortOptions,
+        AdditionOptions,
+        ListOpsOptions,
+        PathfinderOptions,
+        NearPairOptions,
+        FarPairOptions,
+        OrderedPairOptions,
+        DigitsOptions,
+        DigitsGenerationOptions,
+        LanguageModelingOptions,
+        TextMLMOptions,
+        Seq2SeqOptions,
+        TextClassificationOptions,
     ]

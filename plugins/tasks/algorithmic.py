@@ -130,25 +130,25 @@ def _to_digits(value: int, base: int) -> list[int]:
             return digits[::-1]
 
 
-class Copy(AlgorithmicOptions):
+class CopyOptions(AlgorithmicOptions):
     """Copy the input sequence."""
 
     kind: Literal["copy"] = "copy"
 
 
-class Reverse(AlgorithmicOptions):
+class ReverseOptions(AlgorithmicOptions):
     """Reverse the input sequence."""
 
     kind: Literal["reverse"] = "reverse"
 
 
-class Sort(AlgorithmicOptions):
+class SortOptions(AlgorithmicOptions):
     """Sort the input symbols."""
 
     kind: Literal["sort"] = "sort"
 
 
-class Addition(AlgorithmicOptions):
+class AdditionOptions(AlgorithmicOptions):
     """Add two numbers written as digit sequences (base ``symbols``), most significant first."""
 
     kind: Literal["addition"] = "addition"

@@ -28,7 +28,7 @@ from transformer_zoo.core.tasks import ClassificationTask, Task
 
 from .text import (
     Tokenized,
-    TokenizerSource,
+    TokenizerOptions,
     check_patterns,
     check_text,
     fingerprint,
@@ -68,7 +68,7 @@ def _builder(files: list[str], where: str) -> tuple[str, dict[str, Any]]:
     return FORMATS[suffixes[0]]
 
 
-class DatasetOptions(TokenizerSource):
+class DatasetOptions(TokenizerOptions):
     """Options shared by the tasks over ``datasets``: where the data is, its splits and limits.
 
     A kind lists the fields that name columns (``columns``) and those whose text trains the
@@ -318,7 +318,7 @@ def _label(value: Any) -> str | int:
     return value if isinstance(value, (str, int)) and not isinstance(value, bool) else str(value)
 
 
-class TextClassification(DatasetOptions):
+class TextClassificationOptions(DatasetOptions):
     """Label each text of your data (labels: strings or integers); scored by accuracy."""
 
     kind: Literal["text-classification"] = "text-classification"
@@ -333,7 +333,7 @@ class TextClassification(DatasetOptions):
         "keeps its own)",
     )
 
-    def with_assets(self, directory: Path) -> TextClassification:
+    def with_assets(self, directory: Path) -> TextClassificationOptions:
         options = super().with_assets(directory)
         saved = Path(directory) / "labels.json"
         return options.model_copy(update={"labels": json.loads(saved.read_text())}) if saved.is_file() else options
@@ -346,7 +346,7 @@ class TextClassificationTask(DatasetTask, ClassificationTask):
     """Each text as ``[BOS] tokens`` (its first ``max_len`` tokens) and its class id: the label's
     place among the sorted training labels (or in the ``labels`` option)."""
 
-    def __init__(self, options: TextClassification) -> None:
+    def __init__(self, options: TextClassificationOptions) -> None:
         super().__init__(options)
         self.cls_id = self.bos_id
         found = {split: {_label(v) for v in data[options.label]} for split, data in self.raw.items()}

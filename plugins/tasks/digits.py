@@ -38,7 +38,7 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     return data["images"], data["labels"]
 
 
-class Digits(TaskOptions):
+class DigitsOptions(TaskOptions):
     """Classify 8x8 images of handwritten digits (real data, shipped with the package, no download)."""
 
     kind: Literal["digits"] = "digits"
@@ -57,7 +57,7 @@ class DigitsTask(ClassificationTask):
     vocab_size = FIRST_TOKEN + LEVELS
     num_classes = 10
 
-    def __init__(self, options: Digits) -> None:
+    def __init__(self, options: DigitsOptions) -> None:
         self.options = options
 
     def unfit_reason(self, config: Any) -> str | None:

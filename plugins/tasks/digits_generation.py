@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from transformer_zoo.core.options import TaskOptions
 from transformer_zoo.core.tasks import Better, Task, objective_reason
 
-from .digits import Digits
+from .digits import DigitsOptions
 
 if TYPE_CHECKING:
     import datasets
@@ -79,7 +79,7 @@ class DigitsClassifier(nn.Module):
 def train_digits_classifier(seed: int = 0, steps: int = 2000, batch_size: int = 64) -> DigitsClassifier:
     """Train :class:`DigitsClassifier` on the ``digits`` training split (AdamW, lr 2e-3, cosine)."""
     torch.manual_seed(seed)
-    data = Digits().build().dataset("train").with_format("torch")[:]
+    data = DigitsOptions().build().dataset("train").with_format("torch")[:]
     images, labels = data["image"], data["label"]
     model = DigitsClassifier()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
@@ -130,7 +130,7 @@ def _accuracy(logits: Tensor, labels: Tensor) -> float:
     return float((logits.argmax(-1) == labels.cpu()).float().mean())
 
 
-class DigitsGeneration(TaskOptions):
+class DigitsGenerationOptions(TaskOptions):
     """Generate 8x8 digits of a given class; scored by a fixed classifier (accuracy, Frechet distance)."""
 
     kind: Literal["digits-generation"] = "digits-generation"
@@ -160,9 +160,9 @@ class DigitsGenerationTask(Task):
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
     num_classes = 10
 
-    def __init__(self, options: DigitsGeneration) -> None:
+    def __init__(self, options: DigitsGenerationOptions) -> None:
         self.options = options
-        self.digits = Digits().build()
+        self.digits = DigitsOptions().build()
 
     def dataset(self, split: str) -> datasets.Dataset:
         return self.digits.dataset(split)
@@ -258,7 +258,7 @@ class DigitsGenerationTask(Task):
 
 if __name__ == "__main__":  # retrain the shipped classifier
     classifier = train_digits_classifier()
-    test = Digits().build().dataset("test").with_format("torch")[:]
+    test = DigitsOptions().build().dataset("test").with_format("torch")[:]
     accuracy = (classifier(test["image"]).argmax(-1) == test["label"]).float().mean()
     safetensors.torch.save_model(classifier, str(CLASSIFIER_WEIGHTS))
     print(f"test accuracy {accuracy:.4f}; weights written to {CLASSIFIER_WEIGHTS}")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import datasets
 
 
-class LanguageModeling(DatasetOptions):
+class LanguageModelingOptions(DatasetOptions):
     """Predict each next token of your text (a causal decoder); scored by perplexity."""
 
     kind: Literal["language-modeling"] = "language-modeling"
@@ -64,11 +64,11 @@ class LanguageModeling(DatasetOptions):
             read[split] = data.filter(lambda row: bool(row["text"].strip()))
         return read
 
-    def build(self) -> LanguageModelingTask:
-        return LanguageModelingTask(self)
+    def build(self) -> LanguageModelingDataTask:
+        return LanguageModelingDataTask(self)
 
 
-class LanguageModelingTask(DatasetTask, LanguageModelTask):
+class LanguageModelingDataTask(DatasetTask, LanguageModelTask):
     """The token stream of all texts (each ended by EOS), cut into windows of ``max_len + 1``
     tokens that overlap by one, so that every token is predicted exactly once."""
 

@@ -38,7 +38,7 @@ def apply(op: str, values: list[int]) -> int:
 MAX_DEPTH = 100  # expressions are generated recursively, one Python frame a level
 
 
-class ListOps(TaskOptions):
+class ListOpsOptions(TaskOptions):
     """ListOps: evaluate nested MAX/MIN/MED/SM expressions over digits; 10 classes."""
 
     kind: Literal["listops"] = "listops"
@@ -59,7 +59,7 @@ class ListOps(TaskOptions):
     test_size: int = Field(1000, ge=1, le=MAX_EXAMPLES, description="test examples")
 
     @model_validator(mode="after")
-    def _check(self) -> ListOps:
+    def _check(self) -> ListOpsOptions:
         if self.min_length > self.max_length:
             raise ValueError(f"min_length={self.min_length} is larger than max_length={self.max_length}")
         return self
@@ -75,7 +75,7 @@ class ListOpsTask(ClassificationTask):
     vocab_size = FIRST_TOKEN + len(TOKENS)
     num_classes = 10
 
-    def __init__(self, options: ListOps) -> None:
+    def __init__(self, options: ListOpsOptions) -> None:
         self.options = options
 
     def parse_input(self, text: str) -> dict[str, list[int]]:

@@ -74,20 +74,20 @@ class PairOptions(TaskOptions):
         return PairTask(self)
 
 
-class NearPair(PairOptions):
+class NearPairOptions(PairOptions):
     """The sum of the first two symbols, modulo ``symbols``: next to the CLS token (local)."""
 
     kind: Literal["near-pair"] = "near-pair"
 
 
-class FarPair(PairOptions):
+class FarPairOptions(PairOptions):
     """The sum of the first and the last symbol, modulo ``symbols``: a long-range dependency."""
 
     kind: Literal["far-pair"] = "far-pair"
     positions: tuple[int, int] = Field((1, -1), description=POSITIONS)
 
 
-class OrderedPair(PairOptions):
+class OrderedPairOptions(PairOptions):
     """The first symbol minus the last, modulo ``symbols``: two positions kept apart, in order."""
 
     kind: Literal["ordered-pair"] = "ordered-pair"

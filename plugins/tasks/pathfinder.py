@@ -40,7 +40,7 @@ FIRST_TOKEN = 2  # after PAD and CLS
 LIT = 255
 
 
-class Pathfinder(TaskOptions):
+class PathfinderOptions(TaskOptions):
     """Pathfinder: are the two markers of a generated image joined by one path? 2 classes, pixels as tokens."""
 
     kind: Literal["pathfinder"] = "pathfinder"
@@ -66,7 +66,7 @@ class PathfinderTask(ClassificationTask):
     vocab_size = FIRST_TOKEN + LEVELS
     num_classes = 2
 
-    def __init__(self, options: Pathfinder) -> None:
+    def __init__(self, options: PathfinderOptions) -> None:
         self.options = options
 
     def unfit_reason(self, config: Any) -> str | None:
@@ -103,7 +103,7 @@ class PathfinderTask(ClassificationTask):
 
 
 def draw(
-    rng: np.random.Generator, options: Pathfinder, *, connected: bool, attempts: int = 1000
+    rng: np.random.Generator, options: PathfinderOptions, *, connected: bool, attempts: int = 1000
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """One ``(size, size)`` uint8 image whose markers are joined by a path exactly when
     ``connected``, and the markers' centres ``(row, column)``."""
@@ -132,7 +132,7 @@ def _touching(ends: tuple[np.ndarray, np.ndarray]) -> bool:
     return bool(np.abs(ends[0] - ends[1]).max() <= 3)
 
 
-def _stroke(rng: np.random.Generator, options: Pathfinder) -> np.ndarray:
+def _stroke(rng: np.random.Generator, options: PathfinderOptions) -> np.ndarray:
     """``(n, 2)`` pixel coordinates of a smooth random walk, each step 8-connected to the last;
     a walk that reaches the border is mirrored back inside it."""
     low, high = 1, options.size - 2

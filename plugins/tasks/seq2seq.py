@@ -77,7 +77,7 @@ class BleuScored:
         return {"bleu": sacrebleu.corpus_bleu(hypotheses, [data["target_text"]]).score}
 
 
-class Seq2Seq(DatasetOptions):
+class Seq2SeqOptions(DatasetOptions):
     """Write the target text for each source text of your data (translation, ...); BLEU, and token accuracy."""
 
     kind: Literal["seq2seq"] = "seq2seq"
@@ -142,7 +142,7 @@ class Seq2SeqDataTask(BleuScored, DatasetTask, Seq2SeqTask):
     metrics: ClassVar[dict[str, Better]] = {"bleu": "higher", **Seq2SeqTask.metrics}
     bounds: ClassVar[dict[str, tuple[float, float]]] = {"bleu": (0.0, 100.0), **Seq2SeqTask.bounds}
 
-    def __init__(self, options: Seq2Seq) -> None:
+    def __init__(self, options: Seq2SeqOptions) -> None:
         super().__init__(options)
         self.beam_size = options.beam_size
 

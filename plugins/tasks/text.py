@@ -106,7 +106,7 @@ def fingerprint(files: list[str] | None, *parts: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-class TokenizerSource(TaskOptions):
+class TokenizerOptions(TaskOptions):
     """Options shared by tasks that read text through a tokenizer."""
 
     tokenizer: str | None = Field(
@@ -116,7 +116,7 @@ class TokenizerSource(TaskOptions):
         2000, ge=len(SPECIAL_TOKENS) + 256, le=1_000_000, description="vocabulary of a tokenizer trained here"
     )
 
-    def with_assets(self, directory: Path) -> TokenizerSource:
+    def with_assets(self, directory: Path) -> TokenizerOptions:
         saved = Path(directory) / "tokenizer"
         return self.model_copy(update={"tokenizer": str(saved)}) if (saved / "tokenizer.json").is_file() else self
 
@@ -169,7 +169,7 @@ def special_ids(tokenizer: Tokenizer, roles: tuple[str, ...], source: str) -> di
     return found
 
 
-class TextOptions(TokenizerSource):
+class TextOptions(TokenizerOptions):
     """Options shared by the text tasks."""
 
     files: str | list[str] = Field(description="text files: a file, a folder of .txt files, a glob, or a list of them")
@@ -290,7 +290,7 @@ def lm_windows(sequences: list[list[int]], eos_id: int, size: int) -> list[list[
     return [stream[s : s + size + 1] for s in range(0, max(len(stream) - 1, 0), size)]
 
 
-class TextMLM(TextOptions):
+class TextMLMOptions(TextOptions):
     """Masked-token prediction on local text files (BERT's objective, an encoder)."""
 
     kind: Literal["text-mlm"] = "text-mlm"
@@ -305,7 +305,7 @@ class TextMLMTask(TextTask, MaskedLMTask):
 
     roles: ClassVar[tuple[str, ...]] = ("pad", "bos", "eos", "mask", "unk")
 
-    def __init__(self, options: TextMLM) -> None:
+    def __init__(self, options: TextMLMOptions) -> None:
         super().__init__(options)
         self.mask_probability = options.mask_probability
         self.special_ids = (self.pad_id, self.bos_id, self.eos_id, self.unk_id)

@@ -17,13 +17,15 @@ from transformer_zoo.comparing.probes import (
     run_probes,
 )
 from transformer_zoo.core.attention import MultiHeadAttention
-from transformer_zoo.plugins.tasks.algorithmic import Copy, Reverse, Sort
+from transformer_zoo.plugins.tasks.algorithmic import CopyOptions, ReverseOptions, SortOptions
 
 EXAMPLES = 10
 
 
 def reverse_task(**options):
-    return Reverse(**{"symbols": 5, "train_lengths": (2, 7), "train_size": 8, "test_size": 12, **options}).build()
+    return ReverseOptions(
+        **{"symbols": 5, "train_lengths": (2, 7), "train_size": 8, "test_size": 12, **options}
+    ).build()
 
 
 def tiny_model(task):
@@ -123,12 +125,12 @@ def test_run_probes_by_name():
     found = run_probes(["attention", "alignment"], model, task, examples=4)
     assert set(found) == set(PROBE_OUTPUTS["attention"]) | set(PROBE_OUTPUTS["alignment"])
     assert found["alignment"] == mirror_alignment(model, task, examples=4)["best"]
-    copy = Copy(symbols=5, train_lengths=(2, 7), train_size=8, test_size=12).build()
+    copy = CopyOptions(symbols=5, train_lengths=(2, 7), train_size=8, test_size=12).build()
     assert (
         run_probes(["alignment"], model, copy, examples=4)["alignment"]
         == mirror_alignment(model, copy, examples=4, mirrored=False)["best"]
     )
-    sort = Sort(symbols=5, train_lengths=(2, 7), train_size=8, test_size=12).build()
+    sort = SortOptions(symbols=5, train_lengths=(2, 7), train_size=8, test_size=12).build()
     assert run_probes(["alignment"], model, sort, examples=4) == {}, "no alignment is implied by sorting"
     assert run_probes([], model, task) == {}
     assert set(PROBE_NAMES) == set(PROBE_OUTPUTS)

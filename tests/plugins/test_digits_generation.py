@@ -11,7 +11,7 @@ import torch
 
 import transformer_zoo as tz
 from transformer_zoo.plugins.tasks.digits_generation import (
-    DigitsGeneration,
+    DigitsGenerationOptions,
     digits_classifier,
     frechet_distance,
     score_images,
@@ -22,7 +22,7 @@ from transformer_zoo.training.config import TrainConfig, load_train_config, mode
 
 @pytest.fixture(scope="module")
 def task():
-    return DigitsGeneration().build()
+    return DigitsGenerationOptions().build()
 
 
 def _test_set(task):
@@ -37,7 +37,7 @@ def test_the_shipped_classifier_recognises_real_test_digits(task):
 
 
 def test_the_classifier_training_reproduces_a_classifier_as_good():
-    images, labels = _test_set(DigitsGeneration().build())
+    images, labels = _test_set(DigitsGenerationOptions().build())
     accuracy = (train_digits_classifier(steps=1000)(images).argmax(-1) == labels).float().mean()
     assert accuracy >= 0.95
 

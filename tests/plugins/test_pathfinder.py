@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import ndimage, stats
 
-from transformer_zoo.plugins.tasks.pathfinder import FIRST_TOKEN, LIT, Pathfinder, draw
+from transformer_zoo.plugins.tasks.pathfinder import FIRST_TOKEN, LIT, PathfinderOptions, draw
 from transformer_zoo.training.config import load_train_config, model_config_for
 from transformer_zoo.training.trainer import train
 
@@ -16,7 +16,7 @@ SMALL = {"kind": "pathfinder", "size": 10, "paths": 2, "path_length": 6, "train_
 
 def test_every_label_is_the_truth_of_its_image():
     rng = np.random.default_rng(0)
-    options = Pathfinder()
+    options = PathfinderOptions()
     for i in range(200):
         image, (a, b) = draw(rng, options, connected=bool(i % 2))
         assert image.shape == (32, 32) and set(np.unique(image)) <= {0, LIT}
@@ -26,12 +26,12 @@ def test_every_label_is_the_truth_of_its_image():
 
 
 def test_the_data_is_seeded_balanced_and_read_as_pixel_tokens():
-    task = Pathfinder(**{**SMALL, "train_size": 100}).build()
+    task = PathfinderOptions(**{**SMALL, "train_size": 100}).build()
     train_split = task.dataset("train")
     assert sum(train_split["label"]) == 50, "the labels alternate"
     assert all(len(src) == 100 and min(src) >= FIRST_TOKEN and max(src) < task.vocab_size for src in train_split["src"])
-    again = Pathfinder(**{**SMALL, "train_size": 100}).build().dataset("train")
-    other = Pathfinder(**{**SMALL, "train_size": 100, "seed": 1}).build().dataset("train")
+    again = PathfinderOptions(**{**SMALL, "train_size": 100}).build().dataset("train")
+    other = PathfinderOptions(**{**SMALL, "train_size": 100, "seed": 1}).build().dataset("train")
     assert again["src"] == train_split["src"] and other["src"] != train_split["src"]
     assert task.dataset("test")["src"] != train_split["src"][:300]
 
@@ -39,11 +39,11 @@ def test_the_data_is_seeded_balanced_and_read_as_pixel_tokens():
 def test_a_model_too_short_for_the_image_is_refused_and_bad_options_say_why():
     short = load_train_config({"model": {"variant": "local-global-encoder-tiny", "max_len": 512}, "task": "pathfinder"})
     with pytest.raises(ValueError, match="max_len=512 is shorter than the task's 1025 tokens"):
-        model_config_for(short, Pathfinder().build())
+        model_config_for(short, PathfinderOptions().build())
     with pytest.raises(ValueError, match="size"):
-        Pathfinder(size=4)
+        PathfinderOptions(size=4)
     with pytest.raises(ValueError, match="could not draw"):
-        draw(np.random.default_rng(0), Pathfinder(size=8, paths=12, path_length=60), connected=False, attempts=3)
+        draw(np.random.default_rng(0), PathfinderOptions(size=8, paths=12, path_length=60), connected=False, attempts=3)
 
 
 def test_a_small_encoder_learns_a_small_pathfinder_above_chance(tmp_path):
