@@ -86,6 +86,7 @@ def test_ray_without_the_package_says_how_to_install(monkeypatch):
         list(RayExecutor(1).run(jobs))
 
 
+@pytest.mark.heavy
 @pytest.mark.xdist_group("ray")
 def test_ray_gives_the_metrics_of_local_to_the_last_digit(tmp_path):
     local = compare(load_spec(GRID), tmp_path / "local")
@@ -137,6 +138,7 @@ def _kill_a_run_mid_way(tmp_path: Path, executor: str) -> tuple[dict, str]:
     return json.loads(printed), errors
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.xdist_group("ray"))])
 def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_path):
     results, errors = _kill_a_run_mid_way(tmp_path, executor)
@@ -150,6 +152,7 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_
         assert sorted(r["placed_on"] for r in runs) == ["cpu #0", "cpu #1"]  # each run on its worker's slot
 
 
+@pytest.mark.heavy
 def test_a_run_whose_worker_keeps_dying_is_reported_failed_and_the_others_go_on(tmp_path):
     spec = load_spec({**GRID, "variants": ["transformer-tiny"], "tasks": [LISTOPS], "workers": 2, "retries": 1})
     runs, _ = plan(spec)

@@ -147,6 +147,7 @@ def test_models_without_token_attention_measure_nothing():
     assert mirror_alignment(lm, task) == {}
 
 
+@pytest.mark.heavy
 @pytest.mark.xdist_group("reverse")
 @pytest.mark.parametrize(("kind", "mirrored"), [("reverse", True), ("copy", False)])
 def test_a_trained_model_reads_the_mirrored_source_position(kind, mirrored, trained, reverse_run):

@@ -190,6 +190,7 @@ def small_data(study) -> dict:
     return overrides
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("scale", ["cpu", "gpu", pytest.param("paper", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_study_builds_trains_and_is_judged_at_every_scale(name, scale, tmp_path):
@@ -296,6 +297,7 @@ def plugin_variant(tmp_path, monkeypatch):
     get_registry().unregister("zoo_studies_plugin")
 
 
+@pytest.mark.heavy
 def test_studies_side_by_side_each_log_to_their_folder_and_a_failure_spares_the_others(tmp_path, plugin_variant):
     """Studies run at once, each in a process of its own (a plugin registered here reaches them); one whose every
     run fails (its loss diverges) is named with its log, and the others finish and are on the page."""

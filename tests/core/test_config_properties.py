@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -233,6 +234,7 @@ PROPERTY = settings(
 )
 
 
+@pytest.mark.heavy
 @PROPERTY
 @given(model_configs())
 def test_a_generated_model_config_builds_or_is_refused(config):

@@ -283,6 +283,7 @@ def test_the_pooler_comes_with_a_head_that_reads_it():
         tz.build_model("bert-tiny").pool(torch.zeros(1, 2, 128))
 
 
+@pytest.mark.heavy
 def test_bert_tiny_learns_listops(tmp_path):
     """500 steps on short ListOps: test accuracy at least twice the majority class's.
 

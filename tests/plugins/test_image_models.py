@@ -11,6 +11,7 @@ from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.training.config import TrainConfig, model_config_for
 
 
+@pytest.mark.heavy
 @pytest.mark.xdist_group("digits")
 @pytest.mark.parametrize("name", ["sagan-classifier-tiny", "vit-tiny"])
 def test_image_models_learn_digits(name, digits_run):

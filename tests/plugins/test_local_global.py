@@ -65,6 +65,7 @@ def test_flex_kernel_equals_full_attention_under_the_mask(kind):
     torch.testing.assert_close(out, full_attention(q, k, v, mask[None, None]), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.heavy
 def test_compiled_flex_kernel_on_cpu_equals_the_chunked_kernel():
     """What ``kernel: flex`` runs for CPU inference: compiled block mask and attention."""
     p = pattern("local-global")

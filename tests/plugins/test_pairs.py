@@ -123,6 +123,7 @@ def test_fit_to_a_model():
         model_config_for(short, task)
 
 
+@pytest.mark.heavy
 def test_a_small_encoder_learns_near_pair(tmp_path):
     """The tiny Longformer-style encoder with full attention on near-pair (length 8, 4 symbols:
     chance about 25%) reaches at least 90% test accuracy in 600 steps of 64 examples (about 10 s on

@@ -46,6 +46,7 @@ def test_a_model_too_short_for_the_image_is_refused_and_bad_options_say_why():
         draw(np.random.default_rng(0), PathfinderOptions(size=8, paths=12, path_length=60), connected=False, attempts=3)
 
 
+@pytest.mark.heavy
 def test_a_small_encoder_learns_a_small_pathfinder_above_chance(tmp_path):
     """10 x 10 images with two strokes of 6 steps: chance is 50%, and 120 steps of 64 examples
     reach at least 60% on 300 test images (a binomial test against chance gives p < 0.001)."""

@@ -176,6 +176,7 @@ def test_language_modeling_learns_beyond_word_frequencies(corpus, tmp_path):
     assert summary["metrics"]["test"]["perplexity"] <= 0.6 * baseline
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(
     ("model", "steps", "lr"),
     [(SMALL_MODEL, 200, 3e-3), ({"variant": "bert-tiny", "dropout": 0.0}, 300, 1e-3)],
@@ -193,6 +194,7 @@ def test_text_mlm_recovers_masked_tokens(corpus, tmp_path, model, steps, lr):
     assert summary["metrics"]["test"]["masked_accuracy"] >= 1.5 * majority
 
 
+@pytest.mark.heavy
 def test_translation_learns_and_is_scored_by_bleu(corpus, tmp_path):
     """300 steps of seq2seq on the word-for-word reversed translation: BLEU at least 80, greedy and beam."""
     options = {"kind": "seq2seq", "files": str(corpus / "pairs.tsv"), "vocab_size": 300, "max_test_examples": 100}

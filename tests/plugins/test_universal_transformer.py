@@ -121,6 +121,7 @@ def test_a_future_token_never_changes_an_earlier_output():
         torch.testing.assert_close(model(src, changed).logits[:, : t + 1], base[:, : t + 1], atol=1e-6, rtol=0)
 
 
+@pytest.mark.heavy
 def test_universal_transformer_tiny_learns_to_reverse(tmp_path):
     """1000 steps on reverse, train lengths 1-8: at least 90% token accuracy on held-out
     sequences of those lengths; lengths 9-12 (test_long) are reported."""

@@ -67,6 +67,7 @@ def weights(folder):
     return safetensors.torch.load_file(str(folder / "model" / "model.safetensors"))
 
 
+@pytest.mark.heavy
 def test_two_gloo_processes_follow_the_curve_of_one_with_the_same_global_batch(tmp_path):
     result = torchrun(tmp_path, CONFIG, tmp_path / "ddp")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -99,6 +100,7 @@ def curve(summary: dict) -> torch.Tensor:
     return torch.tensor([h["loss"] for h in summary["history"] if "loss" in h])
 
 
+@pytest.mark.heavy
 def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded_or_on_one_device(tmp_path):
     sharded = {**CONFIG, "schedule": "constant", "parallel": "fsdp"}  # constant: 8 steps are the start of 12
     first = torchrun(tmp_path, {**sharded, "compile": True}, tmp_path / "fsdp")  # compiled, then resumed eagerly
@@ -143,6 +145,7 @@ def test_a_one_process_torchrun_job_trains_through_its_process_group(tmp_path, p
     torch.testing.assert_close(curve(summary), curve(single), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.heavy
 def test_compare_on_a_torchrun_job_trains_each_run_over_the_processes(tmp_path):
     from transformer_zoo.comparing.records import CompareResults
 

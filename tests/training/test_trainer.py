@@ -157,6 +157,7 @@ def test_a_time_budget_ends_training_early_and_still_evaluates(tmp_path):
     assert set(summary["metrics"]) == {"test", "test_long"}
 
 
+@pytest.mark.heavy
 def test_a_compiled_run_follows_the_eager_curve_and_reports_its_flops(tmp_path):
     model = {**SMALL_MODEL, "dropout": 0.0, "encoder": {"layers": 1}, "decoder": {"layers": 1}}
     from torch._dynamo.utils import counters
