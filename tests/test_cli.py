@@ -164,8 +164,17 @@ def test_the_benchmarks_commands_in_docstrings_run_as_modules():
     root = Path(__file__).parent.parent
     sources = [*(root / "benchmarks").glob("*.py"), root / "core" / "local_attention.py"]
     assert not [p.name for p in sources if "python benchmarks/" in p.read_text()]
-    for name in {m for p in sources for m in re.findall(r"python -m benchmarks\.(\w+)", p.read_text())}:
+    for name in {m for p in sources for m in re.findall(r"python -m benchmarks\.([a-z_]+)", p.read_text())}:
         assert 'if __name__ == "__main__":' in (root / "benchmarks" / f"{name}.py").read_text(), name
+    ran = subprocess.run(  # run as __main__, a benchmark still finds its name
+        [sys.executable, "-m", "benchmarks.dense_threshold", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0 and ran.stdout.startswith("usage: tzoo bench dense-threshold"), ran.stderr
 
 
 @pytest.mark.parametrize(
