@@ -180,7 +180,8 @@ def _fold(items: list[dict[str, Any]], slot: str) -> list[dict[str, Any]]:
 def _component_kind(module: Any, slot: str, parent: Any) -> str:
     """What a module is in the model: by its class for the core's own kinds of module (a plugin's
     subclass included), else by the place it fills (``ffn``, ``norms``, ``kernel``, ...), else by
-    torch's building blocks."""
+    the name of a plugin's class (``SelfAttention2d``, ``PatchEmbedding``), else by torch's
+    building blocks."""
     import torch.nn as nn
 
     from .core.attention import AttentionPositional, MultiHeadAttention
@@ -222,6 +223,11 @@ def _component_kind(module: Any, slot: str, parent: Any) -> str:
         return "stack"
     if place in by_place:
         return by_place[place]
+    if not type(module).__module__.startswith("torch."):  # a plugin's own module, by the name its class gives it
+        words = {"Attention": "attention", "Positional": "positional", "Embedding": "embedding", "Norm": "norm"}
+        for word, kind in {**words, "Head": "head"}.items():
+            if word in type(module).__name__:
+                return kind
     torch_blocks: tuple[tuple[str, tuple[type, ...]], ...] = (
         ("embedding", (nn.Embedding,)),
         ("norm", (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.RMSNorm)),
