@@ -9,7 +9,7 @@ of ``--length`` tokens, a quarter of the rows padded to half length, two segment
 
 Configs: ``minilm`` (6 layers, 384 wide, 12 heads, FFN 1536) and ``base`` (12, 768, 12, 3072).
 
-    python benchmarks/bert_hf.py [--configs minilm base --batch 8 --length 128 --repeats 10 --json PATH --device cuda --bf16]
+    python -m benchmarks.bert_hf [--configs minilm base --batch 8 --length 128 --repeats 10 --json PATH --device cuda --bf16]
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import functools
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,9 @@ def bench_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     usage, its docstring as the description."""
     from . import BENCHMARKS
 
+    if module == "__main__":  # python -m benchmarks.NAME: the module's own name is in its spec
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec is not None else module
     name = next(name for name, (stem, *_) in BENCHMARKS.items() if module.rsplit(".", 1)[-1] == stem)
     return argparse.ArgumentParser(prog=f"tzoo bench {name}", description=doc, formatter_class=_HelpFormatter)
 

@@ -7,7 +7,7 @@ is a Python busy loop, started before the run and stopped after it. With more th
 free cores, OpenMP's waiting threads spin on the cores the competitor needs; the table shows
 how much each thread count slows down (beside / alone).
 
-    python benchmarks/contention.py [--threads 2 1 --steps 150 --variant transformer-tiny --task listops]
+    python -m benchmarks.contention [--threads 2 1 --steps 150 --variant transformer-tiny --task listops]
 """
 
 from __future__ import annotations
@@ -81,3 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:>28} {alone:8.2f} {beside:9.2f} {beside / alone:8.2f}x", flush=True)
     if args.json:
         write_json(args.json, {"benchmark": "contention", "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

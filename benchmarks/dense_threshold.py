@@ -6,7 +6,7 @@ dropout) through :class:`~transformer_zoo.core.local_attention.PatternKernel` wi
 forced, the two timed alternately. A ratio above 1 means dense is slower; ``auto`` computes
 densely up to :data:`~transformer_zoo.core.local_attention.DENSE_UP_TO` keys.
 
-    python benchmarks/dense_threshold.py [--keys 64 256 1024 --batch 8 --heads 4 --head-dim 16]
+    python -m benchmarks.dense_threshold [--keys 64 256 1024 --batch 8 --heads 4 --head-dim 16]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ CPU) and ``math`` (the formula written out, which does). The time ratio of each 
 against ``sdpa`` at the same length is printed; a plot of memory and time against length is
 written with ``--plot``.
 
-    python benchmarks/local_attention.py [--lengths 1024 4096 16384 --window 256 --repeats 3 --plot out.png --device cuda]
+    python -m benchmarks.local_attention [--lengths 1024 4096 16384 --window 256 --repeats 3 --plot out.png --device cuda]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ turn) and a constant schedule. Each is scored by the task's fixed digits classif
 accuracy on class-conditional samples, and the Frechet distance in its feature space (lower is
 better), on one sample per test image. Real training images, scored the same way, give the floor.
 
-    python benchmarks/sagan_gan.py [--steps 3000 --seeds 0 1 --batch 64 --json PATH]
+    python -m benchmarks.sagan_gan [--steps 3000 --seeds 0 1 --batch 64 --json PATH]
 """
 
 from __future__ import annotations

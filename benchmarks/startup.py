@@ -7,7 +7,7 @@ torch``, and which of the heavy packages (torch, datasets, sacrebleu, matplotlib
 scipy, pandas) the command imported. The goal: ``--version`` and ``--help`` import none of them,
 and ``list`` and ``schema`` take at most ``import torch`` plus one second.
 
-    python benchmarks/startup.py [--repeats 7] [--json startup.json]
+    python -m benchmarks.startup [--repeats 7] [--json startup.json]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ take the common width, the convolutional ones keep their own. Reported: tokens p
 training step (forward, backward, AdamW; for a GAN, each phase with the other frozen, as training runs it)
 and of inference, and the time of each against the ``transformer`` row (timed alternately).
 
-    python benchmarks/throughput.py [--batch 8 --length 128 --repeats 5 --json PATH --device cuda --bf16]
+    python -m benchmarks.throughput [--batch 8 --length 128 --repeats 5 --json PATH --device cuda --bf16]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Both run the same shapes in the same process, timed alternately, and the ratio o
 reported (ours / reference; below 1.0 means faster). Only the encoder-decoder stacks are
 compared: the reference has no embeddings or head, so ours are fed the same embedded inputs.
 
-    python benchmarks/transformer_step.py [--d-model 256 --layers 3 --batch 16 --length 64 --repeats 20 --device cuda --bf16]
+    python -m benchmarks.transformer_step [--d-model 256 --layers 3 --batch 16 --length 64 --repeats 20 --device cuda --bf16]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ steps, so the loop ends early). Reported: the
 ratio of median times (ACT / no ACT; below 1.0 means ACT is faster) for a training step
 (forward, backward, AdamW) and for inference, and the mean ponder time.
 
-    python benchmarks/ut_act.py [--d-model 256 --heads 4 --steps 6 --batch 16 --length 64 --repeats 20]
+    python -m benchmarks.ut_act [--d-model 256 --heads 4 --steps 6 --batch 16 --length 64 --repeats 20]
 """
 
 from __future__ import annotations

@@ -205,7 +205,7 @@ DENSE_UP_TO = 256
 
 One threshold for every pattern, counted in keys, so the choice is easy to predict. Measured on
 a 2-core CPU, one training pass of the attention (batch 8, 4 heads of 16;
-``python benchmarks/dense_threshold.py --device cpu``), dense against the pattern's own kernel:
+``python -m benchmarks.dense_threshold --device cpu``), dense against the pattern's own kernel:
 at 64 keys dense is faster for every pattern (a 16-wide band 0.88x the time, BigBird blocks of
 16 0.25x, local 2-D 0.13x); at 256 it is 1.3x slower for the band and still faster for blocks
 (0.47x) and local 2-D (0.20x); at 1024 it is 4.0x slower for the band and 1.7x for blocks, and

@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
+import sys
 import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -129,7 +130,7 @@ class Registry:
                 self._load_plugin(ep.name, ep.load)
             for module in plugin_modules(os.environ.get(PLUGINS_VARIABLE, "")):
                 if not self.pm.has_plugin(module):
-                    self._load_plugin(module, lambda module=module: importlib.import_module(module))
+                    self._load_plugin(module, lambda module=module: import_plugin_module(module))
         return self
 
     @staticmethod
@@ -161,36 +162,57 @@ class Registry:
         """
         self.load()
         if self.pm.is_registered(plugin):  # already loaded (an entry point, --plugin, $TZOO_PLUGINS): once is enough
-            return self.pm.get_name(plugin)
+            registered = self.pm.get_name(plugin)
+            return self._replace(plugin, registered) if self._reloaded(plugin) else registered
         name = self._register(plugin, name or getattr(plugin, "__name__", None) or type(plugin).__name__)
         self.in_process[name] = plugin
         return name
 
+    def _reloaded(self, plugin: Any) -> bool:
+        """Whether a registered plugin's hook functions are no longer the ones registered: the module
+        was run again (``importlib.reload``), so the classes it offers now are new ones."""
+        registered = {
+            impl.function
+            for caller in self.pm.get_hookcallers(plugin) or ()
+            for impl in caller.get_hookimpls()
+            if impl.plugin is plugin
+        }
+        current = {
+            getattr(plugin, attr) for attr in dir(plugin) if self.pm.parse_hookimpl_opts(plugin, attr) is not None
+        }
+        return registered != current  # a bound method equals the one registered: an object is not reloaded
+
+    def _replace(self, plugin: Any, name: str) -> str:
+        """Register a reloaded plugin again under its name, in place of what its earlier run offered."""
+        in_process = name in self.in_process
+        self.unregister(name)
+        try:
+            self._register(plugin, name)
+        except ZooError as exc:
+            reloaded = (
+                f" (plugin {name!r} was registered again after a reload: what it offered before was removed, and "
+                "nothing of the reloaded module was registered; fix it and register it again)"
+            )
+            exc.args = (f"{exc.args[0]}{reloaded}", *exc.args[1:])
+            raise
+        if in_process:
+            self.in_process[name] = plugin
+        return name
+
     def register_module(self, module: str) -> str:
-        """Import ``module`` and register it as a plugin named after it (once: a module already
-        registered under its name is left alone), as ``--plugin MODULE`` does.
+        """Import ``module`` and register it as a plugin named after it, as ``--plugin MODULE``
+        does. Once: a module already registered under its name is left alone, unless it was
+        reloaded since (``importlib.reload``), when what it offers now replaces what it offered.
 
         Raises:
-            PluginLoadError: the module cannot be imported.
+            PluginLoadError: the module cannot be found, or it was found and failed while being
+                imported (a package it imports is missing, say: the message names it).
         """
         self.load()
         if self.pm.has_plugin(module):
-            return module
-        try:
-            imported = importlib.import_module(module)
-        except ImportError as exc:
-            raise PluginLoadError(
-                f"plugin module {module!r} could not be imported ({exc}); give a module importable "
-                "from here (on sys.path or installed), such as my_package.zoo_plugin"
-            ) from None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # its own code failed while importing, sys.exit() included
-            raise PluginLoadError(
-                f"plugin module {module!r} failed while being imported: {_describe(exc)}; "
-                "fix the module or leave it out"
-            ) from None
-        return self.register(imported, module)
+            registered = self.pm.get_plugin(module)
+            return self.register(registered) if sys.modules.get(module) is registered else module
+        return self.register(import_plugin_module(module), module)
 
     def portable_plugins(self) -> tuple[list[str], list[str]]:
         """The plugins registered in this process, as another process (a comparison's worker)
@@ -502,7 +524,56 @@ def _origin(plugin: Any) -> str:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"it called sys.exit({exc.code!r}) while loading"
+    if isinstance(exc, PluginLoadError):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def import_plugin_module(module: str) -> Any:
+    """Import a plugin module named by ``--plugin`` or ``$TZOO_PLUGINS``.
+
+    Raises:
+        PluginLoadError: the module is not found (on ``sys.path`` or installed); or it was found
+            and its own import failed: a module it imports is missing (named, with the package
+            to install), or its code raised (or called ``sys.exit()``).
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name == module or module.startswith(f"{exc.name}."):  # the module itself
+            raise PluginLoadError(
+                f"plugin module {module!r} could not be imported ({exc}); give a module importable from "
+                "here (installed, or on sys.path: the tzoo command also looks in the current folder), such "
+                "as my_package.zoo_plugin"
+            ) from None
+        raise PluginLoadError(
+            f"plugin module {module!r} was found, but importing it failed: {_lacking(exc.name)}"
+        ) from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # its own code failed while importing, sys.exit() included
+        raise PluginLoadError(
+            f"plugin module {module!r} failed while being imported: {_describe(exc)}; fix the module or leave it out"
+        ) from None
+
+
+def _lacking(missing: str) -> str:
+    """What a plugin lacks when its import of module ``missing`` found nothing: a package, or a
+    module of a package that is there."""
+    package = missing.partition(".")[0]
+    try:
+        installed = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        installed = False
+    if installed and package != missing:
+        return (
+            f"it imports {missing!r}, which the package {package!r} does not have; fix the import or leave the "
+            "plugin out"
+        )
+    return (
+        f"it imports {missing!r}, and the package {package!r} is not installed here; install the package that "
+        "provides it (with the plugin's other requirements), or leave the plugin out"
+    )
 
 
 def plugin_modules(text: str) -> list[str]:

@@ -156,6 +156,27 @@ def test_every_benchmark_module_is_listed():
     assert modules - {"__init__", "__main__", "common"} == {bench.module for bench in BENCHMARKS.values()}
 
 
+def test_the_benchmarks_commands_in_docstrings_run_as_modules():
+    """``python benchmarks/X.py`` fails on the package's relative imports; ``python -m benchmarks.X``
+    runs X, which then needs a main guard."""
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    sources = [*(root / "benchmarks").glob("*.py"), root / "core" / "local_attention.py"]
+    assert not [p.name for p in sources if "python benchmarks/" in p.read_text()]
+    for name in {m for p in sources for m in re.findall(r"python -m benchmarks\.([a-z_]+)", p.read_text())}:
+        assert 'if __name__ == "__main__":' in (root / "benchmarks" / f"{name}.py").read_text(), name
+    ran = subprocess.run(  # run as __main__, a benchmark still finds its name
+        [sys.executable, "-m", "benchmarks.dense_threshold", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0 and ran.stdout.startswith("usage: tzoo bench dense-threshold"), ran.stderr
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -301,3 +322,91 @@ def test_an_unknown_kind_says_how_to_load_a_plugin(capsys):
     err = capsys.readouterr().err
     assert "unknown norm kind 'scalenorm'" in err
     assert "--plugin MODULE (or TZOO_PLUGINS=MODULE)" in " ".join(err.split())
+
+
+def _tree(text: str) -> list[str]:
+    """The module tree of ``tzoo show --modules``: its lines, without the parameter count."""
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("# parameters")]
+
+
+def test_show_modules_names_the_kind_class_and_file_of_every_module(capsys):
+    assert main(["show", "transformer-base", "--modules"]) == 0
+    lines = _tree(capsys.readouterr().out)
+    assert lines[0].split() == ["transformer-base", "model", "EncoderDecoder", "core/model.py"]
+    no_file = [line for line in lines if not re.search(r"\s[\w/]+\.py(\s|$)", line)]
+    assert not no_file, f"lines without a file: {no_file}"
+    text = "\n".join(lines)
+    for shown in (
+        r"self_attn\s+attention\s+MultiHeadAttention\s+core/attention\.py",
+        r"kernel\s+kernel\s+sdpa_kernel\(\)\s+core/attention\.py",
+        r"layers\.0-5\s+layer\s+TransformerLayer\s+core/layers\.py\s+\(x6\)",
+        r"ffn\s+ffn\s+FeedForward\s+core/layers\.py",
+        r"positional\s+positional\s+SinusoidalPositional\s+core/positional\.py",
+        r"token\s+embedding\s+Embedding\s+torch/nn/modules/sparse\.py\s+\(the same module as src_embed\.token\)",
+        r"proj\s+linear\s+Linear\s+torch/nn/modules/linear\.py\s+\(weight tied to src_embed\.token\.weight\)",
+        r"head\s+head\s+LMHead\s+core/heads\.py",
+    ):
+        assert re.search(shown, text), f"{shown!r} not in:\n{text}"
+    assert len(lines) < 60, "six alike layers are one line each side"
+
+
+def test_show_modules_as_json_is_a_tree_with_a_file_at_every_node(capsys):
+    shown = run_json(capsys, "show", "bert-tiny", "--modules")
+    assert shown["config"]["variant"] == "bert-tiny" and shown["parameters"] > 0
+
+    def nodes(node):
+        yield node
+        for child in node.get("children", []):
+            yield from nodes(child)
+
+    every = list(nodes(shown["modules"]))
+    assert all(node["file"].endswith(".py") and node["kind"] and node["class"] for node in every)
+    assert (shown["modules"]["class"], shown["modules"]["file"]) == ("Bert", "plugins/bert/__init__.py")
+    kinds = {node["kind"] for node in every}
+    assert {"model", "embedding", "positional", "stack", "layer", "attention", "kernel", "norm", "ffn", "head"} <= kinds
+
+
+@pytest.mark.parametrize("variant", ["transformer-base", "bert-base"])
+def test_the_anatomy_page_shows_the_tree_show_prints(variant, capsys):
+    """docs/concepts.md's trees are the command's output, so that they cannot drift from the code."""
+    from pathlib import Path
+
+    page = (Path(__file__).parents[1] / "docs" / "concepts.md").read_text()
+    (block,) = re.findall(rf'```text title="tzoo show {variant} --modules"\n(.*?)```', page, re.S)
+    assert main(["show", variant, "--modules"]) == 0
+    assert block == capsys.readouterr().out, f"regenerate the page's tree with: tzoo show {variant} --modules"
+
+
+def test_plugin_finds_a_module_file_in_the_current_folder(tmp_path):
+    """The console script puts the current folder on the path for --plugin and TZOO_PLUGINS (python -m
+    does by itself); a module installed elsewhere still wins over a file of the same name there."""
+    import os
+    from pathlib import Path
+
+    (tmp_path / "here_plugin.py").write_text(
+        "import tabnanny  # the standard library's, not the file beside this one\n"
+        "from typing import Literal\n\nfrom torch import nn\n\nfrom transformer_zoo import hookimpl\n"
+        "from transformer_zoo.core.options import NormOptions\n\n\n"
+        "class HereNorm(NormOptions):\n"
+        '    """A norm kind from a file in the current folder."""\n\n'
+        '    kind: Literal["herenorm"] = "herenorm"\n\n'
+        "    def build(self, *, d_model: int) -> nn.Module:\n"
+        "        return nn.LayerNorm(d_model)\n\n\n"
+        "@hookimpl\ndef tzoo_components():\n    return [HereNorm]\n"
+    )
+    (tmp_path / "tabnanny.py").write_text("raise RuntimeError('a file in the folder hid an installed module')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TZOO_PLUGINS")}
+    env["OMP_NUM_THREADS"] = "1"
+    tzoo = Path(sys.executable).with_name("tzoo")
+    result = subprocess.run(
+        [str(tzoo), "--plugin", "here_plugin", "list", "--kind", "norm", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row["plugin"] for row in json.loads(result.stdout)}
+    assert rows["herenorm"] == "here_plugin" and rows["layernorm"] == "tzoo.components"

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -73,10 +75,190 @@ def _show(args: argparse.Namespace) -> Any:
     config = api.load_config(args.name, args.set)  # a variant name, or a YAML or JSON file
     with torch.device("meta"):  # count parameters without allocating them
         model = config.build()
-    return {
+    shown = {
         "config": config.model_dump(mode="json"),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+    if args.modules:
+        shown["modules"] = module_tree(model, config.variant)
+    return shown
+
+
+# ---- tzoo show --modules: a built model as a tree of what computes it, and where -------------------
+def module_tree(model: Any, name: str = "model") -> dict[str, Any]:
+    """A built model as a tree a reader follows through the source: each node is a submodule's
+    ``name`` (its attribute), ``kind`` (model, embedding, positional, stack, layer, attention,
+    kernel, norm, ffn, head, and torch's building blocks: linear, dropout, activation, ...), ``class``
+    and ``file``, the file defining the class (relative to the package, ``core/attention.py``; a
+    class of another package from that package's folder: ``torch/nn/modules/linear.py``), then its
+    ``children``. Alike layers of a list are one node with ``count``; a module met again (a shared
+    token table) has ``same_as``, the path of its first place; a parameter of another module has
+    ``tied``: ``{"weight": "src_embed.token.weight"}``. An attention module's kernel is a child of
+    kind ``kernel``, a function (``sdpa_kernel()``) or a module."""
+    seen: dict[int, str] = {}
+    params: dict[int, str] = {}
+
+    def node(module: Any, slot: str, path: str, parent: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "name": slot,
+            "kind": _component_kind(module, slot, parent),
+            "class": type(module).__name__,
+            "file": _defined_in(type(module)),
+        }
+        if id(module) in seen:
+            return {**entry, "same_as": seen[id(module)]}
+        seen[id(module)] = path
+        tied = {}
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in params:
+                tied[param_name] = params[id(param)]
+            else:
+                params[id(param)] = f"{path}.{param_name}" if path else param_name
+        if tied:
+            entry["tied"] = tied
+        entry["children"] = children(module, path)
+        return entry
+
+    def children(module: Any, path: str) -> list[dict[str, Any]]:
+        import torch.nn as nn
+
+        from .core.attention import MultiHeadAttention
+
+        found = []
+        for slot, child in module.named_children():
+            where = f"{path}.{slot}" if path else slot
+            if type(child) in (nn.ModuleList, nn.ModuleDict):  # a container: its items, alike ones folded into one
+                items = [node(item, f"{slot}.{key}", f"{where}.{key}", module) for key, item in child.named_children()]
+                found += _fold(items, slot)
+            else:
+                found.append(node(child, slot, where, module))
+        kernel = getattr(module, "kernel", None)
+        if isinstance(module, MultiHeadAttention) and kernel is not None and not isinstance(kernel, nn.Module):
+            names = [entry["name"] for entry in found]  # in the order of the forward pass: before out_proj
+            found.insert(names.index("out_proj") if "out_proj" in names else len(found), _kernel_node(kernel))
+        return found
+
+    return node(model, name, "", None)
+
+
+def _kernel_node(kernel: Any) -> dict[str, Any]:
+    """An attention module's kernel that is no module: a function, or a callable object holding settings."""
+    import functools
+    import inspect
+
+    target = kernel.func if isinstance(kernel, functools.partial) else kernel
+    if inspect.isfunction(target) or inspect.ismethod(target):
+        what = f"{target.__qualname__}()"
+    else:
+        target = type(target)
+        what = target.__name__
+    return {"name": "kernel", "kind": "kernel", "class": what, "file": _defined_in(target), "children": []}
+
+
+def _fold(items: list[dict[str, Any]], slot: str) -> list[dict[str, Any]]:
+    """Runs of alike items of a list (``layers.0`` to ``layers.5``, built the same) as one node
+    ``layers.0-5`` with ``count``; what differs (a shared module, a tied weight) is not alike."""
+
+    def shape(entry: dict[str, Any]) -> Any:
+        return json.dumps({k: v for k, v in entry.items() if k != "name"}, sort_keys=True)
+
+    folded: list[dict[str, Any]] = []
+    start = 0
+    while start < len(items):
+        end = start + 1
+        while end < len(items) and shape(items[end]) == shape(items[start]):
+            end += 1
+        if end - start == 1:
+            folded.append(items[start])
+        else:
+            first, last = items[start]["name"].rsplit(".", 1)[1], items[end - 1]["name"].rsplit(".", 1)[1]
+            folded.append({**items[start], "name": f"{slot}.{first}-{last}", "count": end - start})
+        start = end
+    return folded
+
+
+def _component_kind(module: Any, slot: str, parent: Any) -> str:
+    """What a module is in the model: by its class for the core's own kinds of module (a plugin's
+    subclass included), else by the place it fills (``ffn``, ``norms``, ``kernel``, ...), else by
+    the name of a plugin's class (``SelfAttention2d``, ``PatchEmbedding``), else by torch's
+    building blocks."""
+    import torch.nn as nn
+
+    from .core.attention import AttentionPositional, MultiHeadAttention
+    from .core.embedding import Embeddings
+    from .core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
+    from .core.layers import FeedForward, GatedFeedForward, MixtureOfExperts, TransformerLayer
+    from .core.model import ZooModel
+    from .core.positional import LearnedPositional, SinusoidalPositional
+    from .core.stack import RecurrentStack, StandardStack, StepSignal
+
+    by_class: tuple[tuple[str, tuple[type, ...]], ...] = (
+        ("model", (ZooModel,)),
+        ("attention", (MultiHeadAttention,)),
+        ("positional", (AttentionPositional, SinusoidalPositional, LearnedPositional, StepSignal)),
+        ("stack", (StandardStack, RecurrentStack)),
+        ("layer", (TransformerLayer,)),
+        ("ffn", (FeedForward, GatedFeedForward, MixtureOfExperts)),
+        ("head", (LMHead, SequenceClassificationHead, TokenClassificationHead)),
+        ("embedding", (Embeddings,)),
+        ("identity", (nn.Identity,)),
+    )
+    for kind, classes in by_class:
+        if isinstance(module, classes):
+            return kind
+    place = slot.split(".")[0]
+    by_place = {
+        "kernel": "kernel",
+        "ffn": "ffn",
+        "norm": "norm",
+        "norms": "norm",
+        "final_norm": "norm",
+        "positional": "positional",
+        "head": "head",
+        "pooler": "pooler",
+        "src_embed": "embedding",
+        "tgt_embed": "embedding",
+    }
+    if isinstance(parent, ZooModel) and place in ("encoder", "decoder"):
+        return "stack"
+    if place in by_place:
+        return by_place[place]
+    if not type(module).__module__.startswith("torch."):  # a plugin's own module, by the name its class gives it
+        words = {"Attention": "attention", "Positional": "positional", "Embedding": "embedding", "Norm": "norm"}
+        for word, kind in {**words, "Head": "head"}.items():
+            if word in type(module).__name__:
+                return kind
+    torch_blocks: tuple[tuple[str, tuple[type, ...]], ...] = (
+        ("embedding", (nn.Embedding,)),
+        ("norm", (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.RMSNorm)),
+        ("linear", (nn.Linear,)),
+        ("conv", (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d)),
+        ("dropout", (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)),
+        ("activation", (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softmax, nn.LeakyReLU)),
+        ("sequence", (nn.Sequential,)),
+    )
+    for kind, classes in torch_blocks:
+        if isinstance(module, classes):
+            return kind
+    return "module"
+
+
+def _defined_in(obj: Any) -> str:
+    """The file defining a class or function, relative to its package's folder: ``core/attention.py``
+    for this package (whose core/, registry/ and plugins/ are these folders of a checkout),
+    ``torch/nn/modules/linear.py`` for another; the module's name when it has no file."""
+    module_name = getattr(obj, "__module__", None) or ""
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    if not file:
+        return f"<{module_name or 'unknown'}>"
+    if module_name == "__main__":
+        return Path(file).name
+    parts = module_name.split(".")
+    if parts[0] == __package__:
+        parts = parts[1:]
+    if Path(file).stem == "__init__":
+        parts.append("__init__")
+    return "/".join(parts) + ".py"
 
 
 def _schema(args: argparse.Namespace) -> Any:
@@ -197,7 +379,6 @@ def _benchmarks() -> Any:
     """The ``benchmarks`` package of a checkout: beside this package's source (an editable
     install) or in the working folder. A wheel does not carry it."""
     import importlib
-    import sys
 
     for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
         if (root / "benchmarks" / "__init__.py").is_file():
@@ -246,6 +427,36 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
         console.print(Padding(Text(row[-1]), (0, 0, 0, 4), expand=False))
 
 
+def _print_tree(console: Console, root: dict[str, Any]) -> None:
+    """A :func:`module_tree` as one line per module: the tree of names, then kind, class and file in
+    aligned columns, and what is repeated, shared or tied."""
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def walk(entry: dict[str, Any], lead: str, branch: str) -> None:
+        notes = []
+        if "count" in entry:
+            notes.append(f"x{entry['count']}")
+        if "same_as" in entry:
+            notes.append(f"the same module as {entry['same_as']}")
+        notes += [f"{name} tied to {where}" for name, where in entry.get("tied", {}).items()]
+        rows.append((lead + branch + entry["name"], entry["kind"], entry["class"], entry["file"], ", ".join(notes)))
+        below = lead + ("" if not branch else "   " if branch == "└─ " else "│  ")
+        kids = entry.get("children", [])
+        for i, child in enumerate(kids):
+            walk(child, below, "└─ " if i == len(kids) - 1 else "├─ ")
+
+    walk(root, "", "")
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for tree, kind, cls, file, note in rows:
+        line = Text(tree.ljust(widths[0]) + "  ")
+        line.append(kind.ljust(widths[1]), style="cyan")
+        line.append("  " + cls.ljust(widths[2]) + "  ")
+        line.append(file, style="green")
+        if note:
+            line.append(f"  ({note})", style="dim")
+        console.print(line, soft_wrap=True, highlight=False)
+
+
 def _count(text: str) -> int:
     value = int(text) if text.isdigit() else 0
     if value < 1:
@@ -289,9 +500,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_list)
 
-    p = command("show", help="a variant's resolved config and parameter count")
+    p = command("show", help="a variant's resolved config and parameter count, or its module tree")
     p.add_argument("name", help="a variant name or a config file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a field (repeatable)")
+    p.add_argument(
+        "--modules",
+        action="store_true",
+        help="print the built model's module tree instead of its config: each module's kind, class and the "
+        "file defining it, to read the forward pass from (docs: Concepts, Anatomy of a forward pass)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=_show)
 
@@ -414,6 +631,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _search_current_folder() -> None:
+    """Let ``--plugin`` and ``$TZOO_PLUGINS`` name a module file (or package folder) in the current
+    folder, as ``python -m transformer_zoo`` does: a console script, unlike ``python -m``, does not
+    put the current folder on ``sys.path``. It goes last, so a file there never shadows an installed
+    module; spawned workers inherit it with the rest of ``sys.path``."""
+    here = os.path.abspath(os.getcwd())
+    if here not in {os.path.abspath(entry or os.curdir) for entry in sys.path}:
+        sys.path.append(here)
+
+
 def _warn_load_errors(err: Console) -> None:
     from .registry import get_registry
 
@@ -458,12 +685,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)  # --help and --version exit here, before torch is imported
     from .registry import PluginWarning, get_registry
+    from .registry.manager import PLUGINS_VARIABLE
 
     warnings.filterwarnings("ignore", category=PluginWarning)  # printed below as one line each, with the errors
     console = Console()
     err = Console(stderr=True)
     try:
         args.plugin = [*args.plugins_first, *args.plugin]
+        if args.plugin or os.environ.get(PLUGINS_VARIABLE):
+            _search_current_folder()
         for module in dict.fromkeys(args.plugin):  # a module named twice is registered once
             get_registry().register_module(module)
         with _one_line_warnings(err):
@@ -502,6 +732,9 @@ def _main(argv: Sequence[str] | None) -> int:
             console.print(f"report: {result['report']}")
     elif args.command == "attention":
         console.print("\n".join(result), highlight=False)
+    elif args.command == "show" and args.modules:
+        _print_tree(console, result["modules"])
+        print(f"# parameters: {result['parameters']:,}")
     elif args.command == "show":
         print(yaml.safe_dump(result["config"], sort_keys=False).rstrip())
         print(f"# parameters: {result['parameters']:,}")

@@ -6,7 +6,8 @@ comment may go on after the output (``# torch.Size([2, 3]): one per row``), but 
 from it. An assignment whose comment starts with a shape, ``x = ...  # (2, 5, 1000): ...``, must
 give ``x`` that ``.shape`` (a comment such as ``# (2, <= 21)`` is prose, not checked). A YAML
 block followed by "Saved as `NAME`" is written to NAME first. The examples of docs/tasks.md and
-docs/writing-a-plugin.md are plugin files, run by test_docs_task.py and test_plugin_package.py.
+docs/writing-a-plugin.md are plugin files, run by test_docs_task.py, test_plugin_package.py,
+test_docs_talking_heads.py and test_plugin_quickstart.py (the quick start's).
 """
 
 from __future__ import annotations

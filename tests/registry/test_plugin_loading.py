@@ -295,3 +295,123 @@ def test_plugin_before_the_command_is_taken_with_those_after_it(installed_twice,
         sys.modules.pop("other_plugin", None)
     rows = {row["name"]: row["plugin"] for row in json.loads(capsys.readouterr().out)}
     assert rows["twicenorm"] == "twice_plugin" and rows["othernorm"] == "other_plugin"
+
+
+@pytest.mark.parametrize(
+    ("code", "lacks"),
+    [
+        ("import tzoo_no_such_package.part\n", "the package 'tzoo_no_such_package' is not installed here"),
+        ("import json.no_such_part\n", "it imports 'json.no_such_part', which the package 'json' does not have"),
+    ],
+)
+def test_a_plugin_module_found_but_lacking_what_it_imports_names_it(code, lacks, tmp_path, monkeypatch) -> None:
+    (tmp_path / "lacking_plugin.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(PluginLoadError) as raised:
+            get_registry().register_module("lacking_plugin")
+    finally:
+        sys.modules.pop("lacking_plugin", None)
+    message = str(raised.value)
+    assert message.startswith("plugin module 'lacking_plugin' was found, but importing it failed: it imports")
+    assert lacks in message and "importable from here" not in message
+    monkeypatch.setenv("TZOO_PLUGINS", "lacking_plugin")  # the same message, by name, from the variable
+    with pytest.warns(PluginWarning, match="'lacking_plugin' failed to load: plugin module 'lacking_plugin' was found"):
+        Registry(entry_points=True).load()
+    sys.modules.pop("lacking_plugin", None)
+
+
+@pytest.mark.parametrize("module", ["tzoo_no_such_plugin", "tzoo_no_such_package.plugin", "json.no_such_plugin"])
+def test_a_plugin_module_not_found_says_where_it_is_looked_for(module) -> None:
+    with pytest.raises(PluginLoadError, match="could not be imported .*; give a module importable from here") as raised:
+        get_registry().register_module(module)
+    assert "current folder" in str(raised.value) and "was found" not in str(raised.value)
+
+
+RELOADED = textwrap.dedent('''
+    from typing import Literal
+
+    from pydantic import Field
+    from torch import nn
+
+    from transformer_zoo import hookimpl
+    from transformer_zoo.core.options import NormOptions
+
+
+    class ReloadNorm(NormOptions):
+        """VERSION"""
+
+        kind: Literal["reloadnorm"] = "reloadnorm"
+        eps: float = Field(EPS, description="the layer norm's epsilon")
+
+        def build(self, *, d_model: int) -> nn.Module:
+            return nn.LayerNorm(d_model, eps=self.eps)
+
+
+    @hookimpl
+    def tzoo_components():
+        return [ReloadNorm]
+''')
+
+
+def test_a_module_registered_again_after_a_reload_replaces_what_it_offered(tmp_path, monkeypatch) -> None:
+    """A notebook edits its plugin file, reloads it and registers it again: the new classes count."""
+    import importlib
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    path = tmp_path / "reloading_plugin.py"
+    path.write_text(RELOADED.replace("VERSION", "The first version.").replace("EPS", "1e-5"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import reloading_plugin  # type: ignore[import-not-found]
+
+    registry = get_registry()
+    try:
+        name = tz.register_plugin(reloading_plugin)
+        first = registry.component("norm", "reloadnorm")
+        assert first is reloading_plugin.ReloadNorm and first().eps == 1e-5
+        assert tz.register_plugin(reloading_plugin) == name, "unchanged: registering again is a no-op"
+        assert registry.component("norm", "reloadnorm") is first
+        path.write_text(RELOADED.replace("VERSION", "The second, edited version.").replace("EPS", "1e-3"))
+        importlib.reload(reloading_plugin)
+        assert tz.register_plugin(reloading_plugin) == name
+        second = registry.component("norm", "reloadnorm")
+        assert second is reloading_plugin.ReloadNorm and second is not first and second().eps == 1e-3
+        assert registry.provider("norm", "reloadnorm") == name and name in registry.in_process
+        model = tz.build_model("transformer-tiny", norm="reloadnorm")
+        assert model.encoder.layers[0].norms[0].eps == 1e-3
+        path.write_text(RELOADED.replace("VERSION", "Third.").replace("EPS", "1e-2"))
+        importlib.reload(reloading_plugin)
+        assert registry.register_module("reloading_plugin") == name, "--plugin's path replaces it too"
+        assert registry.component("norm", "reloadnorm")().eps == 1e-2
+    finally:
+        if registry.pm.has_plugin("reloading_plugin"):
+            registry.unregister("reloading_plugin")
+        sys.modules.pop("reloading_plugin", None)
+
+
+def test_a_reloaded_module_that_no_longer_registers_says_its_earlier_offers_are_gone(tmp_path, monkeypatch) -> None:
+    import importlib
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    path = tmp_path / "clashing_plugin.py"
+    path.write_text(RELOADED.replace("VERSION", "Mine.").replace("EPS", "1e-5"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import clashing_plugin  # type: ignore[import-not-found]
+
+    registry = get_registry()
+    try:
+        name = tz.register_plugin(clashing_plugin)
+        path.write_text(
+            RELOADED.replace("VERSION", "Now a clash.").replace("EPS", "1e-5").replace("reloadnorm", "layernorm")
+        )
+        importlib.reload(clashing_plugin)
+        with pytest.raises(DuplicateNameError, match="norm kind 'layernorm' is provided by plugin") as raised:
+            tz.register_plugin(clashing_plugin)
+        assert f"plugin {name!r} was registered again after a reload: what it offered before was removed" in str(
+            raised.value
+        )
+        assert "reloadnorm" not in registry.components("norm") and not registry.pm.has_plugin(name)
+    finally:
+        if registry.pm.has_plugin("clashing_plugin"):
+            registry.unregister("clashing_plugin")
+        sys.modules.pop("clashing_plugin", None)
