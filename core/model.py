@@ -373,7 +373,8 @@ class EncoderDecoder(ZooModel):
 
         # one random position start per example (in training, with random offsets), shared by both sides
         ids = src if src is not None else tgt
-        starts = draw_starts(self, ids.size(0)) if isinstance(ids, Tensor) else None  # encode/decode refuse the rest
+        batched = isinstance(ids, Tensor) and ids.dim() > 0  # encode/decode refuse the rest, naming the input
+        starts = draw_starts(self, ids.size(0)) if batched else None
         enc = self.encode(src, src_mask, need_weights=need_weights, starts=starts) if self.encoder is not None else None
         dec = None
         if self.decoder is not None:

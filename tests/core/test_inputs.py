@@ -81,6 +81,7 @@ def test_the_families_are_all_here():
         (lambda t: t[:0], r": an empty batch \(shape \(0, 5\)\); give at least one sequence"),
         (lambda t: t[:, :0], r"the sequences of .* are empty \(shape \(2, 0\)\); give at least one token per sequence"),
         (lambda t: t[0], r"must have shape \(batch, seq\), got shape \(5,\)"),
+        (lambda t: t[0, 0], r"must have shape \(batch, seq\), got shape \(\)"),
     ],
 )
 def test_token_ids_other_than_a_long_batch_are_refused(token_model, convert, message):
