@@ -417,3 +417,41 @@ def test_a_task_of_its_own_with_a_lower_is_better_metric_is_read_that_way(tmp_pa
     }
     panel = next(ax for ax in plots.metric_figure(results.runs).axes if ax.get_title())
     assert panel.get_ylabel() == "test error rate (lower is better)"
+
+
+def test_a_specs_problems_come_out_together_each_variant_named_by_its_entry(tmp_path):
+    nystrom = {"variant": "bert-tiny", "label": "nystrom-4", "d_model": 0}
+    spec = small_spec(variants=["transformer-tiny", nystrom, "transfomer-tiny"], train={"batch_sise": 4})
+    with pytest.raises(tz.ConfigError) as caught:
+        compare(spec, tmp_path / "out")
+    message = str(caught.value)
+    assert message.startswith("invalid compare spec, 3 problems:\n"), message
+    assert "\n  variants.1 ('nystrom-4'): invalid config for variant 'bert-tiny':\n    d_model: " in message
+    assert "\n  variants.2 ('transfomer-tiny'): unknown variant 'transfomer-tiny'; did you mean" in message
+    assert message.count("unknown key 'batch_sise'") == 1, "a problem every run shares, once"
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_sections_checked_against_each_other_are_refused_together():
+    with pytest.raises(tz.ConfigError) as caught:
+        small_spec(seeds=[0, 0], reference="bert-tiny", task_train={"digits": {"lr": 0.1}})
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "invalid compare spec:" and len(lines) == 4
+    assert "name a seed twice" in lines[1] and "reference 'bert-tiny'" in lines[2] and "task_train names" in lines[3]
+
+
+def test_compare_reads_as_its_stages():
+    import ast
+    import inspect
+
+    from transformer_zoo.comparing import runner
+
+    source = inspect.getsource(runner.compare)
+    assert len(source.splitlines()) <= 45, "compare calls its stages; each stage is a function of its own"
+    calls = sorted(
+        (node.lineno, node.func.id)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    )
+    stages = [name for _, name in calls if name in ("plan", "tune_runs", "train_runs", "summarize_runs")]
+    assert stages == ["plan", "tune_runs", "train_runs", "summarize_runs"]

@@ -236,3 +236,25 @@ def test_progress_is_a_live_table_on_a_terminal_and_lines_in_a_log():
     shown = screen.getvalue()
     assert "running" in shown and "cuda:1" in shown and "10.0.0.2 gpu 0" in shown and "queued" in shown
     assert "0/3 ended" in shown
+
+
+def test_a_run_job_and_a_trial_job_are_picklable_and_a_trial_is_named_by_its_number():
+    import dataclasses
+    import pickle
+
+    from transformer_zoo.comparing.runs import Job
+    from transformer_zoo.comparing.tuning import TrialJob
+
+    run = RunJob(name="r", config={}, run_dir="r", invocation="now", probes=("attention",), tags={"seed": "0"})
+    trial = TrialJob(
+        name="t", config={}, run_dir="t", invocation="now", journal="j.log", study="s", number=3, tune={"rungs": 2}
+    )
+    for job in (run, trial):
+        assert isinstance(job, Job) and pickle.loads(pickle.dumps(job)) == job
+    assert {f.name for f in dataclasses.fields(trial)} - {f.name for f in dataclasses.fields(Job)} == {
+        "journal",
+        "study",
+        "number",
+        "tune",
+    }, "no Optuna storage id travels: the driver keeps the trial, the job names it by study and number"
+    assert not hasattr(run, "trial")

@@ -228,3 +228,31 @@ def test_compare_and_scaling_use_only_the_trainers_public_names():
                 assert not private, f"{module.__name__} imports {private} from {node.module}"
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "train":
                 assert not node.attr.startswith("_"), f"{module.__name__} uses train.{node.attr}"
+
+
+def test_run_until_trains_a_run_in_parts_exactly_and_scores_where_it_stops(tmp_path):
+    config = small_config(holdout=40)
+    whole = train(config, tmp_path / "whole", progress=False)
+    trainer = Trainer(config, tmp_path / "parts", progress=False)
+    with trainer.lock():
+        trainer.setup()
+        first = trainer.run_until(5, score="validation")
+        assert first.step == trainer.reached == 5 and first.summary is None
+        assert set(first.scores) == set(whole["metrics"]["validation"])
+        assert trainer.history[-1] == {"step": 5, **{f"validation_{k}": v for k, v in first.scores.items()}}
+        last = trainer.run_until(score="validation")
+    assert last.step == 12 and last.summary["step"] == 12 and last.scores == last.summary["metrics"]["validation"]
+    assert last.scores == whole["metrics"]["validation"], "the same model at the end"
+    a, b = weights(tmp_path / "whole"), weights(tmp_path / "parts")
+    assert all(torch.equal(a[k], b[k]) for k in a), "two calls train exactly what one call trains"
+    assert trainer.config == config, "the trainer's config is never rewritten"
+
+
+def test_run_until_stops_at_its_time_budget_and_ends_the_run_only_when_no_step_is_asked(tmp_path):
+    trainer = Trainer(small_config(steps=1000), tmp_path, progress=False)
+    with trainer.lock():
+        trainer.setup()
+        part = trainer.run_until(500, seconds=0)
+        assert (part.step, part.scores, part.summary) == (1, None, None), "out of time after one step; the run goes on"
+        end = trainer.run_until(seconds=0)
+    assert end.step == 2 and end.summary["step"] == 2 and (tmp_path / "summary.json").is_file()

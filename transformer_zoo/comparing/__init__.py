@@ -5,12 +5,13 @@ What lives here, in the order data flows:
 
 - :mod:`.spec`: :class:`CompareSpec` (what to compare) and :func:`~.spec.plan` (every run's
   training config, checked before anything trains);
-- :mod:`.runner`: :func:`compare`, which plans the runs, trains those the run cache lacks and
-  writes the report;
+- :mod:`.runner`: :func:`compare`, in four stages: plan the runs, tune them (:mod:`.tuning`,
+  with a ``tune:`` section), train those the run cache lacks, and summarize them in the report;
 - :mod:`.runs` (one run as a :class:`~.runs.RunJob`, trained and measured by
-  :func:`~.runs.execute`), :mod:`.executors` (where runs train: local worker processes pinned
-  to devices, or Ray tasks), :mod:`.cache` (finished runs by the content that decides them)
-  and :mod:`.progress` (a live table, or a line per event);
+  :func:`~.runs.execute_run`; a tuning trial is a :class:`~.tuning.TrialJob`), :mod:`.executors`
+  (where jobs train: local worker processes pinned to devices, or Ray tasks), :mod:`.cache`
+  (finished runs by the content that decides them) and :mod:`.progress` (a live table, or a
+  line per event);
 - :mod:`.records`: :class:`RunRecord`, :class:`TaskSummary` and :class:`CompareResults`, data
   only, which everything after the runner reads;
 - :mod:`.stats` (intervals and tests over seeds), :mod:`.summary` (each task's table and

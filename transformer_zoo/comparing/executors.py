@@ -1,6 +1,6 @@
-"""Where a comparison's runs train: an :class:`Executor` takes the run jobs and yields what
-happens to them, as :class:`RunEvent` s (queued, running where, retried, done with its record,
-failed with its error). Progress reads the events; Ctrl-C stops the executor, and every run
+"""Where a comparison's runs train: an :class:`Executor` takes the jobs (:class:`~.runs.Job`: a
+run, or a tuning trial) and yields what happens to them, as :class:`RunEvent` s (queued, running
+where, retried, done with its result, failed with its error). Progress reads the events; Ctrl-C stops the executor, and every run
 keeps its last checkpoint.
 
 - :class:`LocalExecutor` (``executor: local``, the default): worker processes on this machine,
@@ -31,7 +31,7 @@ import torch
 
 from ..core.errors import ConfigError, optional
 from ..registry import get_registry
-from .runs import RunJob, attempts_so_far, available_cores, execute
+from .runs import Job, attempts_so_far, available_cores
 
 State = Literal["queued", "running", "retried", "done", "failed"]
 
@@ -42,25 +42,26 @@ class RunEvent:
 
     Attributes:
         state: queued, running (on ``where``), retried (its worker died; it starts again from its
-            last checkpoint), done (``record`` holds its record) or failed (``error`` says why).
+            last checkpoint), done (``record`` holds what its :meth:`~.runs.Job.execute` returned: a
+            run's record, a trial's result) or failed (``error`` says why).
         attempt: the start it is on (1: the first; for retried, the start to come).
     """
 
     state: State
-    job: RunJob
+    job: Job
     where: str = ""
     attempt: int = 1
-    record: dict[str, Any] | None = None
+    record: Any = None
     error: str = ""
 
 
 class Executor(ABC):
-    """Trains run jobs and tells what happens to them."""
+    """Trains jobs and tells what happens to them."""
 
     name: str = ""
 
     @abstractmethod
-    def run(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+    def run(self, jobs: list[Job]) -> Iterator[RunEvent]:
         """Train every job, yielding its events as they happen; every job ends done or failed.
 
         Raises:
@@ -149,7 +150,7 @@ def _serve(conn: connection.Connection, plugins: list[str], threads: int, device
             conn.send(("failed", broken))
             continue
         try:
-            conn.send(("done", execute(job, where)))
+            conn.send(("done", job.execute(where)))
         except Exception as exc:  # the run failed; the worker trains the next
             conn.send(("failed", describe(exc) + "\n" + traceback.format_exc(limit=-3)))
 
@@ -184,11 +185,11 @@ class LocalExecutor(Executor):
         self.in_process = in_process or len(slots) == 1
         self.fail_fast = fail_fast
 
-    def run(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+    def run(self, jobs: list[Job]) -> Iterator[RunEvent]:
         yield from (RunEvent("queued", job) for job in jobs)
         yield from self._here(jobs) if self.in_process else self._pool(jobs)
 
-    def _here(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+    def _here(self, jobs: list[Job]) -> Iterator[RunEvent]:
         device = self.slots[0]
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
@@ -197,7 +198,7 @@ class LocalExecutor(Executor):
             for job in jobs:
                 yield RunEvent("running", job, device)
                 try:
-                    record = execute(job, device)
+                    record = job.execute(device)
                 except Exception as exc:
                     if self.fail_fast:
                         raise
@@ -207,11 +208,11 @@ class LocalExecutor(Executor):
         finally:
             torch.set_num_threads(before)
 
-    def _pool(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+    def _pool(self, jobs: list[Job]) -> Iterator[RunEvent]:
         context = get_context("spawn")
         pending, attempts = deque(jobs), {job.run_dir: 0 for job in jobs}
         workers: dict[int, tuple[Any, connection.Connection]] = {}  # slot -> (process, its end of the pipe)
-        busy: dict[int, RunJob] = {}
+        busy: dict[int, Job] = {}
 
         def start(slot: int) -> None:
             here, there = context.Pipe()
@@ -299,14 +300,15 @@ def import_ray(module: str = "ray") -> Any:
     return optional(module, "ray", "executor 'ray' (every node of a cluster needs it, and transformer-zoo)")
 
 
-def _ray_run(job: RunJob, plugins: list[str], threads: int, gpus: float, news: Any) -> dict[str, Any] | None:
-    """One run as a Ray task: tell the driver where it starts (a second start is a retry), then train it."""
+def _ray_run(job: Job, plugins: list[str], threads: int, gpus: float, news: Any) -> tuple[str, int, Any]:
+    """One job as a Ray task: tell the driver where it starts (a second start is a retry), then
+    train it; returns where it trained, the attempt and the job's result."""
     ray = import_ray()
     enter_worker(plugins, threads, "cuda:0" if gpus else "cpu")  # Ray shows the task only the GPUs it was given
     where = ray.util.get_node_ip_address() + (f" gpu {','.join(map(str, ray.get_gpu_ids()))}" if gpus else "")
     attempt = attempts_so_far(job.run_dir, job.invocation) + 1
     news.put(("retried" if attempt > 1 else "running", job.run_dir, where, attempt))
-    return execute(job, where)
+    return where, attempt, job.execute(where)
 
 
 class RayExecutor(Executor):
@@ -342,14 +344,14 @@ class RayExecutor(Executor):
         self.threads, self.plugins, self.retries, self.address = threads, list(plugins), retries, address
         self.gpus_per_run, self.runs_per_device = gpus_per_run, runs_per_device
 
-    def run(self, jobs: list[RunJob]) -> Iterator[RunEvent]:
+    def run(self, jobs: list[Job]) -> Iterator[RunEvent]:
         ray = import_ray()
         # Ray's driver prints its workers' and raylets' messages (a worker died) to standard output, which
         # is the command's result (--json): while Ray runs, they go to standard error with the progress
         with contextlib.redirect_stdout(sys.stderr):
             yield from self._run(ray, jobs)
 
-    def _run(self, ray: Any, jobs: list[RunJob]) -> Iterator[RunEvent]:
+    def _run(self, ray: Any, jobs: list[Job]) -> Iterator[RunEvent]:
         queue = import_ray("ray.util.queue")
         started_here = not ray.is_initialized()
         if started_here:
@@ -358,7 +360,7 @@ class RayExecutor(Executor):
                 ray.init(num_cpus=available_cores(), **options)
             else:
                 ray.init(address=self.address, **options)
-        refs: dict[Any, RunJob] = {}
+        refs: dict[Any, Job] = {}
         try:
             gpus = self.gpus_per_run
             if gpus is None:
@@ -387,7 +389,7 @@ class RayExecutor(Executor):
                 for ref in ready:
                     job = refs.pop(ref)
                     try:
-                        record = ray.get(ref)
+                        where, attempt, record = ray.get(ref)
                     except ray.exceptions.RayTaskError as exc:  # the run raised: it would again
                         yield RunEvent(
                             "failed",
@@ -404,13 +406,7 @@ class RayExecutor(Executor):
                             error=f"{describe(exc)} (after {self.retries} retries)",
                         )
                         continue
-                    yield RunEvent(
-                        "done",
-                        job,
-                        (record or {}).get("placed_on", ""),
-                        (record or {}).get("attempts", 1),
-                        record=record,
-                    )
+                    yield RunEvent("done", job, where, attempt, record=record)
         finally:
             for ref in refs:  # Ctrl-C: stop what still trains; each run keeps its last checkpoint
                 ray.cancel(ref, force=True)

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .executors import RunEvent
-from .runs import RunJob
+from .runs import Job
 
 STYLES = {"queued": "dim", "running": "cyan", "retried": "yellow", "done": "green", "failed": "bold red"}
 
@@ -37,7 +37,7 @@ class GridProgress:
     """Shows a grid's events: a live table when ``stream`` is a terminal (``live``), else a line
     for each run that ends, fails or is retried. Use as a context manager around the events."""
 
-    def __init__(self, jobs: list[RunJob], stream: TextIO | None = None, live: bool | None = None) -> None:
+    def __init__(self, jobs: list[Job], stream: TextIO | None = None, live: bool | None = None) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.live = self.stream.isatty() if live is None else live
         self.total = len(jobs)

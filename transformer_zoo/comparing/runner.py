@@ -1,5 +1,9 @@
 """``tzoo compare``: every variant on every task, with the same data, seeds and budget.
 
+:func:`compare` runs in four stages, each a function of its own: plan (every run's config,
+checked before anything trains), :func:`tune_runs`, :func:`train_runs` and
+:func:`summarize_runs`; a :class:`Comparison` holds what they share.
+
 A spec lists variants x tasks x seeds and one budget. Each run is keyed by what decides its
 result (:mod:`~transformer_zoo.comparing.cache`); only the runs the cache has no finished run
 for train, on the spec's executor (:mod:`~transformer_zoo.comparing.executors`: worker
@@ -20,6 +24,7 @@ import platform
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -40,12 +45,13 @@ from .executors import (
     Executor,
     LocalExecutor,
     RayExecutor,
+    RunEvent,
     check_devices,
     device_slots,
     local_devices,
 )
 from .progress import GridProgress, duration
-from .records import CompareResults, Failed, RunRecord, ScalingPoint, Tuned
+from .records import CompareResults, Failed, RunRecord, ScalingPoint, Skipped, Tuned
 from .runs import (
     RunJob,
     available_cores,
@@ -56,11 +62,13 @@ from .runs import (
 from .scaling import measure_scaling
 from .spec import CompareSpec, plan
 from .summary import summarize
-from .tuning import Tuning, short, tuned_runs
+from .tuning import TrialJob, TrialResult, Tuning, short, tuned_runs
 
 __all__ = [
+    "Comparison",
     "ComparisonFailed",
     "ComparisonInterrupted",
+    "Trained",
     "compare",
     "machine",
     "make_executor",
@@ -68,7 +76,10 @@ __all__ = [
     "run_threads",
     "run_tuning",
     "scaling_points",
+    "summarize_runs",
+    "train_runs",
     "training_step_costs",
+    "tune_runs",
 ]
 
 
@@ -126,15 +137,61 @@ def machine() -> dict[str, Any]:
     }
 
 
+@dataclass
+class Comparison:
+    """What the stages of one :func:`compare` call share.
+
+    Attributes:
+        out_dir: the report folder.
+        here: the processes of this job (one, or torchrun's).
+        carried: plugin modules every worker registers; stranded: plugins no worker could import.
+        invocation: when the comparison began (its runs' records say which invocation trained them).
+        tasks: each task of the spec, built once, by kind.
+        begun: its start, on the clock of :func:`time.perf_counter`.
+    """
+
+    spec: CompareSpec
+    out_dir: Path
+    here: distributed.World
+    carried: list[str]
+    stranded: list[str]
+    invocation: str = ""
+    tasks: dict[str, Any] = field(default_factory=dict)
+    begun: float = field(default_factory=time.perf_counter)
+
+    def prepare(self) -> None:
+        """Make the report folder, stamp the invocation and build each task once."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.tasks = {options.kind: options.build() for options in self.spec.tasks}
+
+    def say(self, message: str) -> None:
+        """A progress line, from process 0; to stderr, since stdout is the command's result (--json)."""
+        if self.here.main:
+            print(message, file=sys.stderr, flush=True)
+
+    def executor(self, runs: list[tuple[str, TrainConfig]], count: int) -> Executor:
+        """The spec's executor for ``count`` jobs (:func:`make_executor`)."""
+        return make_executor(self.spec, self.here, self.carried, self.stranded, runs, count, self.say)
+
+
+@dataclass
+class Trained:
+    """What the train stage leaves: every run's folder (in the order of the runs), and by folder the
+    records of the runs that finished (the cache's included) and the events of those that failed."""
+
+    folders: list[str]
+    finished: dict[str, dict[str, Any]]
+    failed: dict[str, RunEvent]
+
+
 def compare(
     spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | None = None, *, rerun: bool = False
 ) -> CompareResults | None:
-    """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``.
-
-    Only the runs the cache (:mod:`~transformer_zoo.comparing.cache`) has no finished run for
-    train; the others are reused and marked so. Runs train on the spec's executor
-    (:mod:`~transformer_zoo.comparing.executors`); a run that fails is reported, and the others
-    are summarized without it.
+    """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``, in four
+    stages: :func:`~transformer_zoo.comparing.spec.plan` every run, :func:`tune_runs` (with a
+    ``tune:`` section), :func:`train_runs` those the run cache lacks on the spec's executor, and
+    :func:`summarize_runs`. A run that fails is reported, and the others are summarized without it.
 
     Args:
         plugins: plugin modules to register here and in every worker (``--plugin``); plugins
@@ -148,180 +205,61 @@ def compare(
 
     Raises:
         RunFolderError: ``out_dir`` or the cache is a file.
-        ConfigError: executor ray without the ray package, under torchrun, or with a plugin no
-            Ray worker could import.
+        ConfigError: a bad spec (every problem in one message); executor ray without the ray
+            package, under torchrun, or with a plugin no Ray worker could import.
         ComparisonFailed: no run finished; the message gives each run's error.
         ComparisonInterrupted: Ctrl-C; the finished runs are kept, and a run trained in this
             process saves the step it reached (workers' runs keep their last checkpoints).
     """
-    from .report import write_report
-
     out_dir = check_folder(out_dir, "report folder")
     registry = get_registry()
     for module in plugins or ():
         registry.register_module(module)
-    carried, stranded = registry.portable_plugins()
-    here = distributed.world()
-    begun = time.perf_counter()
-    runs, skipped = plan(spec, here.size)
-
-    def say(message: str) -> None:  # progress goes to stderr: stdout is the command's result (--json)
-        if here.main:
-            print(message, file=sys.stderr, flush=True)
-
+    comparison = Comparison(spec, out_dir, distributed.world(), *registry.portable_plugins())
+    runs, skipped = plan(spec, comparison.here.size)
     for item in skipped:
-        say(f"skipped {item.variant} on {item.task}: {item.reason}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    tasks = {options.kind: options.build() for options in spec.tasks}
-    tuned = _tune(spec, runs, tasks, out_dir, here, carried, stranded, invocation, say) if spec.tune else []
+        comparison.say(f"skipped {item.variant} on {item.task}: {item.reason}")
+    comparison.prepare()
+    tuned = tune_runs(comparison, runs) if spec.tune else []
     if tuned:
         runs = tuned_runs(spec.tune, runs, tuned)
-    # absolute: a Ray task on another node does not run in this folder
-    cache = RunCache((check_folder(spec.cache, "run cache") if spec.cache else out_dir / "runs").resolve())
-    by_key: dict[str, str] = {}  # two labels of one config are one run, in one folder
-    folders = []
-    for label, config in runs:
-        key = run_key(config, model_config_for(config, tasks[config.task.kind]), spec.probes)
-        folders.append(by_key.setdefault(key, str(cache.folder(label, config, key))))
-    cached = {} if rerun else {folder: record for folder in set(folders) if (record := finished_record(folder))}
-    todo = {}  # folder -> (label, config): each run once, even when two labels name the same config
-    for (label, config), folder in zip(runs, folders):
-        if folder not in cached:
-            todo.setdefault(folder, (label, config))
-    if cached:
-        say(
-            f"{len(runs) - sum(f not in cached for f in folders)} of {len(runs)} runs are finished in the run cache "
-            f"{cache.root}"
-            + (f"; training the other {len(todo)}" if todo else "; nothing to train")
-            + " (--rerun trains them all again)"
-        )
-    executor = make_executor(spec, here, carried, stranded, runs, len(todo), say)
-    # the largest budgets (steps x batch) start first, so that no long run is left to finish alone
-    order = sorted(todo.items(), key=lambda item: -item[1][1].steps * item[1][1].batch_size)
-    jobs = [
-        RunJob(
-            name=f"{config.task.kind}/{label}/seed{config.seed}",
-            config=config.model_dump(mode="json"),
-            run_dir=folder,
-            invocation=invocation,
-            probes=tuple(spec.probes),
-            rerun=rerun,
-            tags={"task": config.task.kind, "variant": label, "seed": str(config.seed)},
-        )
-        for folder, (label, config) in order
-    ]
-    finished, failed = dict(cached), {}
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(
-            _interruptions(finished, len(set(folders)), cache.root)
-        )  # entered first: left after the executor
-        progress = stack.enter_context(GridProgress(jobs, live=None if here.main else False))
-        events = executor.run(jobs)
-        stack.callback(events.close)  # Ctrl-C: the executor stops what still trains
-        for event in events:
-            if here.main:
-                progress.event(event)
-            if event.state == "done" and event.record is not None:
-                finished[event.job.run_dir] = event.record
-            elif event.state == "failed":
-                failed[event.job.run_dir] = event
-    if not here.main:
+    trained = train_runs(comparison, runs, rerun)
+    if not comparison.here.main:
         return None
-    records = [
-        _as_run(finished[folder], label, folder, out_dir, invocation)
-        for (label, _), folder in zip(runs, folders)
-        if folder in finished
-    ]
-    failures = [
-        Failed(
-            variant=label,
-            task=config.task.kind,
-            seed=config.seed,
-            attempts=failed[folder].attempt,
-            error=failed[folder].error,
-            run_folder=_relative(folder, out_dir),
-        )
-        for (label, config), folder in zip(runs, folders)
-        if folder in failed
-    ]
-    if not records:
-        raise ComparisonFailed(
-            "no run of the comparison finished:\n"
-            + "\n".join(f"  {f.variant} on {f.task} (seed {f.seed}): {f.error.splitlines()[0]}" for f in failures)
-        )
-    baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
-    if spec.scaling is not None:
-        say("measuring time and memory against length")
-    budget = {
-        (t.variant if spec.tune.compare == "tuned" else f"{t.variant} tuned", t.task): t.seconds for t in tuned
-    }  # the tuning a variant needed, in its cost columns
-    for record in records:
-        record.tuning_seconds = budget.get((record.variant, record.task))
-    results = CompareResults(
-        spec=spec.model_dump(mode="json"),
-        machine=machine(),
-        invocation=invocation,
-        runs=records,
-        skipped=skipped,
-        failed=failures,
-        baselines={kind: scores for kind, scores in baselines.items() if scores},
-        baseline_names={kind: task.baseline for kind, task in tasks.items() if baselines[kind]},
-        scaling=scaling_points(spec, runs, out_dir),
-        tuning=tuned,
-    )
-    results.summaries = summarize(results.runs, spec.reference, spec.test, invocation)
-    (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
-    write_report(results, out_dir)
-    say(
-        f"compared {len(records)} runs in {duration(time.perf_counter() - begun)} of wall time; report: "
-        f"{out_dir / 'report.md'}" + (f"; {len(failures)} run(s) failed, listed in the report" if failures else "")
-    )
-    return results
+    return summarize_runs(comparison, runs, skipped, trained, tuned)
 
 
-def _tune(
-    spec: CompareSpec,
-    runs: list[tuple[str, TrainConfig]],
-    tasks: dict[str, Any],
-    out_dir: Path,
-    here: distributed.World,
-    carried: list[str],
-    stranded: list[str],
-    invocation: str,
-    say: Any,
-) -> list[Tuned]:
-    """Tune every variant of ``runs`` on each task (:mod:`~transformer_zoo.comparing.tuning`), its trials
-    on the spec's executor; the studies are kept in ``out_dir/tuning``.
+# ---- tune ---------------------------------------------------------------------------------------
+def tune_runs(comparison: Comparison, runs: list[tuple[str, TrainConfig]]) -> list[Tuned]:
+    """Tune every variant of ``runs`` on each task (:mod:`~transformer_zoo.comparing.tuning`), its
+    trials on the spec's executor; the studies are kept in ``out_dir/tuning``.
 
     Raises:
         ConfigError: under torchrun, or a searched path that a variant's config does not have.
+        ComparisonInterrupted: Ctrl-C; the trials that ended are kept, and those in progress
+            keep their checkpoints.
     """
-    if here.launched:
+    spec = comparison.spec
+    if comparison.here.launched:
         raise ConfigError(
             "tune: runs each trial as a job of the executor; under torchrun every process trains each "
             "run together: tune in a job of one process"
         )
-    metrics = {kind: (task.metric, task.metrics[task.metric]) for kind, task in tasks.items()}
-    tuning = Tuning(spec.tune, runs, metrics, out_dir / "tuning")
+    metrics = {kind: (task.metric, task.metrics[task.metric]) for kind, task in comparison.tasks.items()}
+    tuning = Tuning(spec.tune, runs, metrics, comparison.out_dir / "tuning")
     tuning.check()
-    parallel = (
-        max(
-            1,
-            len(device_slots(spec.devices or local_devices(runs[0][1].device), spec.workers, spec.runs_per_device))
-            // len(tuning.studies),
-        )
-        if spec.executor == "local"
-        else 1
-    )
-    executor = make_executor(spec, here, carried, stranded, runs, parallel * len(tuning.studies), say)
-    say(
+    parallel = 1
+    if spec.executor == "local":  # the device slots shared among the studies
+        slots = device_slots(spec.devices or local_devices(runs[0][1].device), spec.workers, spec.runs_per_device)
+        parallel = max(1, len(slots) // len(tuning.studies))
+    executor = comparison.executor(runs, parallel * len(tuning.studies))
+    comparison.say(
         f"tuning {len(tuning.studies)} variant-task pair(s), {spec.tune.per_study} trials each "
         f"({spec.tune.sampler}, {'median pruner' if spec.tune.prune else 'no pruning'}), on a validation split of the "
         "training data; the test splits are not read"
     )
     try:
-        return run_tuning(tuning, executor, parallel, invocation, say)
+        return run_tuning(tuning, executor, parallel, comparison.invocation, comparison.say)
     except KeyboardInterrupt:
         raise ComparisonInterrupted(
             f"tuning interrupted with {tuning.ended()} of {spec.tune.per_study * len(tuning.studies)} trials ended (in "
@@ -332,47 +270,201 @@ def _tune(
 
 def run_tuning(tuning: Tuning, executor: Executor, parallel: int, invocation: str, say: Any) -> list[Tuned]:
     """Every study's trials, round by round, through ``executor`` (``parallel`` new trials of each
-    study a round); returns what each found."""
+    study a round); returns what each found. The Optuna trials stay here: a job names its trial by
+    study and number, and the study is told its result here."""
     tune = tuning.spec.model_dump(mode="json")
     total = tuning.spec.per_study * len(tuning.studies)
     for batch in tuning.rounds(parallel):
-        jobs: dict[str, tuple[tuple[str, str], Any]] = {}
-        listed = []
+        trials: dict[str, tuple[tuple[str, str], Any]] = {}  # by run folder: the pair and Optuna's trial
+        jobs = []
         for pair, trial, config in batch:
-            job = RunJob(
+            job = TrialJob(
                 name=f"{pair[1]}/{pair[0]}/trial{trial.number}",
                 config=config.model_dump(mode="json"),
                 run_dir=str(tuning.folder_of(pair, trial.number)),
                 invocation=invocation,
                 tags={"task": pair[1], "variant": pair[0], "trial": str(trial.number)},
-                trial={
-                    "journal": tuning.journal,
-                    "study": tuning.names[pair],
-                    "trial_id": trial._trial_id,
-                    "tune": tune,
-                },
+                journal=tuning.journal,
+                study=tuning.names[pair],
+                number=trial.number,
+                tune=tune,
             )
-            jobs[job.run_dir] = (pair, trial)
-            listed.append(job)
-        for event in executor.run(listed):
+            trials[job.run_dir] = (pair, trial)
+            jobs.append(job)
+        for event in executor.run(jobs):
             if event.state not in ("done", "failed"):
                 continue
-            pair, trial = jobs[event.job.run_dir]
+            pair, trial = trials[event.job.run_dir]
             result = event.record if event.state == "done" else None
             tuning.tell(pair, trial, result, event.error)
-            ended = tuning.ended()
-            outcome = (
-                "failed: " + event.error.splitlines()[0]
-                if result is None
-                else f"pruned at step {result['step']}"
-                if result["pruned"]
-                else f"validation {tuning.metrics[pair[1]][0]} {result['value']:.4g}"
-            )
             say(
-                f"tuning [{ended}/{total}] {pair[0]} on {pair[1]}, trial {trial.number} "
-                f"({', '.join(f'{k}={short(v)}' for k, v in trial.params.items())}): {outcome}"
+                f"tuning [{tuning.ended()}/{total}] {pair[0]} on {pair[1]}, trial {trial.number} "
+                f"({', '.join(f'{k}={short(v)}' for k, v in trial.params.items())}): "
+                + _trial_outcome(result, event.error, tuning.metrics[pair[1]][0])
             )
     return tuning.summary()
+
+
+def _trial_outcome(result: TrialResult | None, error: str, metric: str) -> str:
+    """How a trial ended, as its progress line says it."""
+    if result is None:
+        return "failed: " + error.splitlines()[0]
+    return f"pruned at step {result.step}" if result.pruned else f"validation {metric} {result.value:.4g}"
+
+
+# ---- train --------------------------------------------------------------------------------------
+def train_runs(comparison: Comparison, runs: list[tuple[str, TrainConfig]], rerun: bool = False) -> Trained:
+    """Train the runs the run cache has no finished run for (every run with ``rerun``), each once
+    even when two labels name the same config, on the spec's executor, showing their progress.
+
+    Raises:
+        RunFolderError: the cache is a file.
+        ComparisonInterrupted: Ctrl-C; the finished runs are kept.
+    """
+    cache, folders = run_folders(comparison, runs)
+    cached = {} if rerun else {folder: record for folder in set(folders) if (record := finished_record(folder))}
+    todo = {}  # folder -> (label, config)
+    for (label, config), folder in zip(runs, folders):
+        if folder not in cached:
+            todo.setdefault(folder, (label, config))
+    if cached:
+        comparison.say(
+            f"{len(runs) - sum(f not in cached for f in folders)} of {len(runs)} runs are finished in the run cache "
+            f"{cache.root}"
+            + (f"; training the other {len(todo)}" if todo else "; nothing to train")
+            + " (--rerun trains them all again)"
+        )
+    executor = comparison.executor(runs, len(todo))
+    trained = Trained(folders, dict(cached), {})
+    jobs = run_jobs(comparison, todo, rerun)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_interruptions(trained.finished, len(set(folders)), cache.root))  # left after the executor
+        progress = stack.enter_context(GridProgress(jobs, live=None if comparison.here.main else False))
+        events = executor.run(jobs)
+        stack.callback(events.close)  # Ctrl-C: the executor stops what still trains
+        for event in events:
+            if comparison.here.main:
+                progress.event(event)
+            if event.state == "done" and event.record is not None:
+                trained.finished[event.job.run_dir] = event.record
+            elif event.state == "failed":
+                trained.failed[event.job.run_dir] = event
+    return trained
+
+
+def run_folders(comparison: Comparison, runs: list[tuple[str, TrainConfig]]) -> tuple[RunCache, list[str]]:
+    """The run cache, and each run's folder in it, by the key of what decides its result (two
+    labels of one config are one run, in one folder)."""
+    spec = comparison.spec
+    # absolute: a Ray task on another node does not run in this folder
+    cache = RunCache((check_folder(spec.cache, "run cache") if spec.cache else comparison.out_dir / "runs").resolve())
+    by_key: dict[str, str] = {}
+    folders = []
+    for label, config in runs:
+        key = run_key(config, model_config_for(config, comparison.tasks[config.task.kind]), spec.probes)
+        folders.append(by_key.setdefault(key, str(cache.folder(label, config, key))))
+    return cache, folders
+
+
+def run_jobs(comparison: Comparison, todo: dict[str, tuple[str, TrainConfig]], rerun: bool) -> list[RunJob]:
+    """The jobs of the runs to train, by folder; the largest budgets (steps x batch) first, so that
+    no long run is left to finish alone."""
+    order = sorted(todo.items(), key=lambda item: -item[1][1].steps * item[1][1].batch_size)
+    return [
+        RunJob(
+            name=f"{config.task.kind}/{label}/seed{config.seed}",
+            config=config.model_dump(mode="json"),
+            run_dir=folder,
+            invocation=comparison.invocation,
+            probes=tuple(comparison.spec.probes),
+            rerun=rerun,
+            tags={"task": config.task.kind, "variant": label, "seed": str(config.seed)},
+        )
+        for folder, (label, config) in order
+    ]
+
+
+# ---- summarize ----------------------------------------------------------------------------------
+def summarize_runs(
+    comparison: Comparison,
+    runs: list[tuple[str, TrainConfig]],
+    skipped: list[Skipped],
+    trained: Trained,
+    tuned: list[Tuned],
+) -> CompareResults:
+    """The comparison's results (intervals and tests over seeds, baselines, scaling, tuning),
+    written to ``results.json``, ``report.md`` and plots.
+
+    Raises:
+        ComparisonFailed: no run finished; the message gives each run's error.
+    """
+    from .report import write_report
+
+    spec, out_dir, tasks = comparison.spec, comparison.out_dir, comparison.tasks
+    records, failures = collect_records(comparison, runs, trained, tuned)
+    baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
+    if spec.scaling is not None:
+        comparison.say("measuring time and memory against length")
+    results = CompareResults(
+        spec=spec.model_dump(mode="json"),
+        machine=machine(),
+        invocation=comparison.invocation,
+        runs=records,
+        skipped=skipped,
+        failed=failures,
+        baselines={kind: scores for kind, scores in baselines.items() if scores},
+        baseline_names={kind: task.baseline for kind, task in tasks.items() if baselines[kind]},
+        scaling=scaling_points(spec, runs, out_dir),
+        tuning=tuned,
+    )
+    results.summaries = summarize(results.runs, spec.reference, spec.test, comparison.invocation)
+    (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
+    write_report(results, out_dir)
+    comparison.say(
+        f"compared {len(records)} runs in {duration(time.perf_counter() - comparison.begun)} of wall time; report: "
+        f"{out_dir / 'report.md'}" + (f"; {len(failures)} run(s) failed, listed in the report" if failures else "")
+    )
+    return results
+
+
+def collect_records(
+    comparison: Comparison, runs: list[tuple[str, TrainConfig]], trained: Trained, tuned: list[Tuned]
+) -> tuple[list[RunRecord], list[Failed]]:
+    """Each finished run's record as the report shows it (with the tuning its variant needed, in
+    its cost columns), and each failed run.
+
+    Raises:
+        ComparisonFailed: no run finished; the message gives each run's error.
+    """
+    out_dir, invocation = comparison.out_dir, comparison.invocation
+    done = [(label, config, folder) for (label, config), folder in zip(runs, trained.folders)]
+    records = [
+        _as_run(trained.finished[folder], label, folder, out_dir, invocation)
+        for label, _, folder in done
+        if folder in trained.finished
+    ]
+    failures = [
+        Failed(
+            variant=label,
+            task=config.task.kind,
+            seed=config.seed,
+            attempts=trained.failed[folder].attempt,
+            error=trained.failed[folder].error,
+            run_folder=_relative(folder, out_dir),
+        )
+        for label, config, folder in done
+        if folder in trained.failed
+    ]
+    if not records:
+        raise ComparisonFailed(
+            "no run of the comparison finished:\n"
+            + "\n".join(f"  {f.variant} on {f.task} (seed {f.seed}): {f.error.splitlines()[0]}" for f in failures)
+        )
+    labelled = comparison.spec.tune is not None and comparison.spec.tune.compare == "tuned"
+    budget = {(t.variant if labelled else f"{t.variant} tuned", t.task): t.seconds for t in tuned}
+    for record in records:
+        record.tuning_seconds = budget.get((record.variant, record.task))
+    return records, failures
 
 
 def make_executor(

@@ -1,9 +1,11 @@
 """One run of a comparison, wherever it trains: a :class:`RunJob` says what to train and where
-to write it, and :func:`execute` trains it (resuming its folder's checkpoint) and measures it
+to write it, and :func:`execute_run` trains it (resuming its folder's checkpoint) and measures it
 into a :class:`~transformer_zoo.comparing.records.RunRecord`.
 
-An executor (:mod:`~transformer_zoo.comparing.executors`) calls :func:`execute` in a worker
-process, a Ray task or this process; everything here is picklable and reads only the job.
+An executor (:mod:`~transformer_zoo.comparing.executors`) takes :class:`Job` s, a run's or a
+tuning trial's (:class:`~transformer_zoo.comparing.tuning.TrialJob`), and calls each one's
+:meth:`Job.execute` in a worker process, a Ray task or this process; a job is picklable, and its
+execution reads only the job.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import itertools
 import json
 import os
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,42 +40,60 @@ ATTEMPTS = "attempts.json"
 
 
 @dataclass(frozen=True)
-class RunJob:
-    """What one run trains and where it writes.
+class Job(ABC):
+    """What an executor trains and where it writes.
 
     Attributes:
-        name: the run's name in progress and trackers (``task/variant/seed0``).
+        name: the job's name in progress and trackers (``task/variant/seed0``).
         config: its training config, as JSON data.
         run_dir: its run folder (where every process that may train it can write: see
             docs/scaling.md).
         invocation: the comparison's invocation (its start time).
-        probes: the spec's probes of the trained model.
-        rerun: train from scratch even where the folder holds a finished run or a checkpoint.
         progress: show the training's own progress bar (one run at a time, on a terminal).
-        tags: task, variant and seed, for trackers that group runs.
-        trial: for a tuning trial (:mod:`~transformer_zoo.comparing.tuning`), its study's journal,
-            name and trial id and the spec's ``tune`` section; None for a run of the comparison.
+        tags: task, variant and seed (or trial), for trackers that group runs.
     """
 
     name: str
     config: dict[str, Any]
     run_dir: str
     invocation: str
-    probes: tuple[str, ...] = ()
-    rerun: bool = False
     progress: bool = False
     tags: dict[str, str] = field(default_factory=dict)
-    trial: dict[str, Any] | None = None
 
     @property
     def title(self) -> str:
-        """The run as progress names it: ``VARIANT on TASK (seed S)``."""
+        """The job as progress names it: ``VARIANT on TASK (seed S)``."""
         tags = self.tags
         return (
             f"{tags['variant']} on {tags['task']} (seed {tags['seed']})"
             if {"variant", "task", "seed"} <= set(tags)
             else self.name
         )
+
+    @abstractmethod
+    def execute(self, where: str = "") -> Any:
+        """Train the job (resuming its folder's checkpoint) and return its result, as the driver
+        reads it.
+
+        Args:
+            where: the device or node it trains on, as progress shows it.
+        """
+
+
+@dataclass(frozen=True)
+class RunJob(Job):
+    """A run of the comparison: trained, measured and recorded (:func:`execute_run`).
+
+    Attributes:
+        probes: the spec's probes of the trained model.
+        rerun: train from scratch even where the folder holds a finished run or a checkpoint.
+    """
+
+    probes: tuple[str, ...] = ()
+    rerun: bool = False
+
+    def execute(self, where: str = "") -> dict[str, Any] | None:
+        return execute_run(self, where)
 
 
 def available_cores() -> int:
@@ -105,33 +126,32 @@ def count_attempt(run_dir: Path, invocation: str) -> int:
 _TASKS: dict[str, Any] = {}  # a process's built tasks, by options: each builds its data once for all its runs
 
 
-def execute(job: RunJob, where: str = "") -> dict[str, Any] | None:
+def start_job(job: Job) -> tuple[int, TrainConfig, Any]:
+    """Start a job here: count the start in its folder (1: the first of its invocation; more: a
+    retry; always 1 in a torchrun job, whose processes nothing retries), and read its training
+    config and task (built once per process)."""
+    here = distributed.world()
+    attempt = 1 if here.launched else count_attempt(Path(job.run_dir), job.invocation)
+    config = TrainConfig.model_validate(job.config)
+    key = config.task.model_dump_json()
+    if key not in _TASKS:
+        _TASKS[key] = config.task.build()
+    return attempt, config, _TASKS[key]
+
+
+def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
     """Train one run (resuming its folder's checkpoint, unless ``job.rerun`` and this is its
     first attempt) and measure it; returns its record (also ``record.json`` in its folder), or
-    None in a torchrun job's processes but 0. A tuning trial's job returns the trial's result
-    (:func:`~transformer_zoo.comparing.tuning.execute_trial`).
+    None in a torchrun job's processes but 0.
 
     Args:
         where: the device or node it trains on, as progress shows it.
     """
     run_dir = Path(job.run_dir)
-    here = distributed.world()
-    if here.launched:  # a torchrun job's processes train each run together, and nothing retries them
-        attempt, fresh = 1, job.rerun
-    else:
-        attempt = count_attempt(run_dir, job.invocation)
-        fresh = job.rerun and attempt == 1
+    attempt, config, task = start_job(job)
+    fresh = job.rerun and attempt == 1
     if fresh:
         (run_dir / RECORD).unlink(missing_ok=True)
-    config = TrainConfig.model_validate(job.config)
-    key = config.task.model_dump_json()
-    if key not in _TASKS:
-        _TASKS[key] = config.task.build()
-    task = _TASKS[key]
-    if job.trial is not None:
-        from .tuning import execute_trial
-
-        return execute_trial(job, config, task)
     cuda = torch.cuda.is_available() and config.device != "cpu"
     if cuda:
         torch.cuda.reset_peak_memory_stats()

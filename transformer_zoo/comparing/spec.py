@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 
 from ..api import build_model, load_config
 from ..configs import read_config, validate
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, UnknownNameError, ZooError, naming
 from ..core.options import Options, TaskField
 from ..training.config import TrainConfig, model_config_for
 from .probes import PROBE_NAMES, ProbeName
@@ -118,37 +118,41 @@ class CompareSpec(Options):
     )
 
     @model_validator(mode="after")
-    def _scaling_task(self) -> CompareSpec:
+    def _consistent(self) -> CompareSpec:
+        """Every section against the others, each problem found in one message."""
+        problems = []
         if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds {self.seeds} name a seed twice; give each once")
+            problems.append(f"seeds {self.seeds} name a seed twice; give each once")
         labels = [_label(variant) for variant in self.variants]
         if len(set(labels)) != len(labels):
-            raise ValueError(f"variants {labels} name a variant twice; give each once")
+            problems.append(f"variants {labels} name a variant twice; give each once")
         if self.reference is not None and self.reference not in labels:
-            raise ValueError(
+            problems.append(
                 f"reference {self.reference!r} is not one of the spec's variants {labels}; name one "
                 "of them (a config variant by its label, as the report shows it)"
             )
         kinds = [task.kind for task in self.tasks]
         twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
         if twice:
-            raise ValueError(
+            problems.append(
                 f"tasks name the kind {twice[0]!r} more than once; a report keys its tables by task kind, "
                 "so compare each dataset of one kind in a spec of its own"
             )
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
-            raise ValueError(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
+            problems.append(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
         unknown = sorted(set(self.variant_train) - set(labels))
         if unknown:
-            raise ValueError(
+            problems.append(
                 f"variant_train names {unknown}, which are not among the spec's variants {labels}; key it "
                 "by a variant's label (a config variant's 'label')"
             )
         if self.scaling is not None and self.scaling.task is not None and self.scaling.task not in kinds:
-            raise ValueError(
+            problems.append(
                 f"scaling.task {self.scaling.task!r} is not one of the spec's tasks {kinds}; name one of them"
             )
+        if problems:
+            raise ValueError("\n  ".join(problems))
         return self
 
 
@@ -188,60 +192,110 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
     Args:
         processes: the processes every run trains over (a torchrun job's); a model that trains
             in several phases (a GAN) is skipped when there are more than one.
+
+    Raises:
+        ConfigError: every problem of the spec's variants (each named by its entry, ``variants.1``,
+            and label), training options and model options, in one message; or no variant can do
+            any of the tasks.
+        UnknownNameError: a variant is not registered, the spec's only problem.
     """
-    runs, skipped = [], []
-    fields = set()
-    for label, variant in ((_label(v), _unlabelled(v)) for v in spec.variants):
-        config = load_config({"variant": variant} if isinstance(variant, str) else variant)  # unknown names fail here
+    runs, skipped, problems = [], [], []
+    fields, unloaded = set(), []
+    for index, entry in enumerate(spec.variants):
+        label, variant = _label(entry), _unlabelled(entry)
+        try:
+            with naming(f"variants.{index} ({label!r})"):  # unknown names fail here
+                config = load_config({"variant": variant} if isinstance(variant, str) else variant)
+        except (ConfigError, UnknownNameError) as exc:
+            problems.append(exc)
+            unloaded.append(label)
+            continue
         fields |= set(type(config).model_fields)
         variant = _with_model_options(variant, type(config), spec.model)
         for task_options in spec.tasks:
-            task = task_options.build()
-            for seed in spec.seeds:
-                config = validate(
-                    TrainConfig,
-                    {
-                        **spec.train,
-                        "steps": spec.steps,
-                        "max_seconds": spec.seconds,
-                        **spec.task_train.get(task_options.kind, {}),
-                        **spec.variant_train.get(label, {}),
-                        "model": variant,
-                        "task": task_options,
-                        "seed": seed,
-                    },
-                    "compare spec 'train', 'task_train' and 'variant_train' options",
-                )
-                if processes > 1 and config.batch_size % processes:
-                    where = "task_train" if "batch_size" in spec.task_train.get(task_options.kind, {}) else "train"
-                    raise ConfigError(
-                        f"batch_size {config.batch_size} is each run's global batch, split over the job's "
-                        f"{processes} processes; set the spec's {where} batch_size "
-                        f"({task_options.kind!r}) to a multiple of {processes}"
-                    )
-                try:
-                    model = model_config_for(config, task)
-                    phases = _phases(model) if processes > 1 else []
-                    if len(phases) > 1:
-                        raise ValueError(
-                            f"{model.variant!r} trains in phases {phases}, which run in one process only; "
-                            "compare it in a job of one process"
-                        )
-                except ValueError as exc:
-                    skipped.append(Skipped(variant=label, task=task_options.kind, reason=str(exc)))
-                    break
-                runs.append((label, config))
+            try:
+                found = _task_runs(spec, label, variant, task_options, processes)
+            except ConfigError as exc:
+                problems.append(exc)
+                continue
+            if isinstance(found, Skipped):
+                skipped.append(found)
+            else:
+                runs += found
     unknown = sorted(set(spec.model) - fields)
-    if unknown:
-        raise ConfigError(
-            f"the spec's model options {unknown} are fields of none of its variants' configs; "
-            "see `tzoo show VARIANT` for the fields a variant has"
+    if unknown and not unloaded:  # a variant that did not load may have them
+        problems.append(
+            ConfigError(
+                f"the spec's model options {unknown} are fields of none of its variants' configs; "
+                "see `tzoo show VARIANT` for the fields a variant has"
+            )
         )
+    _refuse(problems)
     if not runs:
         raise ConfigError(
             "no variant in the spec can do any of its tasks:\n" + "\n".join(f"  {s.reason}" for s in skipped)
         )
     return runs, skipped
+
+
+def _task_runs(
+    spec: CompareSpec, label: str, variant: str | dict[str, Any], task_options: Any, processes: int
+) -> list[tuple[str, TrainConfig]] | Skipped:
+    """A variant's runs on one task, a seed each; or why it cannot do the task.
+
+    Raises:
+        ConfigError: the spec's training options do not validate for these runs, or a batch does
+            not split over the processes.
+    """
+    task = task_options.build()
+    runs = []
+    for seed in spec.seeds:
+        config = validate(
+            TrainConfig,
+            {
+                **spec.train,
+                "steps": spec.steps,
+                "max_seconds": spec.seconds,
+                **spec.task_train.get(task_options.kind, {}),
+                **spec.variant_train.get(label, {}),
+                "model": variant,
+                "task": task_options,
+                "seed": seed,
+            },
+            "compare spec 'train', 'task_train' and 'variant_train' options",
+        )
+        if processes > 1 and config.batch_size % processes:
+            where = "task_train" if "batch_size" in spec.task_train.get(task_options.kind, {}) else "train"
+            raise ConfigError(
+                f"batch_size {config.batch_size} is each run's global batch, split over the job's "
+                f"{processes} processes; set the spec's {where} batch_size "
+                f"({task_options.kind!r}) to a multiple of {processes}"
+            )
+        try:
+            model = model_config_for(config, task)
+            phases = _phases(model) if processes > 1 else []
+            if len(phases) > 1:
+                raise ValueError(
+                    f"{model.variant!r} trains in phases {phases}, which run in one process only; "
+                    "compare it in a job of one process"
+                )
+        except ValueError as exc:
+            return Skipped(variant=label, task=task_options.kind, reason=str(exc))
+        runs.append((label, config))
+    return runs
+
+
+def _refuse(problems: list[ZooError]) -> None:
+    """Raise the spec's problems together: the one as it is, several in one :class:`ConfigError`
+    (a problem that several runs share, once)."""
+    messages = list(dict.fromkeys(str(problem) for problem in problems))
+    if len(messages) == 1:
+        raise problems[0]
+    if messages:
+        raise ConfigError(
+            f"invalid compare spec, {len(messages)} problems:\n"
+            + "\n".join("  " + message.replace("\n", "\n  ") for message in messages)
+        )
 
 
 def _with_model_options(variant: str | dict[str, Any], config: type, options: dict[str, Any]) -> str | dict[str, Any]:

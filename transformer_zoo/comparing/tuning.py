@@ -3,12 +3,13 @@ same budget of trials, on a validation split carved from the training data, and 
 then run at each variant's best setting.
 
 Optuna drives the search through its ask/tell interface: each study (one per variant and task)
-asks for a trial, the trial trains as a job of the comparison's own executor (the local pool
-and its devices, or Ray), and the study is told its score. Trials report their validation
-score at evenly spaced steps (``rungs``) to the study's storage, where the median pruner stops
-one that falls behind the trials before it. The studies live in Optuna's journal file in the
-report folder, so an interrupted tuning resumes: finished trials are never run again, and one
-that was running continues from its checkpoint.
+asks for a trial, the trial trains as a :class:`TrialJob` of the comparison's own executor (the
+local pool and its devices, or Ray), and the study is told its :class:`TrialResult`. The driver
+keeps the Optuna trial objects; a job names its trial by study and number. Trials report their
+validation score at evenly spaced steps (``rungs``) to the study's storage, where the median
+pruner stops one that falls behind the trials before it. The studies live in Optuna's journal
+file in the report folder, so an interrupted tuning resumes: finished trials are never run
+again, and one that was running continues from its checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +33,7 @@ from ..training.config import TrainConfig
 from ..training.holdout import VALIDATION
 from ..training.trainer import Trainer
 from .records import TrialRecord, Tuned
+from .runs import Job, start_job
 
 PATH_ROOTS = ("train", "model")
 FIXED = frozenset({"model", "task", "steps", "max_seconds", "seed", "holdout", "holdout_seed", "eval_every", "device"})
@@ -184,59 +187,96 @@ def rung_steps(steps: int, rungs: int) -> list[int]:
     return sorted({round(steps * i / rungs) for i in range(1, rungs + 1)} - {0})
 
 
-def execute_trial(job: Any, config: TrainConfig, task: Any) -> dict[str, Any]:
-    """Train one trial (``job.trial``: the study's storage, name, trial number and pruner), scoring
-    it on the validation split at each rung; report each score to the study and stop when the
-    pruner says so. Resumes the trial's checkpoint. Returns its result as the driver reads it."""
+@dataclass(frozen=True)
+class TrialResult:
+    """How a trial ended, as its study is told (:meth:`Tuning.tell`).
+
+    Attributes:
+        pruned: the pruner stopped it.
+        value: its score, the last one it reached (None when pruned).
+        scores: its validation score at each rung it reached, an earlier attempt's included.
+        step: the step it reached.
+        seconds: how long this attempt took.
+    """
+
+    pruned: bool
+    value: float | None
+    scores: dict[int, float]
+    step: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialJob(Job):
+    """A tuning trial: trained on the validation split and scored at its rungs (:func:`execute_trial`).
+
+    Attributes:
+        journal: the studies' journal file.
+        study: the name of its study there.
+        number: the trial's number in its study.
+        tune: the spec's ``tune`` section, as JSON data.
+    """
+
+    journal: str
+    study: str
+    number: int
+    tune: dict[str, Any]
+
+    def execute(self, where: str = "") -> TrialResult:
+        _, config, task = start_job(self)
+        return execute_trial(self, config, task)
+
+
+def execute_trial(job: TrialJob, config: TrainConfig, task: Any) -> TrialResult:
+    """Train one trial, scoring it on the validation split at each rung; report each score to its
+    study and stop when the pruner says so. Resumes the trial's checkpoint."""
     optuna = optional("optuna", "tune", "tune: in a compare spec")
-    study = _study(optuna, job.trial["journal"], job.trial["study"], job.trial["tune"])
-    trial = optuna.trial.Trial(study, job.trial["trial_id"])
+    storage = _storage(optuna, job.journal)
+    study = _study(optuna, storage, job.study, job.tune)
+    trial = _trial(optuna, storage, study, job.number)
     started = time.perf_counter()
     trainer = Trainer(config, job.run_dir, task=task, progress=job.progress, name=job.name, tags=job.tags)
-    metric = f"{VALIDATION}_{task.metric}"
     scores: dict[int, float] = {}
     pruned = False
     with trainer.lock():
         trainer.setup(resume=True)
-        for rung in rung_steps(config.steps, job.trial["tune"]["rungs"]):
+        for rung in rung_steps(config.steps, job.tune["rungs"]):
             if rung <= trainer.reached and rung != config.steps:
                 continue
-            trainer.start = trainer.reached
-            if config.max_seconds is not None:  # one time budget for the whole trial, not one per rung
+            left = None  # one time budget for the whole trial, not one per rung
+            if config.max_seconds is not None:
                 left = max(config.max_seconds - (time.perf_counter() - started), 1e-3)
-                trainer.config = config.model_copy(update={"max_seconds": left})
-            summary = trainer.run(stop_after=rung)
-            if "metrics" in summary:  # the last step: the summary's scores
-                scores[trainer.reached] = summary["metrics"][VALIDATION][task.metric]
+            reached = trainer.run_until(rung, left, score=VALIDATION)
+            scores[reached.step] = reached.scores[task.metric]
+            if reached.summary is not None or reached.step < rung:  # the last step, or the time ran out
                 break
-            scores[trainer.reached] = trainer.evaluate(VALIDATION)[task.metric]
-            if trainer.reached < rung:  # the time budget ran out before the rung: this is the trial's score
-                break
-            trainer.history.append({"step": rung, metric: scores[rung]})
             trial.report(scores[rung], rung)
-            if job.trial["tune"]["prune"] and trial.should_prune():
+            if job.tune["prune"] and trial.should_prune():
                 pruned = True
                 break
+    metric = f"{VALIDATION}_{task.metric}"
     for row in trainer.history:  # scores of rungs an earlier attempt reached
         if metric in row:
             scores.setdefault(row["step"], row[metric])
-    return {
-        "trial": True,
-        "pruned": pruned,
-        "value": None if pruned else scores[max(scores)],
-        "scores": scores,
-        "step": trainer.reached,
-        "seconds": time.perf_counter() - started,
-    }
+    return TrialResult(
+        pruned=pruned,
+        value=None if pruned else scores[max(scores)],
+        scores=scores,
+        step=trainer.reached,
+        seconds=time.perf_counter() - started,
+    )
 
 
-def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction: str | None = None) -> Any:
-    """The study ``name`` in the journal file, with the spec's sampler and pruner (created when
+def _storage(optuna: Any, journal: str) -> Any:
+    """The studies' storage: Optuna's journal file ``journal``."""
+    backend = optional("optuna.storages.journal", "tune", "tune: in a compare spec").JournalFileBackend(journal)
+    return optuna.storages.JournalStorage(backend)
+
+
+def _study(optuna: Any, storage: Any, name: str, tune: dict[str, Any], direction: str | None = None) -> Any:
+    """The study ``name`` in ``storage``, with the spec's sampler and pruner (created when
     ``direction`` is given and it does not exist yet)."""
     spec = TuneSpec.model_validate(tune)
-    storage = optuna.storages.JournalStorage(
-        optional("optuna.storages.journal", "tune", "tune: in a compare spec").JournalFileBackend(journal)
-    )
 
     def tpe(seed: int) -> Any:
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(spec.startup_trials, 1))
@@ -263,6 +303,12 @@ def _study(optuna: Any, journal: str, name: str, tune: dict[str, Any], direction
     return study
 
 
+def _trial(optuna: Any, storage: Any, study: Any, number: int) -> Any:
+    """Trial ``number`` of ``study``, to report its scores to and ask whether to prune it."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    return optuna.trial.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))
+
+
 class Tuning:
     """The studies of a comparison, one per (variant label, task), driven round by round.
 
@@ -281,6 +327,7 @@ class Tuning:
         self.spec, self.folder = spec, folder
         folder.mkdir(parents=True, exist_ok=True)
         self.journal = str((folder / JOURNAL).resolve())
+        self.storage = _storage(self.optuna, self.journal)
         self.base: dict[tuple[str, str], TrainConfig] = {}
         for label, config in runs:
             self.base.setdefault((label, config.task.kind), config)
@@ -289,7 +336,7 @@ class Tuning:
         self.studies = {
             pair: _study(
                 self.optuna,
-                self.journal,
+                self.storage,
                 self.names[pair],
                 spec.model_dump(mode="json"),
                 "maximize" if metrics[pair[1]][1] == "higher" else "minimize",
@@ -346,7 +393,9 @@ class Tuning:
             batch = []
             for pair, study in self.studies.items():
                 trials = study.get_trials(deepcopy=False)
-                picked = [self.optuna.trial.Trial(study, t._trial_id) for t in trials if t.state == states.RUNNING]
+                picked = [
+                    _trial(self.optuna, self.storage, study, t.number) for t in trials if t.state == states.RUNNING
+                ]
                 ended = sum(t.state != states.RUNNING for t in trials)
                 while len(picked) < parallel and ended + len(picked) < self.spec.per_study:
                     picked.append(study.ask())
@@ -367,20 +416,20 @@ class Tuning:
         digest = hashlib.sha256(pair[0].encode()).hexdigest()[:8]
         return (self.folder / "trials" / f"{pair[1]}--{label}-{digest}--trial{number}").resolve()
 
-    def tell(self, pair: tuple[str, str], trial: Any, result: dict[str, Any] | None, error: str = "") -> None:
+    def tell(self, pair: tuple[str, str], trial: Any, result: TrialResult | None, error: str = "") -> None:
         """The study's answer for a trial that ended (None: it failed, with ``error``)."""
         study, states = self.studies[pair], self.optuna.trial.TrialState
         if result is None:
             trial.set_user_attr("error", error)
             study.tell(trial, state=states.FAIL)
             return
-        trial.set_user_attr("steps", result["step"])
-        trial.set_user_attr("seconds", trial.user_attrs.get("seconds", 0.0) + result["seconds"])
-        trial.set_user_attr("scores", {str(k): v for k, v in result["scores"].items()})
-        if result["pruned"]:
+        trial.set_user_attr("steps", result.step)
+        trial.set_user_attr("seconds", trial.user_attrs.get("seconds", 0.0) + result.seconds)
+        trial.set_user_attr("scores", {str(k): v for k, v in result.scores.items()})
+        if result.pruned:
             study.tell(trial, state=states.PRUNED)
         else:
-            study.tell(trial, result["value"])
+            study.tell(trial, result.value)
 
     def summary(self) -> list[Tuned]:
         """What each study found, with its trials and the budget it spent."""

@@ -25,13 +25,14 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..api import build_model
+from ..api import build_model, from_pretrained
 from ..registry import get_registry
 from . import distributed
 from .checkpointing import Checkpointer
@@ -44,12 +45,22 @@ from .step import Stepper, TrainingDiverged, flop_rates, peak_tflops
 from .tracking import Trackers
 
 
+@dataclass(frozen=True)
+class Reached:
+    """Where :meth:`Trainer.run_until` stopped: the ``step``, the ``scores`` asked for there, and
+    the run's ``summary`` once it ended (a torchrun process but 0: its step and rank)."""
+
+    step: int
+    scores: dict[str, float] | None = None
+    summary: dict[str, Any] | None = None
+
+
 class Trainer:
     """One training run, in parts: :meth:`lock` holds the run folder, :meth:`setup` builds the
     task, the model and its optimizers (continuing from the run folder's checkpoint),
     :meth:`batch` draws a step's batch, :meth:`step` takes one optimizer step of every phase,
-    :meth:`evaluate` scores the model, :meth:`save` writes a checkpoint, and :meth:`run` trains
-    to the budget and returns the summary.
+    :meth:`evaluate` scores the model, :meth:`save` writes a checkpoint, :meth:`run` trains
+    to the budget and returns the summary, and :meth:`run_until` trains part of it at a time.
 
     The trainer holds the loop's state and three parts: :attr:`placement` (the device, and the
     model's place among the processes), :attr:`checkpointer` (the run folder: lock, resume,
@@ -64,12 +75,12 @@ class Trainer:
         model: the model trained (sharded in place under ``parallel: fsdp``).
         phases: the model's training phases, stepped in turn on every batch.
         optimizers, schedulers: each phase's AdamW and learning-rate schedule, by phase name.
-        start: the first step :meth:`run` takes (the checkpoint's step when resuming).
+        start: the first step of the latest :meth:`run_until` (the checkpoint's step when resuming).
         reached: the last step taken.
         saved: the step of the run folder's checkpoint (None: it has none).
         resumed_from: the checkpoint's step when resuming; None for a run from scratch.
         history: the learning curve so far.
-        step_flops: FLOPs of one step over the global batch, counted on :meth:`run`'s first step.
+        step_flops: FLOPs of one step over the global batch, counted on each :meth:`run_until`'s first step.
     """
 
     def __init__(
@@ -103,10 +114,9 @@ class Trainer:
         self.checkpointer = Checkpointer(config, self.run_dir, self.placement)
         self.stepper: Stepper | None = None  # made by attach
         self.model: Any = None
-        self.start, self.history, self.tokens = 0, [], 0
-        self.reached = 0
+        self.start, self.reached, self.history, self.tokens = 0, 0, [], 0
         self.step_flops: float | None = None
-        self.name, self.tags, self.trackers = name, tags or {}, Trackers([])  # opened by run
+        self.name, self.tags, self.trackers = name, tags or {}, Trackers([])  # opened by run_until
         self._started = time.perf_counter()
 
     # the parts' state, under the names a trainer has always given it
@@ -254,6 +264,14 @@ class Trainer:
         with self.placement.whole(self.model) as model:
             return None if model is None else self.task.evaluate(model, split)
 
+    def score(self, split: str) -> dict[str, float] | None:
+        """:meth:`evaluate` ``split`` at the step reached, added to the learning curve as ``SPLIT_METRIC``."""
+        scores = self.evaluate(split)
+        if scores is not None:
+            self.history.append({"step": self.reached, **{f"{split}_{k}": v for k, v in scores.items()}})
+            self.track(self.history[-1])
+        return scores
+
     def save(self, step: int) -> None:
         """Checkpoint ``step`` into the run folder (written by process 0, every process taking
         part; :meth:`~transformer_zoo.training.checkpointing.Checkpointer.save`).
@@ -266,34 +284,37 @@ class Trainer:
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, stop_after: int | None = None) -> dict[str, Any]:
-        """Train from :attr:`start` to ``steps`` (or ``max_seconds``), checkpoint, evaluate and
-        return the summary (also in ``summary.json``, with the model in ``model/``).
+        """Train to the budget's end and return the summary: :meth:`run_until` ``stop_after`` (None:
+        ``steps``), as a mapping (``{"step", "stopped": True}`` when it stopped before the end)."""
+        reached = self.run_until(stop_after)
+        return {"step": reached.step, "stopped": True} if reached.summary is None else reached.summary
 
-        Args:
-            stop_after: stop (after checkpointing) once this step is reached, as an interruption
-                would; returns ``{"step", "stopped": True}``.
+    def run_until(self, step: int | None = None, seconds: float | None = None, *, score: str | None = None) -> Reached:
+        """Train on from the step reached until ``step`` (None: ``steps``) or for ``seconds`` (None:
+        ``max_seconds``), and checkpoint. At ``steps``, or out of time with no ``step`` asked, the run
+        ends (evaluated, ``summary.json`` and ``model/`` written); otherwise another call trains on.
+        ``score``: a split to score where it stops (:meth:`score`, unless the run ended: its summary's).
 
         Raises:
-            TrainingInterrupted: Ctrl-C; the step reached is saved first (a second Ctrl-C
-                stops at once, keeping the last checkpoint).
+            TrainingInterrupted: Ctrl-C, the step reached saved (a second stops at once, keeping the last checkpoint).
             TrainingDiverged: a loss, weight or optimizer state became non-finite.
         """
-        end = self.config.steps if stop_after is None else min(self.config.steps, stop_after)
+        end = self.config.steps if step is None else min(self.config.steps, step)
+        self.start, self.tokens = self.reached, 0
         started = self._started = time.perf_counter()
-        self.trackers = Trackers.open(
-            self.name, self.run_dir if self.placement.here.main else None, self.config, self.start, self.tags
-        )
+        folder = self.run_dir if self.placement.here.main else None
+        self.trackers = Trackers.open(self.name, folder, self.config, self.start, self.tags)
         try:
-            end = self.train_steps(end, started)
+            end = self.train_steps(end, started, self.config.max_seconds if seconds is None else seconds)
             elapsed = time.perf_counter() - started
             self.save(end)
-            if stop_after is not None and end < self.config.steps:
-                return {"step": end, "stopped": True}
+            if step is not None and end < self.config.steps:
+                return Reached(end, None if score is None else self.score(score))
             if not self.placement.here.main:
-                return {"step": end, "rank": self.placement.here.rank}
+                return Reached(end, summary={"step": end, "rank": self.placement.here.rank})
             summary = self.summary(end, elapsed)
             self.trackers.finish(summary["metrics"], end)
-            return summary
+            return Reached(end, None if score is None else summary["metrics"][score], summary)
         except TrainingInterrupted:
             raise
         except KeyboardInterrupt:  # a second Ctrl-C, or one outside the steps: the last checkpoint stands
@@ -305,9 +326,9 @@ class Trainer:
         """Hand a learning-curve row to the trackers, with the tokens per second so far."""
         self.trackers.log_row(row, self.tokens / max(time.perf_counter() - self._started, 1e-9))
 
-    def train_steps(self, end: int, started: float) -> int:
+    def train_steps(self, end: int, started: float, seconds: float | None = None) -> int:
         """Steps :attr:`start` up to ``end``, the first counted; returns the step reached (earlier
-        than ``end`` when ``max_seconds`` ran out). Ctrl-C stops it after the step under way."""
+        than ``end`` when ``seconds`` ran out). Ctrl-C stops it after the step under way."""
         self.checkpointer.start_clock()
         with self.progress_bar() as bar, stop_requests() as stop:
             shown = bar.add_task(f"{self.config.task.kind}", total=self.config.steps, completed=self.start, status="")
@@ -324,8 +345,8 @@ class Trainer:
                 bar.update(shown, completed=step + 1, status=f"loss {loss:.3f}  {rate:,.0f} tok/s")
                 if self.placement.any_true(stop.is_set()):
                     self.stop(step + 1)
-                if self.out_of_time(started):
-                    return step + 1  # the time budget is spent: finish as if this were the last step
+                if seconds is not None and self.placement.any_true(time.perf_counter() - started >= seconds):
+                    return step + 1  # the time is spent, in any process (all stop together): the last step
         return end
 
     def stop(self, done: int) -> None:
@@ -366,19 +387,10 @@ class Trainer:
             )
             self.track(self.history[-1])
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-            scores = self.evaluate(split := "test" if self.config.holdout is None else VALIDATION)
-            if self.placement.here.main:
-                self.history.append({"step": done, **{f"{split}_{k}": v for k, v in scores.items()}})
-                self.track(self.history[-1])
+            self.score("test" if self.config.holdout is None else VALIDATION)
         if self.checkpointer.due(done):
             self.save(done)
         return loss
-
-    def out_of_time(self, started: float) -> bool:
-        """Whether ``max_seconds`` of training have passed (in any process, so that all stop together)."""
-        if self.config.max_seconds is None:
-            return False
-        return self.placement.any_true(time.perf_counter() - started >= self.config.max_seconds)
 
     def progress_bar(self) -> Progress:
         """A bar of steps with the loss and throughput (process 0's, when ``progress``)."""
@@ -397,7 +409,7 @@ class Trainer:
         :meth:`save`: scores on every split but train, sizes, throughput and the learning curve;
         written to ``summary.json``, and the model to ``model/``."""
         placement = self.placement
-        held = distributed.held_parameters(self.model)
+        held, peak = distributed.held_parameters(self.model), peak_tflops(self.config, placement.device)
         model = placement.last_gathered(self.model)  # save() has just gathered the final weights
         metrics = {split: self.task.evaluate(model, split) for split in self.task.splits if split != "train"}
         summary = {
@@ -409,13 +421,7 @@ class Trainer:
             "processes": placement.here.size,
             "parallel": self.config.parallel if placement.wrapped else None,  # under torchrun: ddp or fsdp
             "train_tokens_per_second": self.tokens / max(elapsed, 1e-9),
-            **flop_rates(
-                self.step_flops,
-                end - self.start,
-                elapsed,
-                peak_tflops(self.config, placement.device),
-                placement.here.size,
-            ),
+            **flop_rates(self.step_flops, end - self.start, elapsed, peak, placement.here.size),
             "history": self.history,
             "resumed_from": self.resumed_from,  # the checkpoint's step this invocation began at; None: from scratch
         }
@@ -465,8 +471,6 @@ def train(
 
 def load_run(run_dir: str | os.PathLike) -> tuple[TrainConfig, Any, torch.nn.Module]:
     """The config, task and trained model (in eval mode) of a finished run folder."""
-    from ..api import from_pretrained
-
     run_dir = Path(run_dir)
     if not (run_dir / "train.json").is_file() or not (run_dir / "model").is_dir():
         raise FileNotFoundError(
