@@ -28,7 +28,8 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = 1
 """The version of the folder layout ``save_pretrained`` writes, saved as ``config.json``'s
-``format``; a folder of a newer format is refused, and an older one will be upgraded on loading."""
+``format``: a config of a newer format is refused (it was saved by a newer transformer-zoo), and
+one without ``format`` (written by hand) is read as this format."""
 
 
 @dataclass(frozen=True)

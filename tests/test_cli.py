@@ -410,3 +410,16 @@ def test_plugin_finds_a_module_file_in_the_current_folder(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row["plugin"] for row in json.loads(result.stdout)}
     assert rows["herenorm"] == "here_plugin" and rows["layernorm"] == "tzoo.components"
+
+
+def test_the_schema_accepts_a_saved_config_json(capsys, tmp_path):
+    import jsonschema
+
+    import transformer_zoo as tz
+
+    assert main(["schema"]) == 0
+    validator = jsonschema.Draft202012Validator(json.loads(capsys.readouterr().out))
+    folder = tz.build_model("transformer-tiny").save_pretrained(tmp_path / "model")
+    saved = json.loads((folder / "config.json").read_text())
+    validator.validate(saved)
+    assert not validator.is_valid({**saved, "format": saved["format"] + 1})

@@ -95,8 +95,16 @@ def _schema(args: argparse.Namespace) -> Any:
         families.setdefault(registry.variant(name).config, []).append(name)
     branches = []
     for config, names in families.items():
+        from .core.model import FORMAT
+
         schema = config.model_json_schema()
         schema["properties"]["variant"] = {**schema["properties"]["variant"], "enum": names}
+        schema["properties"]["format"] = {  # what save_pretrained adds to config.json
+            "type": "integer",
+            "minimum": 1,
+            "maximum": FORMAT,
+            "description": "the layout's version, written by save_pretrained; leave it out in a config of your own",
+        }
         branches.append(schema)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

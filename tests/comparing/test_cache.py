@@ -9,6 +9,7 @@ import pytest
 from transformer_zoo.cli import main
 from transformer_zoo.comparing.cache import run_key
 from transformer_zoo.comparing.runner import compare
+from transformer_zoo.comparing.runs import RECORD
 from transformer_zoo.comparing.spec import load_spec, plan
 from transformer_zoo.training.trainer import model_config_for
 
@@ -161,3 +162,15 @@ def test_a_comparison_with_no_finished_run_says_why(executor, tmp_path):
     )
     with pytest.raises(ComparisonFailed, match=r"no run of the comparison finished:\n  transformer-tiny on listops"):
         compare(spec, tmp_path)
+
+
+def test_a_cached_record_this_version_cannot_read_is_trained_again(tmp_path, capsys):
+    spec = load_spec({**ONE, "seeds": [0]})
+    first = compare(spec, tmp_path)
+    (path,) = (tmp_path / "runs").glob(f"*/{RECORD}")
+    record = json.loads(path.read_text())
+    del record["better"]  # as a record written before records carried every metric's direction
+    path.write_text(json.dumps(record))
+    again = compare(spec, tmp_path)
+    assert [r.reused for r in again.runs] == [False] and again.runs[0].metrics == first.runs[0].metrics
+    assert "better" in json.loads(path.read_text()), "the record is written again, whole"

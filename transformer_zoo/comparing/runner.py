@@ -23,7 +23,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,6 +53,7 @@ from .executors import (
 from .progress import GridProgress, duration
 from .records import CompareResults, Failed, RunRecord, ScalingPoint, Skipped, Tuned
 from .runs import (
+    RECORD,
     RunJob,
     available_cores,
     finished_record,
@@ -323,6 +324,9 @@ def train_runs(comparison: Comparison, runs: list[tuple[str, TrainConfig]], reru
     """
     cache, folders = run_folders(comparison, runs)
     cached = {} if rerun else {folder: record for folder in set(folders) if (record := finished_record(folder))}
+    stale = {folder for folder in set(folders) - cached.keys() if (Path(folder) / RECORD).is_file()}
+    if stale and not rerun:
+        comparison.say(f"{len(stale)} finished runs have records this version cannot read; training them again")
     todo = {}  # folder -> (label, config)
     for (label, config), folder in zip(runs, folders):
         if folder not in cached:
@@ -336,7 +340,7 @@ def train_runs(comparison: Comparison, runs: list[tuple[str, TrainConfig]], reru
         )
     executor = comparison.executor(runs, len(todo))
     trained = Trained(folders, dict(cached), {})
-    jobs = run_jobs(comparison, todo, rerun)
+    jobs = run_jobs(comparison, todo, rerun, stale)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_interruptions(trained.finished, len(set(folders)), cache.root))  # left after the executor
         progress = stack.enter_context(GridProgress(jobs, live=None if comparison.here.main else False))
@@ -366,9 +370,11 @@ def run_folders(comparison: Comparison, runs: list[tuple[str, TrainConfig]]) -> 
     return cache, folders
 
 
-def run_jobs(comparison: Comparison, todo: dict[str, tuple[str, TrainConfig]], rerun: bool) -> list[RunJob]:
-    """The jobs of the runs to train, by folder; the largest budgets (steps x batch) first, so that
-    no long run is left to finish alone."""
+def run_jobs(
+    comparison: Comparison, todo: dict[str, tuple[str, TrainConfig]], rerun: bool, fresh: Collection[str] = ()
+) -> list[RunJob]:
+    """The jobs of the runs to train, by folder (those of ``fresh``, and all with ``rerun``, from
+    scratch); the largest budgets (steps x batch) first, so that no long run is left to finish alone."""
     order = sorted(todo.items(), key=lambda item: -item[1][1].steps * item[1][1].batch_size)
     return [
         RunJob(
@@ -377,7 +383,7 @@ def run_jobs(comparison: Comparison, todo: dict[str, tuple[str, TrainConfig]], r
             run_dir=folder,
             invocation=comparison.invocation,
             probes=tuple(comparison.spec.probes),
-            rerun=rerun,
+            rerun=rerun or folder in fresh,
             tags={"task": config.task.kind, "variant": label, "seed": str(config.seed)},
         )
         for folder, (label, config) in order

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ValidationError
 
 from ..api import from_pretrained, load_config
 from ..core.files import atomic_write
@@ -102,9 +103,18 @@ def available_cores() -> int:
 
 
 def finished_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """The record of a finished run folder, or None."""
+    """The record of a finished run folder, or None: also for a record that is no
+    :class:`RunRecord` (one written before records carried a field they must have now), whose run
+    is then trained again."""
     path = Path(run_dir) / RECORD
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    try:
+        RunRecord.model_validate(record)
+    except ValidationError:
+        return None
+    return record
 
 
 def attempts_so_far(run_dir: str | os.PathLike, invocation: str) -> int:
