@@ -163,8 +163,9 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
     if fresh:
         (run_dir / RECORD).unlink(missing_ok=True)
     cuda = torch.cuda.is_available() and config.device != "cpu"
-    if cuda:
+    if cuda:  # the run's own peak: what the process held before it (an earlier run's tensors) does not count
         torch.cuda.reset_peak_memory_stats()
+        held = torch.cuda.memory_allocated()
     when, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
     started = time.perf_counter()
     summary = train(config, run_dir, resume=not fresh, progress=job.progress, task=task, name=job.name, tags=job.tags)
@@ -177,7 +178,7 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
     probed = run_probes(list(job.probes), trained, task)
     samples = task.plot_samples(trained, run_dir / "samples.png")
     flops, step_bytes = training_step_costs(trained, task, config)  # last: a training step moves the weights
-    peak = torch.cuda.max_memory_allocated() if cuda else step_bytes
+    peak = torch.cuda.max_memory_allocated() - held if cuda else step_bytes
     record = RunRecord(
         variant=job.tags.get("variant", model.variant),
         family=type(model).family or model.variant,
