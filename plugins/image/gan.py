@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor, nn
-from torch.nn.utils.parametrizations import spectral_norm
+from torch.nn.utils import parametrizations, parametrize
 
 from transformer_zoo.core.inputs import check_float_dtype, check_image, check_not_empty, check_tensor
 from transformer_zoo.core.model import ModelOutput, Phase, ZooModel
@@ -150,15 +150,26 @@ class Discriminator(nn.Module):
         return self.linear(features).squeeze(1) + (self.embed(labels) * features).sum(1), maps
 
 
+class _SpectralNorm(parametrizations._SpectralNorm):
+    """torch's spectral norm (``parametrizations.spectral_norm``: the same buffers and names),
+    whose power iterations do nothing on the meta device: there they compute no value, and the
+    15 that start ``u`` and ``v`` took seconds of a memory check's or a skeleton's build."""
+
+    def _power_method(self, weight_mat: Tensor, n_power_iterations: int) -> None:
+        if not weight_mat.is_meta:
+            super()._power_method(weight_mat, n_power_iterations)
+
+
 def _spectral_norm_all(module: nn.Module) -> None:
-    """Spectral normalisation on every convolution, linear map and embedding in ``module``, but
-    not on conditional batch norm's gains and biases."""
+    """Spectral normalisation (one power iteration a step, as torch's default) on every
+    convolution, linear map and embedding in ``module``, but not on conditional batch norm's
+    gains and biases."""
     for parent in list(module.modules()):
         if isinstance(parent, ConditionalBatchNorm2d):
             continue
-        for name, child in list(parent.named_children()):
+        for child in parent.children():
             if isinstance(child, (nn.Conv2d, nn.Linear, nn.Embedding)):
-                setattr(parent, name, spectral_norm(child))
+                parametrize.register_parametrization(child, "weight", _SpectralNorm(child.weight))
 
 
 class SaganGan(ZooModel):
