@@ -69,10 +69,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Any
 REVERSE_RUN = {
     "model": {"variant": "transformer-tiny", "dropout": 0.0},
     "task": {"kind": "reverse", "train_lengths": [1, 16], "test_lengths": [17, 24], "test_size": 200},
-    "steps": 1000,
+    "steps": 500,
     "batch_size": 64,
     "lr": 3e-3,
-    "warmup_steps": 100,
+    "warmup_steps": 50,
 }
 """transformer-tiny trained on reverse: the learning test's run, which the probes read too."""
 
