@@ -87,10 +87,10 @@ DIGITS_RUNS = {
     "vit-tiny": {
         "model": "vit-tiny",
         "task": "digits",
-        "steps": 800,
+        "steps": 600,
         "batch_size": 64,
         "lr": 0.002,
-        "warmup_steps": 80,
+        "warmup_steps": 60,
         "seed": 0,
     },
     "sagan-classifier-tiny": {
