@@ -27,10 +27,32 @@ What it may import: :mod:`transformer_zoo.core`, :mod:`transformer_zoo.registry`
 never the command line. :mod:`.records` imports nothing that reads it (summary, report, plots).
 """
 
-from .records import CompareResults, RunRecord, TaskSummary
-from .runner import ComparisonFailed, ComparisonInterrupted, compare
-from .spec import CompareSpec, load_spec, plan
-from .studies import reproduce, reproduce_all
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .records import CompareResults, RunRecord, TaskSummary
+    from .runner import ComparisonFailed, ComparisonInterrupted, compare
+    from .spec import CompareSpec, load_spec, plan
+    from .studies import reproduce, reproduce_all
+
+_LAZY = {
+    "CompareResults": ".records",
+    "RunRecord": ".records",
+    "TaskSummary": ".records",
+    "ComparisonFailed": ".runner",
+    "ComparisonInterrupted": ".runner",
+    "compare": ".runner",
+    "CompareSpec": ".spec",
+    "load_spec": ".spec",
+    "plan": ".spec",
+    "reproduce": ".studies",
+    "reproduce_all": ".studies",
+}
+"""Where each name below is defined: imported when first read (PEP 562), so that a worker process,
+which imports :mod:`.runs` alone, starts without the runner, the studies, statistics and plots."""
 
 __all__ = [
     "CompareResults",
@@ -45,3 +67,15 @@ __all__ = [
     "reproduce",
     "reproduce_all",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -13,7 +13,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from ..core.tasks import Better
-from .stats import ALPHA, TestKind
+
+ALPHA = 0.05
+"""The significance level of every test and the complement of every interval's confidence."""
+
+TestKind = Literal["welch", "permutation"]
+"""The tests a comparison may run on two variants' scores (:data:`~.stats.TEST_NAMES` names them)."""
 
 MODES = ("forward", "train")
 """How a scaling point is measured: inference, or a training step."""

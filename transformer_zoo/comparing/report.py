@@ -14,8 +14,8 @@ from .plots import (
     plot_throughput,
     plot_tuning,
 )
-from .records import MODE_NAMES, MODES, CompareResults, RunRecord, ScalingPoint, TaskSummary
-from .stats import ALPHA, TEST_NAMES
+from .records import ALPHA, MODE_NAMES, MODES, CompareResults, RunRecord, ScalingPoint, TaskSummary
+from .stats import TEST_NAMES
 from .summary import column_decimals, format_cell, format_number
 
 KEPT = "†"  # marks a variant with runs kept from an earlier invocation

@@ -18,9 +18,9 @@ from ..core.errors import ConfigError, UnknownNameError, ZooError, naming
 from ..core.options import Options, TaskField
 from ..training.config import TrainConfig, model_config_for
 from .probes import PROBE_NAMES, ProbeName
-from .records import Skipped
+from .records import Skipped, TestKind
 from .scaling import ScalingSpec
-from .stats import TEST_NAMES, TestKind
+from .stats import TEST_NAMES
 from .tuning import TuneSpec
 
 

@@ -26,15 +26,12 @@ import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from scipy import stats as _scipy
 
-ALPHA = 0.05
-"""The significance level of every test and the complement of every interval's confidence."""
+from .records import ALPHA, TestKind
 
-TestKind = Literal["welch", "permutation"]
 TEST_NAMES = {"welch": "Welch's t-test", "permutation": "an exact permutation test of the difference in means"}
 
 

@@ -45,10 +45,10 @@ from ..core.tasks import Better
 from ..registry import get_registry
 from .probes import PROBE_OUTPUTS
 from .progress import duration
-from .records import Cell, CompareResults
+from .records import ALPHA, Cell, CompareResults
 from .runner import compare
 from .spec import CompareSpec, plan
-from .stats import ALPHA, TEST_NAMES, bounded_interval, difference, interval, seeds_needed, spread
+from .stats import TEST_NAMES, bounded_interval, difference, interval, seeds_needed, spread
 from .summary import format_cell, format_number
 from .tuning import tuned_runs
 

@@ -8,7 +8,7 @@ task declares (:func:`~transformer_zoo.comparing.stats.bounded_interval`), any o
 Student-t interval (:func:`~transformer_zoo.comparing.stats.interval`).
 
 A winner is named only when a test says so: the best mean of a column is bold when its
-difference to every other variant's is significant at :data:`~transformer_zoo.comparing.stats.ALPHA`.
+difference to every other variant's is significant at :data:`~transformer_zoo.comparing.records.ALPHA`.
 The tests against the reference also carry Holm's correction over all of a task's tests
 (:func:`~transformer_zoo.comparing.stats.holm`). Costs measured in different invocations (a run
 kept from an interrupted comparison ran under other load) are never compared.
@@ -22,12 +22,10 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .records import Cell, Column, RunRecord, TaskSummary, Test
+from .records import ALPHA, Cell, Column, RunRecord, TaskSummary, Test, TestKind
 from .stats import (
-    ALPHA,
     TEST_NAMES,
     Interval,
-    TestKind,
     bounded_interval,
     difference,
     holm,

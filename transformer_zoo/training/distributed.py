@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
+
+# torch.distributed.checkpoint and torch.distributed.tensor (a second to import) are imported by
+# the functions of sharded training that use them, so that a process training alone starts without them
 
 
 @dataclass(frozen=True)
@@ -108,18 +105,24 @@ def fully_shard(model: nn.Module, device: torch.device, here: World) -> None:
 
 def held_parameters(model: nn.Module) -> int:
     """The parameter elements this process holds: its shards of a sharded model's."""
-    return sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters())
+    tensor = sys.modules.get("torch.distributed.tensor")  # not imported yet: no parameter is sharded
+    sharded = () if tensor is None else tensor.DTensor
+    return sum(p.to_local().numel() if isinstance(p, sharded) else p.numel() for p in model.parameters())
 
 
-WHOLE_ON_CPU = StateDictOptions(
-    full_state_dict=True, cpu_offload=True
-)  # gathered on process 0's CPU, one tensor at a time
+def _whole_on_cpu() -> Any:
+    """State dict options: gathered on process 0's CPU, one tensor at a time."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def gathered_weights(model: nn.Module) -> dict[str, Tensor]:
     """The whole weights of a sharded model, on the CPU of process 0 (empty elsewhere; every
     process must call it)."""
-    return get_model_state_dict(model, options=WHOLE_ON_CPU)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_whole_on_cpu())
 
 
 def _parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -131,7 +134,9 @@ def _parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list
 def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, here: World) -> dict[str, Any]:
     """A sharded model's optimizer state in the layout of one process's (by parameter index), on
     the CPU of process 0 (empty elsewhere; every process must call it)."""
-    state = get_optimizer_state_dict(model, optimizer, options=WHOLE_ON_CPU)
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer, options=_whole_on_cpu())
     if not here.main:
         return {}
     index = {name: i for i, name in enumerate(_parameter_names(model, optimizer))}
@@ -146,6 +151,8 @@ def gathered_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, here:
 def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load an optimizer state saved whole, by parameter index (every process reads it on the
     CPU), into a sharded model's optimizer: each process keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
     names = _parameter_names(model, optimizer)
     by_name = {
         "state": {names[int(i)]: values for i, values in state["state"].items()},
