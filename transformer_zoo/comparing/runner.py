@@ -56,6 +56,7 @@ from .runs import (
     RECORD,
     RunJob,
     available_cores,
+    built_task,
     finished_record,
     ponder_summary,
     training_step_costs,
@@ -101,7 +102,7 @@ def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_d
     if spec.scaling is None:
         return []
     options = next(t for t in spec.tasks if t.kind == (spec.scaling.task or spec.tasks[0].kind))
-    task = options.build()
+    task = built_task(options)
     configs = {label: config for label, config in runs if config.task.kind == options.kind}
     models = [(label, model_config_for(config, task)) for label, config in configs.items()]
     if not models:
@@ -164,7 +165,7 @@ class Comparison:
         """Make the report folder, stamp the invocation and build each task once."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self.tasks = {options.kind: options.build() for options in self.spec.tasks}
+        self.tasks = {options.kind: built_task(options) for options in self.spec.tasks}
 
     def say(self, message: str) -> None:
         """A progress line, from process 0; to stderr, since stdout is the command's result (--json)."""

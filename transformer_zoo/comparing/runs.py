@@ -136,6 +136,16 @@ def count_attempt(run_dir: Path, invocation: str) -> int:
 _TASKS: dict[str, Any] = {}  # a process's built tasks, by options: each builds its data once for all its runs
 
 
+def built_task(options: Any) -> Any:
+    """``options.build()``, once per process for equal options, so that a task's data are made
+    once there: for every run a worker trains, and, in the comparison's own process, for the
+    runs it trains and the summary's baselines alike."""
+    key = options.model_dump_json()
+    if key not in _TASKS:
+        _TASKS[key] = options.build()
+    return _TASKS[key]
+
+
 def start_job(job: Job) -> tuple[int, TrainConfig, Any]:
     """Start a job here: count the start in its folder (1: the first of its invocation; more: a
     retry; always 1 in a torchrun job, whose processes nothing retries), and read its training
@@ -143,10 +153,7 @@ def start_job(job: Job) -> tuple[int, TrainConfig, Any]:
     here = distributed.world()
     attempt = 1 if here.launched else count_attempt(Path(job.run_dir), job.invocation)
     config = TrainConfig.model_validate(job.config)
-    key = config.task.model_dump_json()
-    if key not in _TASKS:
-        _TASKS[key] = config.task.build()
-    return attempt, config, _TASKS[key]
+    return attempt, config, built_task(config.task)
 
 
 def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
