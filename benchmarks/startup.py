@@ -1,5 +1,6 @@
-"""How long ``tzoo`` takes to start: ``--version``, ``--help``, ``list`` and ``schema``, each in a
-fresh Python process, against a bare ``import torch`` in the same rounds.
+"""How long ``tzoo`` takes to start: ``--version``, ``--help``, ``list`` and ``schema``, and a
+comparison's worker process up to its first run (:data:`WORKER`), each in a fresh Python
+process, against a bare ``import torch`` in the same rounds.
 
 Every command runs ``--repeats`` times, in turn with the reference (the order rotated each round,
 so that all see the same machine load); the table gives median seconds, the ratio to ``import
@@ -22,12 +23,15 @@ import time
 from .common import bench_parser
 
 HEAVY = ("torch", "datasets", "sacrebleu", "matplotlib", "tokenizers", "scipy", "pandas")
+WORKER = "import transformer_zoo.comparing.runs\nfrom transformer_zoo.registry import get_registry\nget_registry()"
+"""What a comparison's worker process (a local worker, a Ray task) imports before it trains its first run."""
 COMMANDS = {
     "import torch": None,
     "tzoo --version": ["--version"],
     "tzoo --help": ["--help"],
     "tzoo list": ["list"],
     "tzoo schema": ["schema"],
+    "a worker": WORKER,
 }
 
 # Runs the command line in-process, then reports the heavy packages it imported on stderr's last line.
@@ -42,18 +46,24 @@ sys.stderr.write(json.dumps(sorted(m for m in {heavy!r} if m in sys.modules)))
 """
 
 
-def command_line(argv: list[str] | None) -> list[str]:
-    """The process that runs ``tzoo ARGV`` (``import torch`` for None), as the installed script does."""
+def command_line(argv: list[str] | str | None) -> list[str]:
+    """The process that runs ``tzoo ARGV`` (``import torch`` for None; Python code for a string),
+    as the installed script does."""
     if argv is None:
         return [sys.executable, "-c", "import torch"]
+    if isinstance(argv, str):
+        return [sys.executable, "-c", argv]
     return [sys.executable, "-c", "import sys; from transformer_zoo.cli import main; sys.exit(main())", *argv]
 
 
-def imported(argv: list[str]) -> list[str]:
-    """The heavy packages that ``tzoo ARGV`` imports."""
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(argv=argv, heavy=HEAVY)], capture_output=True, text=True, check=True
+def imported(argv: list[str] | str) -> list[str]:
+    """The heavy packages that ``tzoo ARGV`` (or the Python code ``argv``) imports."""
+    probe = (
+        f"{argv}\nimport json, sys\nsys.stderr.write(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+        if isinstance(argv, str)
+        else _PROBE.format(argv=argv, heavy=HEAVY)
     )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return json.loads(done.stderr.strip().splitlines()[-1])
 
 

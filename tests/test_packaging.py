@@ -49,6 +49,17 @@ def test_the_registry_loads_without_the_optional_packages():
     assert _imported_after(code) == ["torch"]
 
 
+def test_a_comparisons_worker_starts_without_statistics_plots_or_sharding():
+    """A worker (a local worker process, a Ray task, a torchrun process) imports what trains a run:
+    not scipy (the statistics are the comparison's), not matplotlib (imported where a run draws),
+    and not torch's sharded checkpoints and tensors (imported by sharded training)."""
+    from benchmarks.startup import WORKER
+
+    sharded = ("torch.distributed.checkpoint", "torch.distributed.tensor")
+    code = f"{WORKER}\nimport sys\nfound = [m for m in {sharded!r} if m in sys.modules]\nassert not found, found"
+    assert _imported_after(code) == ["torch"]
+
+
 def test_the_parsers_kinds_are_the_registrys_categories():
     assert KINDS == ("variant", *CATEGORIES)
 
