@@ -9,11 +9,11 @@ that ``tzoo --help`` and ``tzoo --version`` start without them.
 
 from __future__ import annotations
 
-import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .core.errors import ConfigError, UnknownNameError, ZooError
+from .core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .api import build_model, from_pretrained, list_variants, load_config
@@ -34,16 +34,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:  # PEP 562: the names that need torch, imported when first read
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY)  # PEP 562: the names that need torch, imported when first read
 
 
 def register_plugin(plugin: object, name: str | None = None) -> str:
