@@ -61,11 +61,8 @@ def _input_words(kind: str) -> str:
 def pad_batch(rows: list[list[int]], pad: int = PAD) -> tuple[Tensor, Tensor]:
     """Right-pad ``rows`` to ``(B, T)`` ids and a ``(B, T)`` mask, 1 for real tokens."""
     length = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), length), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
+    ids = torch.tensor([[*row, *[pad] * (length - len(row))] for row in rows], dtype=torch.long)
+    mask = torch.tensor([[1] * len(row) + [0] * (length - len(row)) for row in rows], dtype=torch.long)
     return ids, mask
 
 
