@@ -105,7 +105,7 @@ def _kill_a_run_mid_way(tmp_path: Path, executor: str) -> tuple[dict, str]:
         **GRID,
         "variants": ["transformer-tiny"],
         "tasks": [LISTOPS],
-        "steps": 300,
+        "steps": 100,
         "executor": executor,
         "train": {"batch_size": 4, "checkpoint_every": 20},
     }
@@ -146,7 +146,7 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_
     assert [r["attempts"] for r in runs] == [1, 2], errors  # the other run went on undisturbed
     again = runs[1]
     assert again["resumed_from"] is not None and again["resumed_from"] % 20 == 0 and again["resumed_from"] >= 20
-    assert again["steps"] == 300 and not results["failed"]
+    assert again["steps"] == 100 and not results["failed"]
     if executor == "local":
         assert "starting it again from its last checkpoint (attempt 2)" in errors
         assert sorted(r["placed_on"] for r in runs) == ["cpu #0", "cpu #1"]  # each run on its worker's slot
