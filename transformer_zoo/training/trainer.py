@@ -80,7 +80,7 @@ class Trainer:
         saved: the step of the run folder's checkpoint (None: it has none).
         resumed_from: the checkpoint's step when resuming; None for a run from scratch.
         history: the learning curve so far.
-        step_flops: FLOPs of one step over the global batch, counted on each :meth:`run_until`'s first step.
+        step_flops: FLOPs of one step over the global batch, counted on the first step this trainer takes.
     """
 
     def __init__(
@@ -327,14 +327,14 @@ class Trainer:
         self.trackers.log_row(row, self.tokens / max(time.perf_counter() - self._started, 1e-9))
 
     def train_steps(self, end: int, started: float, seconds: float | None = None) -> int:
-        """Steps :attr:`start` up to ``end``, the first counted; returns the step reached (earlier
+        """Steps :attr:`start` up to ``end`` (this trainer's first step counted); returns the step reached (earlier
         than ``end`` when ``seconds`` ran out). Ctrl-C stops it after the step under way."""
         self.checkpointer.start_clock()
         with self.progress_bar() as bar, stop_requests() as stop:
             shown = bar.add_task(f"{self.config.task.kind}", total=self.config.steps, completed=self.start, status="")
             for step in range(self.start, end):
                 batch = self.batch(step)
-                if step == self.start:
+                if self.step_flops is None:  # counted once: a trial trained in parts counts its first part
                     losses, self.step_flops = self.counted_step(step, batch)
                 else:
                     losses = self.step(step, batch)
