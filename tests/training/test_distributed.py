@@ -173,17 +173,33 @@ def test_compare_on_a_torchrun_job_trains_each_run_over_the_processes(tmp_path):
     )
 
 
-def test_a_compare_whose_batch_does_not_split_over_the_processes_is_refused_before_training(tmp_path):
+@pytest.fixture
+def two_processes(monkeypatch):
+    """As in process 0 of a torchrun job of two: the refusals below come before any process group
+    is used, so the job need not be launched (the tests above launch real ones)."""
+    from transformer_zoo.training import distributed
+
+    monkeypatch.setattr(distributed, "world", lambda: distributed.World(rank=0, size=2, launched=True))
+
+
+def test_a_compare_whose_batch_does_not_split_over_the_processes_is_refused_before_training(
+    tmp_path, capsys, two_processes
+):
+    from transformer_zoo.cli import main
+
     spec = {"variants": [CONFIG["model"]], "tasks": [CONFIG["task"]], "steps": 1, "train": {"batch_size": 5}}
-    result = torchrun(tmp_path, spec, tmp_path / "odd", command="compare")
-    assert result.returncode != 0 and not (tmp_path / "odd").exists()
-    assert "batch_size 5 is each run's global batch, split over the job's 2 processes" in result.stderr
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["compare", str(tmp_path / "spec.json"), "--out", str(tmp_path / "odd")]) != 0
+    assert not (tmp_path / "odd").exists()
+    assert "batch_size 5 is each run's global batch, split over the job's 2 processes" in capsys.readouterr().err
 
 
-def test_a_global_batch_that_does_not_split_evenly_is_refused(tmp_path):
-    result = torchrun(tmp_path, {**CONFIG, "batch_size": 7, "steps": 1}, tmp_path / "odd")
-    assert result.returncode != 0
-    assert "batch_size 7 is the global batch, split over 2 processes; use a multiple of 2" in result.stderr
+def test_a_global_batch_that_does_not_split_evenly_is_refused(tmp_path, capsys, two_processes):
+    from transformer_zoo.cli import main
+
+    (tmp_path / "odd.json").write_text(json.dumps({**CONFIG, "batch_size": 7, "steps": 1}))
+    assert main(["train", str(tmp_path / "odd.json"), "--out", str(tmp_path / "odd")]) != 0
+    assert "batch_size 7 is the global batch, split over 2 processes; use a multiple of 2" in capsys.readouterr().err
 
 
 def test_each_process_keeps_its_own_rows_of_the_global_batch():
