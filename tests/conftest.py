@@ -105,9 +105,9 @@ DIGITS_RUNS = {
     "sagan-gan": {
         "model": "sagan-gan",
         "task": {"kind": "digits-generation"},
-        "steps": 500,
+        "steps": 800,
         "batch_size": 64,
-        "lr": 8e-4,
+        "lr": 4e-4,
         "warmup_steps": 0,
         "schedule": "constant",
         "grad_clip": None,
