@@ -161,13 +161,13 @@ def test_a_time_budget_ends_training_early_and_still_evaluates(tmp_path):
 @pytest.mark.heavy
 def test_a_compiled_run_follows_the_eager_curve_and_reports_its_flops(tmp_path):
     model = {**SMALL_MODEL, "dropout": 0.0, "encoder": {"layers": 1}, "decoder": {"layers": 1}}
+    task = {**SMALL_TASK, "train_lengths": [6, 6]}  # one shape: the compiled steps share one graph
     from torch._dynamo.utils import counters
 
-    eager = train(small_config(model=model, steps=3, log_every=1, peak_tflops=0.5), tmp_path / "eager", progress=False)
+    settings = {"model": model, "task": task, "steps": 3, "log_every": 1}
+    eager = train(small_config(**settings, peak_tflops=0.5), tmp_path / "eager", progress=False)
     counters.clear()
-    compiled = train(
-        small_config(model=model, steps=3, log_every=1, compile=True), tmp_path / "compiled", progress=False
-    )
+    compiled = train(small_config(**settings, compile=True), tmp_path / "compiled", progress=False)
     assert counters["stats"]["unique_graphs"] > 0, "the model was really compiled"
     curve = [[h["loss"] for h in run["history"]] for run in (eager, compiled)]
     torch.testing.assert_close(torch.tensor(curve[0]), torch.tensor(curve[1]), rtol=1e-4, atol=1e-5)
