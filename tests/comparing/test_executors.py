@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import torch
 from transformer_zoo.comparing.executors import LocalExecutor, RayExecutor, RunEvent, device_slots, local_devices
 from transformer_zoo.comparing.progress import GridProgress
 from transformer_zoo.comparing.runner import compare, make_executor
-from transformer_zoo.comparing.runs import RunJob
+from transformer_zoo.comparing.runs import RunJob, available_cores
 from transformer_zoo.comparing.spec import load_spec, plan
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.training import distributed
@@ -95,7 +96,11 @@ def test_ray_gives_the_metrics_of_local_to_the_last_digit(tmp_path):
     for a, b in zip(local.runs, ray.runs, strict=True):
         assert (a.variant, a.task, a.seed) == (b.variant, b.task, b.seed)
         assert a.metrics == b.metrics and a.curve == b.curve, f"{a.variant} on {a.task}, seed {a.seed}"
-        assert not b.reused and b.placed_on  # the node's address
+        assert not b.reused and re.fullmatch(r"[0-9a-f]{8}@\S+ cpu", b.placed_on), b.placed_on  # node id@host, device
+    # a run holds its CPU for its whole life: never more runs train at once than the Ray instance has CPUs
+    cpus, spans = available_cores(), [run.timespan for run in ray.runs]
+    most = max(sum(start <= begun < end for start, end in spans) for begun, _ in spans)
+    assert 1 <= most <= cpus, f"{most} runs trained at once on {cpus} CPUs"
 
 
 def _kill_a_run_mid_way(tmp_path: Path, executor: str) -> tuple[dict, str]:
@@ -147,6 +152,10 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(executor, tmp_
     again = runs[1]
     assert again["resumed_from"] is not None and again["resumed_from"] % 20 == 0 and again["resumed_from"] >= 20
     assert again["steps"] == 100 and not results["failed"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert f"| 2 (resumed at step {again['resumed_from']}) |" in report, (
+        "the report says it was retried, and from where"
+    )
     if executor == "local":
         assert "starting it again from its last checkpoint (attempt 2)" in errors
         assert sorted(r["placed_on"] for r in runs) == ["cpu #0", "cpu #1"]  # each run on its worker's slot

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import sys
 import traceback
 from abc import ABC, abstractmethod
@@ -31,7 +32,7 @@ import torch
 
 from ..core.errors import ConfigError, optional
 from ..registry import get_registry
-from .runs import Job, attempts_so_far, available_cores
+from .runs import Job, attempts_so_far, available_cores, started_where
 
 State = Literal["queued", "running", "retried", "done", "failed"]
 
@@ -300,15 +301,16 @@ def import_ray(module: str = "ray") -> Any:
     return optional(module, "ray", "executor 'ray' (every node of a cluster needs it, and transformer-zoo)")
 
 
-def _ray_run(job: Job, plugins: list[str], threads: int, gpus: float, news: Any) -> tuple[str, int, Any]:
-    """One job as a Ray task: tell the driver where it starts (a second start is a retry), then
-    train it; returns where it trained, the attempt and the job's result."""
+def _ray_run(job: Job, plugins: list[str], threads: int, gpus: float) -> tuple[str, Any]:
+    """One job as a Ray task: train it, its start (and where) counted in its run folder, which is
+    how the driver learns that it started (a second start is a retry); returns where it trained
+    and the job's result. Nothing here waits on the driver, so the task holds its CPUs (and GPU)
+    for the whole run, and a lost driver-side actor cannot fail it."""
     ray = import_ray()
     enter_worker(plugins, threads, "cuda:0" if gpus else "cpu")  # Ray shows the task only the GPUs it was given
-    where = ray.util.get_node_ip_address() + (f" gpu {','.join(map(str, ray.get_gpu_ids()))}" if gpus else "")
-    attempt = attempts_so_far(job.run_dir, job.invocation) + 1
-    news.put(("retried" if attempt > 1 else "running", job.run_dir, where, attempt))
-    return where, attempt, job.execute(where)
+    device = f"gpu {','.join(map(str, ray.get_gpu_ids()))}" if gpus else "cpu"
+    where = f"{ray.get_runtime_context().get_node_id()[:8]}@{socket.gethostname()} {device}"
+    return where, job.execute(where)
 
 
 class RayExecutor(Executor):
@@ -318,7 +320,9 @@ class RayExecutor(Executor):
 
     Run folders are written by the node that trains the run, so the report folder (or the
     cache) must be a path every node shares (a network filesystem); records come back to the
-    driver as the tasks' results."""
+    driver as the tasks' results. A task tells its start only through its run folder
+    (:func:`~.runs.count_attempt`), which the driver reads between results: no actor, and no
+    call that waits on the driver."""
 
     name = "ray"
 
@@ -352,7 +356,6 @@ class RayExecutor(Executor):
             yield from self._run(ray, jobs)
 
     def _run(self, ray: Any, jobs: list[Job]) -> Iterator[RunEvent]:
-        queue = import_ray("ray.util.queue")
         started_here = not ray.is_initialized()
         if started_here:
             options = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
@@ -370,41 +373,32 @@ class RayExecutor(Executor):
                     and not all(job.config.get("device") == "cpu" for job in jobs)
                     else 0
                 )
-            news = queue.Queue(actor_options={"num_cpus": 0})
             task = ray.remote(_ray_run).options(
                 num_cpus=self.threads, num_gpus=gpus, max_retries=self.retries, retry_exceptions=False
             )
-            by_folder = {job.run_dir: job for job in jobs}
             for job in jobs:
-                refs[task.remote(job, self.plugins, self.threads, gpus, news)] = job
+                refs[task.remote(job, self.plugins, self.threads, gpus)] = job
                 yield RunEvent("queued", job)
+            seen = {job.run_dir: 0 for job in jobs}  # the starts of each run seen so far
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
-                while True:
-                    try:
-                        state, folder, where, attempt = news.get_nowait()
-                    except queue.Empty:
-                        break
-                    yield RunEvent(state, by_folder[folder], where, attempt)
+                for job in list(refs.values()):  # starts and retries, as the run folders tell them
+                    attempt, where = started_where(job.run_dir, job.invocation)
+                    if attempt > seen[job.run_dir]:
+                        seen[job.run_dir] = attempt
+                        yield RunEvent("retried" if attempt > 1 else "running", job, where, attempt)
                 for ref in ready:
                     job = refs.pop(ref)
+                    attempt = attempts_so_far(job.run_dir, job.invocation)
                     try:
-                        where, attempt, record = ray.get(ref)
+                        where, record = ray.get(ref)
                     except ray.exceptions.RayTaskError as exc:  # the run raised: it would again
-                        yield RunEvent(
-                            "failed",
-                            job,
-                            attempt=attempts_so_far(job.run_dir, job.invocation),
-                            error=describe(exc.cause) if exc.cause else str(exc),
-                        )
+                        error = describe(exc.cause) if exc.cause else str(exc)
+                        yield RunEvent("failed", job, attempt=attempt, error=error)
                         continue
                     except ray.exceptions.RayError as exc:  # its worker or node died once more than it may
-                        yield RunEvent(
-                            "failed",
-                            job,
-                            attempt=attempts_so_far(job.run_dir, job.invocation),
-                            error=f"{describe(exc)} (after {self.retries} retries)",
-                        )
+                        error = f"{describe(exc)} (after {self.retries} retries)"
+                        yield RunEvent("failed", job, attempt=attempt, error=error)
                         continue
                     yield RunEvent("done", job, where, attempt, record=record)
         finally:

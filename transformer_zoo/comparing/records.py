@@ -64,6 +64,11 @@ class RunRecord(BaseModel):
     steps: int = Field(description="optimizer steps taken")
     wall_seconds: float = Field(description="wall time of the run, evaluation included")
     started: str = Field("", description="when the run started (UTC, ISO 8601)")
+    timespan: tuple[float, float] | None = Field(
+        None,
+        description="when its last start began training and when its record was written (Unix seconds): runs "
+        "whose timespans overlap trained at once",
+    )
     threads: int = Field(0, description="the CPU threads the run trained with")
     cpus: int = Field(0, description="the cores available to the run's process")
     load_average: float = Field(
@@ -75,7 +80,9 @@ class RunRecord(BaseModel):
     reused: bool = Field(
         False, description="finished by an earlier invocation and kept: its costs were measured under other conditions"
     )
-    placed_on: str = Field("", description="where it trained: the device of a local worker, or a Ray node and its GPUs")
+    placed_on: str = Field(
+        "", description="where it trained: the device of a local worker, or a Ray node (ID@HOST) and its CPU or GPUs"
+    )
     attempts: int = Field(
         1,
         description="times its invocation started it: more than one, it was retried after its "

@@ -123,7 +123,8 @@ def runs_table(records: list[RunRecord]) -> str:
     for r in records:
         lines.append(
             f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.placed_on or 'n/a'} | "
-            f"{r.attempts} | {r.threads or 'n/a'} | {r.load_average:.1f} / {r.cpus or 'n/a'} | "
+            f"{r.attempts}{'' if r.resumed_from is None else f' (resumed at step {r.resumed_from})'} | "
+            f"{r.threads or 'n/a'} | {r.load_average:.1f} / {r.cpus or 'n/a'} | "
             f"{format_number(r.wall_seconds, wall)} | {'yes' if r.reused else ''} |"
         )
     return "\n".join(lines)

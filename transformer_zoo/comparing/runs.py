@@ -119,16 +119,27 @@ def finished_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 def attempts_so_far(run_dir: str | os.PathLike, invocation: str) -> int:
     """How many times ``invocation`` has started the run."""
-    path = Path(run_dir) / ATTEMPTS
-    seen = json.loads(path.read_text()) if path.is_file() else {}
-    return seen.get("attempts", 0) if seen.get("invocation") == invocation else 0
+    return started_where(run_dir, invocation)[0]
 
 
-def count_attempt(run_dir: Path, invocation: str) -> int:
-    """Count this start of the run (1: the first of this invocation; more: a retry)."""
+def started_where(run_dir: str | os.PathLike, invocation: str) -> tuple[int, str]:
+    """How many times ``invocation`` has started the run, and where its last start was; (0, "")
+    for a folder not started yet, or whose file is being replaced as it is read."""
+    try:
+        seen = json.loads((Path(run_dir) / ATTEMPTS).read_text())
+    except (OSError, ValueError):
+        return 0, ""
+    if seen.get("invocation") != invocation:
+        return 0, ""
+    return seen.get("attempts", 0), seen.get("where", "")
+
+
+def count_attempt(run_dir: Path, invocation: str, where: str = "") -> int:
+    """Count this start of the run, on ``where`` (1: the first of this invocation; more: a retry).
+    The file is how a driver that does not start the run itself (Ray's) learns that it started."""
     attempt = attempts_so_far(run_dir, invocation) + 1
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"invocation": invocation, "attempts": attempt})
+    text = json.dumps({"invocation": invocation, "attempts": attempt, "where": where})
     atomic_write(run_dir / ATTEMPTS, lambda tmp: tmp.write_text(text))
     return attempt
 
@@ -146,12 +157,12 @@ def built_task(options: Any) -> Any:
     return _TASKS[key]
 
 
-def start_job(job: Job) -> tuple[int, TrainConfig, Any]:
-    """Start a job here: count the start in its folder (1: the first of its invocation; more: a
-    retry; always 1 in a torchrun job, whose processes nothing retries), and read its training
-    config and task (built once per process)."""
+def start_job(job: Job, where: str = "") -> tuple[int, TrainConfig, Any]:
+    """Start a job here, on ``where``: count the start in its folder (1: the first of its
+    invocation; more: a retry; always 1 in a torchrun job, whose processes nothing retries), and
+    read its training config and task (built once per process)."""
     here = distributed.world()
-    attempt = 1 if here.launched else count_attempt(Path(job.run_dir), job.invocation)
+    attempt = 1 if here.launched else count_attempt(Path(job.run_dir), job.invocation, where)
     config = TrainConfig.model_validate(job.config)
     return attempt, config, built_task(config.task)
 
@@ -165,7 +176,7 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
         where: the device or node it trains on, as progress shows it.
     """
     run_dir = Path(job.run_dir)
-    attempt, config, task = start_job(job)
+    attempt, config, task = start_job(job, where)
     fresh = job.rerun and attempt == 1
     if fresh:
         (run_dir / RECORD).unlink(missing_ok=True)
@@ -173,7 +184,7 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
     if cuda:  # the run's own peak: what the process held before it (an earlier run's tensors) does not count
         torch.cuda.reset_peak_memory_stats()
         held = torch.cuda.memory_allocated()
-    when, load = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
+    when, load, begun = datetime.now(timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0], time.time()
     started = time.perf_counter()
     summary = train(config, run_dir, resume=not fresh, progress=job.progress, task=task, name=job.name, tags=job.tags)
     if "rank" in summary:  # another process of a torchrun job: process 0 measures and records
@@ -207,6 +218,7 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
         probes=probed,
         samples_plot=None if samples is None else samples.name,
         started=when,
+        timespan=(begun, time.time()),
         threads=torch.get_num_threads(),
         cpus=available_cores(),
         load_average=load,
