@@ -313,6 +313,16 @@ def _ray_run(job: Job, plugins: list[str], threads: int, gpus: float) -> tuple[s
     return where, job.execute(where)
 
 
+def _why_retried(ray: Any, was: str) -> str:
+    """Why a Ray task started again, given where its last start was (``ID@HOST DEVICE``): its
+    node was lost (Ray no longer counts it alive), or else its worker process died."""
+    node = was.split(" ")[0]
+    alive = {n["NodeID"][:8] for n in ray.nodes() if n["Alive"]}
+    if node and node.split("@")[0] not in alive:
+        return f"its node {node} was lost"
+    return f"its worker process on {was} died" if was else "its worker process died"
+
+
 class RayExecutor(Executor):
     """Every run a Ray task: ``num_cpus`` its threads, ``num_gpus`` its share of a GPU. With no
     address it starts a Ray instance of this machine's cores (and ends it after); ``auto`` or
@@ -379,14 +389,18 @@ class RayExecutor(Executor):
             for job in jobs:
                 refs[task.remote(job, self.plugins, self.threads, gpus)] = job
                 yield RunEvent("queued", job)
-            seen = {job.run_dir: 0 for job in jobs}  # the starts of each run seen so far
+            seen = {job.run_dir: (0, "") for job in jobs}  # each run's starts seen so far, and where the last was
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
                 for job in list(refs.values()):  # starts and retries, as the run folders tell them
                     attempt, where = started_where(job.run_dir, job.invocation)
-                    if attempt > seen[job.run_dir]:
-                        seen[job.run_dir] = attempt
-                        yield RunEvent("retried" if attempt > 1 else "running", job, where, attempt)
+                    if attempt > seen[job.run_dir][0]:
+                        was = seen[job.run_dir][1]
+                        seen[job.run_dir] = attempt, where
+                        if attempt == 1:
+                            yield RunEvent("running", job, where, attempt)
+                        else:
+                            yield RunEvent("retried", job, where, attempt, error=_why_retried(ray, was))
                 for ref in ready:
                     job = refs.pop(ref)
                     attempt = attempts_so_far(job.run_dir, job.invocation)

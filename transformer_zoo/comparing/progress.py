@@ -97,8 +97,10 @@ class GridProgress:
                 f"{event.error.splitlines()[0]}; {self.eta()}"
             )
         elif event.state == "retried":
-            cause = f"{event.error}{where}; " if event.error else ""
-            self.say(f"{event.job.title}: {cause}starting it again from its last checkpoint (attempt {event.attempt})")
+            cause = f"{event.error}; " if event.error else ""
+            self.say(
+                f"{event.job.title}: {cause}starting it again from its last checkpoint (attempt {event.attempt}){where}"
+            )
 
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
