@@ -63,6 +63,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "the default comparison under Ray against the local executor: wall time, overhead per run",
         "about 20 min",
     ),
+    "node-loss": Benchmark(
+        "node_loss",
+        "a Ray node lost mid-comparison against the same comparison undisturbed: restart time, wall time",
+        "about 3 min",
+    ),
     "startup": Benchmark(
         "startup",
         "tzoo --version, --help, list and schema, each in a fresh process, against import torch",

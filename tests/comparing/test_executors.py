@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -152,7 +153,9 @@ def test_a_lost_nodes_run_resumes_from_its_checkpoint_on_another_node(tmp_path, 
     exception; the report says which run was retried and from where."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # Ray counts a node dead after failed health checks: every 0.2 s here, rather than every 3 s
+    checks = {"health_check_period_ms": 200, "health_check_timeout_ms": 1000, "health_check_failure_threshold": 3}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": checks})
     node = cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     lost = node.node_id[:8]
@@ -193,10 +196,21 @@ def test_a_lost_nodes_run_resumes_from_its_checkpoint_on_another_node(tmp_path, 
     again = runs[1]
     assert again.resumed_from is not None and again.resumed_from % 20 == 0 and again.resumed_from >= 20
     assert again.steps == 100 and not again.placed_on.startswith(lost), "it ended on the node that was left"
-    assert f"| 2 (resumed at step {again.resumed_from}) |" in (out / "report.md").read_text()
-    told = [line for line in capsys.readouterr().err.splitlines() if "starting it again" in line]
+    assert again.wall_seconds > again.last_attempt_seconds, "its wall time counts every start"
+    report = (out / "report.md").read_text()
+    wall = re.search(rf"\| 2 \(resumed at step {again.resumed_from}\) \| ([0-9.]+) \|", report)
+    assert wall and float(wall[1]) == pytest.approx(again.wall_seconds, abs=0.5), "attempts beside the total wall time"
+    assert "1 of 2 runs were started more than once" in report
+    printed = capsys.readouterr().err
+    told = [line for line in printed.splitlines() if "starting it again" in line]
     # one line, naming where it was (Ray may not count the node dead yet when the retry starts)
     assert len(told) == 1 and f" {lost}@" in told[0] and "(attempt 2)" in told[0], told
+    # once Ray counts the node dead, one line says so; Ray's own messages are in the log, not the output
+    assert [line for line in printed.splitlines() if " lost: " in line] == [
+        f"node {lost}@{socket.gethostname()} lost: 1 run on it is retried from its last checkpoint"
+    ], printed
+    assert "(raylet)" not in printed and "\x1b[" not in printed, printed
+    assert "\x1b[" not in (out / "ray.log").read_text()
 
 
 @pytest.mark.heavy
@@ -212,7 +226,11 @@ def test_a_run_whose_worker_is_killed_resumes_from_its_checkpoint(tmp_path):
         "the report says it was retried, and from where"
     )
     assert "starting it again from its last checkpoint (attempt 2)" in errors
-    assert sorted(r["placed_on"] for r in runs) == ["cpu #0", "cpu #1"]  # each run on its worker's slot
+    host = socket.gethostname()
+    assert sorted(r["placed_on"] for r in runs) == [f"{host} cpu #0", f"{host} cpu #1"]  # each on its worker's slot
+    assert again["wall_seconds"] > again["last_attempt_seconds"] and runs[0]["wall_seconds"] == pytest.approx(
+        runs[0]["last_attempt_seconds"], abs=0.1
+    ), "a retried run's wall time counts every start"
 
 
 @pytest.mark.heavy

@@ -17,16 +17,19 @@ reported failed at once (it would fail again). The other runs go on either way.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import socket
 import sys
+import time
 import traceback
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import connection, get_context
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, TextIO
 
 import torch
 
@@ -34,22 +37,23 @@ from ..core.errors import ConfigError, optional
 from ..registry import get_registry
 from .runs import Job, attempts_so_far, available_cores, started_where
 
-State = Literal["queued", "running", "retried", "done", "failed"]
+State = Literal["queued", "running", "retried", "done", "failed", "lost"]
 
 
 @dataclass
 class RunEvent:
-    """What just happened to a run.
+    """What just happened to a run, or to a node of a cluster.
 
     Attributes:
         state: queued, running (on ``where``), retried (its worker died; it starts again from its
             last checkpoint), done (``record`` holds what its :meth:`~.runs.Job.execute` returned: a
-            run's record, a trial's result) or failed (``error`` says why).
+            run's record, a trial's result) or failed (``error`` says why); or lost: the node
+            ``where`` was lost (no ``job``; ``error`` says what that means for the runs on it).
         attempt: the start it is on (1: the first; for retried, the start to come).
     """
 
     state: State
-    job: Job
+    job: Job | None
     where: str = ""
     attempt: int = 1
     record: Any = None
@@ -192,20 +196,21 @@ class LocalExecutor(Executor):
 
     def _here(self, jobs: list[Job]) -> Iterator[RunEvent]:
         device = self.slots[0]
+        where = " ".join(filter(None, (socket.gethostname(), device)))
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         use_device(device)
         try:
             for job in jobs:
-                yield RunEvent("running", job, device)
+                yield RunEvent("running", job, where)
                 try:
-                    record = job.execute(device)
+                    record = job.execute(where)
                 except Exception as exc:
                     if self.fail_fast:
                         raise
-                    yield RunEvent("failed", job, device, error=describe(exc))
+                    yield RunEvent("failed", job, where, error=describe(exc))
                     continue
-                yield RunEvent("done", job, device, record=record)
+                yield RunEvent("done", job, where, record=record)
         finally:
             torch.set_num_threads(before)
 
@@ -288,7 +293,10 @@ class LocalExecutor(Executor):
         conn.close()
 
     def _where(self, slot: int) -> str:
-        return self.slots[slot] if self.slots.count(self.slots[slot]) == 1 else f"{self.slots[slot]} #{slot}"
+        """A worker as progress and records name it: this machine's host name and the worker's
+        device (``HOST cpu #1`` where two workers share one)."""
+        device = self.slots[slot] if self.slots.count(self.slots[slot]) == 1 else f"{self.slots[slot]} #{slot}"
+        return f"{socket.gethostname()} {device}"
 
 
 def import_ray(module: str = "ray") -> Any:
@@ -313,14 +321,48 @@ def _ray_run(job: Job, plugins: list[str], threads: int, gpus: float) -> tuple[s
     return where, job.execute(where)
 
 
-def _why_retried(ray: Any, was: str) -> str:
-    """Why a Ray task started again, given where its last start was (``ID@HOST DEVICE``): its
-    node was lost (Ray no longer counts it alive), or else its worker process died."""
+def _why_retried(lost: set[str], was: str) -> str:
+    """Why a Ray task started again, given where its last start was (``ID@HOST DEVICE``) and the
+    nodes known lost: its node was lost, or else its worker process died (Ray may not count a
+    node lost yet when the retry starts: a line of its own says so when it does)."""
     node = was.split(" ")[0]
-    alive = {n["NodeID"][:8] for n in ray.nodes() if n["Alive"]}
-    if node and node.split("@")[0] not in alive:
+    if node and node in lost:
         return f"its node {node} was lost"
     return f"its worker process on {was} died" if was else "its worker process died"
+
+
+def _lost_runs(count: int) -> str:
+    """What a lost node means for the ``count`` unfinished runs that had started on it."""
+    if count == 0:
+        return "no unfinished run was on it"
+    if count == 1:
+        return "1 run on it is retried from its last checkpoint"
+    return f"{count} runs on it are retried from their last checkpoints"
+
+
+def _node_names(ray: Any) -> dict[str, str]:
+    """Every node Ray knows, alive or not, by ``ID@HOST`` (the first 8 hex digits of its id, as
+    ``where`` names it): whether it is alive."""
+    return {f"{n['NodeID'][:8]}@{n.get('NodeManagerHostname', '')}": bool(n["Alive"]) for n in ray.nodes()}
+
+
+class _Plain:
+    """A text stream that writes to ``stream`` without terminal colour codes (Ray colours its
+    prefixes whatever its output is)."""
+
+    _codes = re.compile(r"\x1b\[[0-9;]*m")
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(self._codes.sub("", text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 class RayExecutor(Executor):
@@ -344,6 +386,7 @@ class RayExecutor(Executor):
         address: str | None = None,
         gpus_per_run: float | None = None,
         runs_per_device: int = 1,
+        log: Path | None = None,
     ) -> None:
         """
         Args:
@@ -354,15 +397,24 @@ class RayExecutor(Executor):
             address: the cluster to join; None: start one on this machine.
             gpus_per_run: the GPUs each run asks for; None: ``1 / runs_per_device`` where the
                 cluster has GPUs, else none.
+            log: the file Ray's own messages are appended to (its raylets' last log lines when a
+                node dies, its retry notices); None: standard error.
         """
         self.threads, self.plugins, self.retries, self.address = threads, list(plugins), retries, address
-        self.gpus_per_run, self.runs_per_device = gpus_per_run, runs_per_device
+        self.gpus_per_run, self.runs_per_device, self.log = gpus_per_run, runs_per_device, log
 
     def run(self, jobs: list[Job]) -> Iterator[RunEvent]:
         ray = import_ray()
-        # Ray's driver prints its workers' and raylets' messages (a worker died) to standard output, which
-        # is the command's result (--json): while Ray runs, they go to standard error with the progress
-        with contextlib.redirect_stdout(sys.stderr):
+        # Ray's driver prints its raylets' messages (a node's last 20 log lines when it dies, each retry)
+        # to standard output, which is the command's result (--json): while Ray runs they go to the log
+        # file (or, with none, to standard error), and progress says what happened in lines of its own
+        with contextlib.ExitStack() as stack:
+            if self.log is None:
+                sink: TextIO = sys.stderr
+            else:
+                self.log.parent.mkdir(parents=True, exist_ok=True)
+                sink = _Plain(stack.enter_context(open(self.log, "a", encoding="utf-8")))
+            stack.enter_context(contextlib.redirect_stdout(sink))
             yield from self._run(ray, jobs)
 
     def _run(self, ray: Any, jobs: list[Job]) -> Iterator[RunEvent]:
@@ -390,17 +442,39 @@ class RayExecutor(Executor):
                 refs[task.remote(job, self.plugins, self.threads, gpus)] = job
                 yield RunEvent("queued", job)
             seen = {job.run_dir: (0, "") for job in jobs}  # each run's starts seen so far, and where the last was
+            starts: dict[str, set[str]] = {job.run_dir: set() for job in jobs}  # the nodes each run started on
+            retried: set[str] = set()  # the runs started more than once
+            alive = {node for node, up in _node_names(ray).items() if up}
+            lost: set[str] = set()
+
+            def nodes_lost() -> Iterator[RunEvent]:
+                """A line for each node Ray has counted dead since the last look, with the unfinished
+                (or retried) runs that had started on it."""
+                nodes = _node_names(ray)
+                for node in sorted(n for n in alive if not nodes.get(n, False)):
+                    alive.discard(node)
+                    lost.add(node)
+                    hit = sum(node in starts[d] for d in {job.run_dir for job in refs.values()} | retried)
+                    yield RunEvent("lost", None, node, error=_lost_runs(hit))
+                alive.update(node for node, up in nodes.items() if up and node not in lost)
+
+            looked = time.monotonic()
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
+                if time.monotonic() - looked >= 1.0:
+                    looked = time.monotonic()
+                    yield from nodes_lost()
                 for job in list(refs.values()):  # starts and retries, as the run folders tell them
                     attempt, where = started_where(job.run_dir, job.invocation)
                     if attempt > seen[job.run_dir][0]:
                         was = seen[job.run_dir][1]
                         seen[job.run_dir] = attempt, where
+                        starts[job.run_dir].add(where.split(" ")[0])
                         if attempt == 1:
                             yield RunEvent("running", job, where, attempt)
                         else:
-                            yield RunEvent("retried", job, where, attempt, error=_why_retried(ray, was))
+                            retried.add(job.run_dir)
+                            yield RunEvent("retried", job, where, attempt, error=_why_retried(lost, was))
                 for ref in ready:
                     job = refs.pop(ref)
                     attempt = attempts_so_far(job.run_dir, job.invocation)
@@ -415,6 +489,7 @@ class RayExecutor(Executor):
                         yield RunEvent("failed", job, attempt=attempt, error=error)
                         continue
                     yield RunEvent("done", job, where, attempt, record=record)
+            yield from nodes_lost()
         finally:
             for ref in refs:  # Ctrl-C: stop what still trains; each run keeps its last checkpoint
                 ray.cancel(ref, force=True)

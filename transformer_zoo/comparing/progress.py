@@ -74,6 +74,13 @@ class GridProgress:
 
     def event(self, event: RunEvent) -> None:
         """Show one event."""
+        if event.job is None:  # a node lost: a line of its own, above the live table
+            line = f"node {event.where} lost: {event.error}"
+            if self._live is not None:
+                self._live.console.print(line, style=STYLES["retried"], highlight=False)
+            else:
+                self.say(line)
+            return
         row = self.rows[event.job.run_dir]
         row[0] = event.state
         if event.where:

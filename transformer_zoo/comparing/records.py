@@ -62,7 +62,14 @@ class RunRecord(BaseModel):
         "PeakMemory; on CUDA, the allocator's peak over the run"
     )
     steps: int = Field(description="optimizer steps taken")
-    wall_seconds: float = Field(description="wall time of the run, evaluation included")
+    wall_seconds: float = Field(
+        description="wall time of the run, evaluation included: for a run started more than once, from its first "
+        "start to its end, so the time lost to a dead worker or node counts (the report's 'wall s' column and its "
+        "cost tests use this total)"
+    )
+    last_attempt_seconds: float | None = Field(
+        None, description="wall time of its last start alone (equal to wall_seconds for a run started once)"
+    )
     started: str = Field("", description="when the run started (UTC, ISO 8601)")
     timespan: tuple[float, float] | None = Field(
         None,

@@ -94,8 +94,17 @@ def summary_lines(summaries: list[TaskSummary]) -> list[str]:
 
 
 def condition_lines(results: CompareResults) -> list[str]:
-    """Warnings about how the runs were measured: kept from another invocation, or under load."""
+    """Warnings about how the runs were measured: retried, kept from another invocation, or under load."""
     lines = []
+    retried = [r for r in results.runs if r.attempts > 1]
+    if retried:
+        lost = sum(r.wall_seconds - (r.last_attempt_seconds or r.wall_seconds) for r in retried)
+        lines.append(
+            f"- {len(retried)} of {len(results.runs)} runs were started more than once (a worker or node died): "
+            "each went on from its last checkpoint, at the step its attempts column gives. Their wall s counts "
+            f"from the first start, so the {lost:.0f} s their earlier starts took are in it, and in the cost "
+            "tests of wall time."
+        )
     kept = [r for r in results.runs if r.reused]
     if kept:
         lines.append(
@@ -116,15 +125,15 @@ def condition_lines(results: CompareResults) -> list[str]:
 
 def runs_table(records: list[RunRecord]) -> str:
     lines = [
-        "| variant | task | seed | started (UTC) | where | attempts | threads | load / cores | wall s | kept |",
+        "| variant | task | seed | started (UTC) | where | threads | load / cores | attempts | wall s | kept |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     wall = column_decimals(r.wall_seconds for r in records)
     for r in records:
         lines.append(
             f"| {r.variant} | {r.task} | {r.seed} | {r.started or 'n/a'} | {r.placed_on or 'n/a'} | "
-            f"{r.attempts}{'' if r.resumed_from is None else f' (resumed at step {r.resumed_from})'} | "
             f"{r.threads or 'n/a'} | {r.load_average:.1f} / {r.cpus or 'n/a'} | "
+            f"{r.attempts}{'' if r.resumed_from is None else f' (resumed at step {r.resumed_from})'} | "
             f"{format_number(r.wall_seconds, wall)} | {'yes' if r.reused else ''} |"
         )
     return "\n".join(lines)

@@ -84,6 +84,9 @@ __all__ = [
     "tune_runs",
 ]
 
+RAY_LOG = "ray.log"
+"""The file of the report folder that a Ray executor writes Ray's own messages to."""
+
 
 def run_threads(spec: CompareSpec, at_once: int) -> int:
     """The CPU threads of each run: the spec's, else the available cores shared among the runs
@@ -174,7 +177,8 @@ class Comparison:
 
     def executor(self, runs: list[tuple[str, TrainConfig]], count: int) -> Executor:
         """The spec's executor for ``count`` jobs (:func:`make_executor`)."""
-        return make_executor(self.spec, self.here, self.carried, self.stranded, runs, count, self.say)
+        log = self.out_dir / RAY_LOG
+        return make_executor(self.spec, self.here, self.carried, self.stranded, runs, count, self.say, log)
 
 
 @dataclass
@@ -482,8 +486,12 @@ def make_executor(
     runs: list[tuple[str, TrainConfig]],
     count: int,
     say: Any,
+    log: Path | None = None,
 ) -> Executor:
     """The spec's executor for ``count`` runs, and a line saying how they will train.
+
+    Args:
+        log: where a Ray executor writes Ray's own messages (None: standard error).
 
     Raises:
         ConfigError: executor ray under torchrun, or with a plugin no Ray worker could import.
@@ -505,8 +513,9 @@ def make_executor(
         say(
             f"{count} runs as Ray tasks, {threads} CPU thread(s) each, on "
             + (f"the cluster at {spec.address}" if spec.address else "a Ray instance of this machine")
+            + (f"; Ray's own messages go to {log}" if log else "")
         )
-        return RayExecutor(threads, carried, spec.retries, spec.address, runs_per_device=spec.runs_per_device)
+        return RayExecutor(threads, carried, spec.retries, spec.address, runs_per_device=spec.runs_per_device, log=log)
     if here.launched:  # the job's processes train each run together, in turn; torchrun placed them
         say(f"{count} runs, one at a time over the job's {here.size} processes")
         return LocalExecutor([""], torch.get_num_threads(), carried, spec.retries, in_process=True, fail_fast=True)

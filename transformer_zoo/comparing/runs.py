@@ -134,14 +134,23 @@ def started_where(run_dir: str | os.PathLike, invocation: str) -> tuple[int, str
     return seen.get("attempts", 0), seen.get("where", "")
 
 
-def count_attempt(run_dir: Path, invocation: str, where: str = "") -> int:
-    """Count this start of the run, on ``where`` (1: the first of this invocation; more: a retry).
-    The file is how a driver that does not start the run itself (Ray's) learns that it started."""
-    attempt = attempts_so_far(run_dir, invocation) + 1
+def count_attempt(run_dir: Path, invocation: str, where: str = "") -> tuple[int, float]:
+    """Count this start of the run, on ``where``: its number (1: the first of this invocation;
+    more: a retry), and when the first start was (Unix time), from which the run's wall time
+    counts. The file is how a driver that does not start the run itself (Ray's) learns that it
+    started."""
+    now = time.time()
+    try:
+        seen = json.loads((run_dir / ATTEMPTS).read_text())
+    except (OSError, ValueError):
+        seen = {}
+    if seen.get("invocation") != invocation:
+        seen = {"attempts": 0, "first_started": now}
+    attempt, first = seen.get("attempts", 0) + 1, seen.get("first_started", now)
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"invocation": invocation, "attempts": attempt, "where": where})
+    text = json.dumps({"invocation": invocation, "attempts": attempt, "where": where, "first_started": first})
     atomic_write(run_dir / ATTEMPTS, lambda tmp: tmp.write_text(text))
-    return attempt
+    return attempt, first
 
 
 _TASKS: dict[str, Any] = {}  # a process's built tasks, by options: each builds its data once for all its runs
@@ -157,14 +166,15 @@ def built_task(options: Any) -> Any:
     return _TASKS[key]
 
 
-def start_job(job: Job, where: str = "") -> tuple[int, TrainConfig, Any]:
+def start_job(job: Job, where: str = "") -> tuple[int, float, TrainConfig, Any]:
     """Start a job here, on ``where``: count the start in its folder (1: the first of its
     invocation; more: a retry; always 1 in a torchrun job, whose processes nothing retries), and
-    read its training config and task (built once per process)."""
+    read its training config and task (built once per process). Returns the start's number, when
+    the first start was (Unix time), the config and the task."""
     here = distributed.world()
-    attempt = 1 if here.launched else count_attempt(Path(job.run_dir), job.invocation, where)
+    attempt, first = (1, time.time()) if here.launched else count_attempt(Path(job.run_dir), job.invocation, where)
     config = TrainConfig.model_validate(job.config)
-    return attempt, config, built_task(config.task)
+    return attempt, first, config, built_task(config.task)
 
 
 def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
@@ -176,7 +186,7 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
         where: the device or node it trains on, as progress shows it.
     """
     run_dir = Path(job.run_dir)
-    attempt, config, task = start_job(job, where)
+    attempt, first_started, config, task = start_job(job, where)
     fresh = job.rerun and attempt == 1
     if fresh:
         (run_dir / RECORD).unlink(missing_ok=True)
@@ -207,7 +217,8 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
         train_tokens_per_second=summary["train_tokens_per_second"],
         peak_memory_mb=peak / 2**20,
         steps=summary["step"],
-        wall_seconds=time.perf_counter() - started,
+        wall_seconds=max(time.time() - first_started, time.perf_counter() - started),
+        last_attempt_seconds=time.perf_counter() - started,
         metric=task.metric,
         metrics=summary["metrics"],
         better=task.metrics,

@@ -223,7 +223,7 @@ class TrialJob(Job):
     tune: dict[str, Any]
 
     def execute(self, where: str = "") -> TrialResult:
-        _, config, task = start_job(self, where)
+        _, _, config, task = start_job(self, where)
         return execute_trial(self, config, task)
 
 
