@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -19,10 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_zoo.comparing import executors
 from transformer_zoo.comparing.executors import LocalExecutor, RayExecutor, RunEvent, device_slots, local_devices
 from transformer_zoo.comparing.progress import GridProgress
 from transformer_zoo.comparing.runner import compare, make_executor
-from transformer_zoo.comparing.runs import RunJob, available_cores
+from transformer_zoo.comparing.runs import RunJob, available_cores, started_where
 from transformer_zoo.comparing.spec import load_spec, plan
 from transformer_zoo.core.errors import ConfigError
 from transformer_zoo.training import distributed
@@ -91,9 +93,19 @@ def test_ray_without_the_package_says_how_to_install(monkeypatch):
 
 @pytest.mark.heavy
 @pytest.mark.xdist_group("ray")
-def test_ray_gives_the_metrics_of_local_to_the_last_digit(tmp_path):
+def test_ray_gives_the_metrics_of_local_to_the_last_digit(tmp_path, monkeypatch, capsys):
     local = compare(load_spec(GRID), tmp_path / "local")
+    reads = itertools.count()
+
+    def folders_gone_after_a_few_reads(run_dir, invocation):  # live progress reads the run folders
+        if next(reads) >= 6:
+            raise OSError(116, "Stale file handle", str(run_dir))
+        return started_where(run_dir, invocation)
+
+    monkeypatch.setattr(executors, "started_where", folders_gone_after_a_few_reads)
     ray = compare(load_spec({**GRID, "executor": "ray"}), tmp_path / "ray")
+    told = [line for line in capsys.readouterr().err.splitlines() if "live progress lost" in line]
+    assert len(told) == 1 and "Stale file handle" in told[0] and "the runs go on" in told[0], told
     assert len(ray.runs) == len(local.runs) == 8  # 2 variants x 2 tasks x 2 seeds
     for a, b in zip(local.runs, ray.runs, strict=True):
         assert (a.variant, a.task, a.seed) == (b.variant, b.task, b.seed)

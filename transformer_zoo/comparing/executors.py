@@ -47,8 +47,8 @@ class RunEvent:
     Attributes:
         state: queued, running (on ``where``), retried (its worker died; it starts again from its
             last checkpoint), done (``record`` holds what its :meth:`~.runs.Job.execute` returned: a
-            run's record, a trial's result) or failed (``error`` says why); or lost: the node
-            ``where`` was lost (no ``job``; ``error`` says what that means for the runs on it).
+            run's record, a trial's result) or failed (``error`` says why); or lost, with no
+            ``job``: a node (``where``) or the live progress was lost, as ``error`` says.
         attempt: the start it is on (1: the first; for retried, the start to come).
     """
 
@@ -455,17 +455,22 @@ class RayExecutor(Executor):
                     alive.discard(node)
                     lost.add(node)
                     hit = sum(node in starts[d] for d in {job.run_dir for job in refs.values()} | retried)
-                    yield RunEvent("lost", None, node, error=_lost_runs(hit))
+                    yield RunEvent("lost", None, node, error=f"node {node} lost: {_lost_runs(hit)}")
                 alive.update(node for node, up in nodes.items() if up and node not in lost)
 
-            looked = time.monotonic()
+            looked, unread = time.monotonic(), None
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
                 if time.monotonic() - looked >= 1.0:
                     looked = time.monotonic()
                     yield from nodes_lost()
-                for job in list(refs.values()):  # starts and retries, as the run folders tell them
-                    attempt, where = started_where(job.run_dir, job.invocation)
+                for job in list(refs.values()) if unread is None else ():  # starts and retries, from the run folders
+                    try:
+                        attempt, where = started_where(job.run_dir, job.invocation)
+                    except OSError as exc:  # the runs go on (their results come back as tasks' results)
+                        unread = describe(exc)
+                        yield RunEvent("lost", None, error=f"live progress lost: {unread}; the runs go on")
+                        break
                     if attempt > seen[job.run_dir][0]:
                         was = seen[job.run_dir][1]
                         seen[job.run_dir] = attempt, where
@@ -477,7 +482,10 @@ class RayExecutor(Executor):
                             yield RunEvent("retried", job, where, attempt, error=_why_retried(lost, was))
                 for ref in ready:
                     job = refs.pop(ref)
-                    attempt = attempts_so_far(job.run_dir, job.invocation)
+                    try:
+                        attempt = attempts_so_far(job.run_dir, job.invocation)
+                    except OSError:  # the folders cannot be read: the starts seen so far
+                        attempt = seen[job.run_dir][0]
                     try:
                         where, record = ray.get(ref)
                     except ray.exceptions.RayTaskError as exc:  # the run raised: it would again

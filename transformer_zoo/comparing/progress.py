@@ -74,8 +74,8 @@ class GridProgress:
 
     def event(self, event: RunEvent) -> None:
         """Show one event."""
-        if event.job is None:  # a node lost: a line of its own, above the live table
-            line = f"node {event.where} lost: {event.error}"
+        if event.job is None:  # a node or the live progress lost: a line of its own, above the live table
+            line = event.error
             if self._live is not None:
                 self._live.console.print(line, style=STYLES["retried"], highlight=False)
             else:

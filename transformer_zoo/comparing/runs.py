@@ -124,10 +124,14 @@ def attempts_so_far(run_dir: str | os.PathLike, invocation: str) -> int:
 
 def started_where(run_dir: str | os.PathLike, invocation: str) -> tuple[int, str]:
     """How many times ``invocation`` has started the run, and where its last start was; (0, "")
-    for a folder not started yet, or whose file is being replaced as it is read."""
+    for a folder not started yet, or whose file is being replaced as it is read.
+
+    Raises:
+        OSError: the folder cannot be read (a shared file system gone, say).
+    """
     try:
         seen = json.loads((Path(run_dir) / ATTEMPTS).read_text())
-    except (OSError, ValueError):
+    except (FileNotFoundError, ValueError):
         return 0, ""
     if seen.get("invocation") != invocation:
         return 0, ""
