@@ -47,7 +47,12 @@ class EncoderDecoderConfig(VariantConfig):
     n_heads: int = Field(8, ge=1, le=MAX_WIDTH, description="attention heads; must divide d_model")
     d_ff: int = Field(2048, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
-    max_len: int = Field(1024, ge=1, le=MAX_LENGTH, description="longest sequence the positional encoding supports")
+    max_len: int = Field(
+        1024,
+        ge=1,
+        le=MAX_LENGTH,
+        description="positions the model is built for: learned positions have a vector for each and refuse longer inputs; sinusoidal and rotary compute more on demand, and alibi, t5-bias and shaw take any length",
+    )
     pad_id: int = Field(0, ge=0, le=MAX_VOCAB, description="padding token id, ignored by token losses")
     share_embeddings: bool = Field(
         True, description="one embedding table for source and target (needs equal vocabularies)"

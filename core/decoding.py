@@ -29,7 +29,8 @@ def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
 
     The static cache needs attention that takes its mask over the whole buffer: the full
     attention kinds (SDPA or the written-out formula, no ``kernel_inputs`` of their own), and
-    positional tables that cover ``capacity`` positions.
+    and no learned positions short of ``capacity`` (sinusoids and rotary angles are computed for
+    it when the cache is made).
     """
     for name, module in model.decoder.named_modules():
         if isinstance(module, MultiHeadAttention) and (
@@ -40,12 +41,9 @@ def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
                 f"its attention {name or 'decoder'} ({type(module).__name__}) computes over the keys seen so far only"
             )
     for module in model.modules():
-        if (
-            isinstance(module, (SinusoidalPositional, LearnedPositional, RotaryPositional))
-            and capacity > module.max_len
-        ):
+        if isinstance(module, LearnedPositional) and capacity > module.max_len:
             return (
-                f"it would decode {capacity} positions, past its positional encoding's max_len={module.max_len}; "
+                f"it would decode {capacity} positions, past its learned positions' max_len={module.max_len}; "
                 "decode fewer tokens"
             )
     return None
@@ -57,7 +55,12 @@ def _uses_static_cache(model: EncoderDecoder, static_cache: bool | None, capacit
     problem = static_cache_problem(model, capacity)
     if static_cache and problem:
         raise ValueError(f"this model cannot decode on a static cache: {problem} (static_cache=False: the dynamic one)")
-    return problem is None and (static_cache or device.type == "cuda")
+    static = problem is None and (static_cache or device.type == "cuda")
+    if static:  # a static cache looks its positions up on the device: the tables must hold them first
+        for module in model.modules():
+            if isinstance(module, (SinusoidalPositional, RotaryPositional)):
+                module.cover(capacity)
+    return static
 
 
 class DecodeStep:

@@ -20,8 +20,8 @@ from .attention import AttentionPositional
 def _check_length(end: int, max_len: int) -> None:
     if end > max_len:
         raise ValueError(
-            f"sequence reaches position {end} but the model supports at most max_len={max_len} "
-            f"positions; use shorter inputs or build the model with a larger max_len"
+            f"sequence reaches position {end} but learned positions have a vector for each of max_len={max_len} "
+            "positions only (they cannot extrapolate); use shorter inputs or build the model with a larger max_len"
         )
 
 
@@ -36,13 +36,27 @@ def _positions(start: int | Tensor, length: int, device: torch.device | None = N
     return torch.arange(start, start + length, device=device)
 
 
-def _check_starts(start: int | Tensor, length: int, max_len: int) -> None:
-    """The length check of an int start, or of per-sequence starts (a CPU tensor: no device sync);
-    a static cache's 0-d device start is not read back."""
+def _reach(start: int | Tensor, length: int) -> int | None:
+    """How far the positions of an int start, or of per-sequence starts (a CPU tensor: no device
+    sync), reach; None for a static cache's 0-d device start, which is never read back (the cache
+    is at most ``max_len`` long)."""
     if not isinstance(start, Tensor):
-        _check_length(start + length, max_len)
-    elif start.dim() == 1 and start.device.type == "cpu":
-        _check_length(int(start.max()) + length, max_len)
+        return start + length
+    if start.dim() == 1 and start.device.type == "cpu":
+        return int(start.max()) + length
+    return None
+
+
+def _check_starts(start: int | Tensor, length: int, max_len: int) -> None:
+    """The length check of :func:`_reach`."""
+    end = _reach(start, length)
+    if end is not None:
+        _check_length(end, max_len)
+
+
+def _longer(rows: int, needed: int) -> int:
+    """The rows a table computed on demand grows to for ``needed`` positions: at least double."""
+    return max(needed, 2 * rows)
 
 
 def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
@@ -106,17 +120,28 @@ def add_positions(positional: nn.Module, x: Tensor, start: int | Tensor) -> Tens
 
 
 class SinusoidalPositional(nn.Module):
-    """Fixed sinusoids (Vaswani et al. 2017, section 3.5), added to the input."""
+    """Fixed sinusoids (Vaswani et al. 2017, section 3.5), added to the input. A function of the
+    position, so it goes past ``max_len`` (the rows computed up front): longer inputs compute
+    more rows, as Press et al. 2022 evaluate it past its training length."""
 
     takes_row_starts = True  # offset may be one start per sequence, (B,)
 
     def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
         super().__init__()
-        self.max_len = max_len
+        self.max_len, self.base = max_len, base
         self.register_buffer("table", sinusoid_table(max_len, d_model, base), persistent=False)
 
+    def cover(self, length: int) -> None:
+        """Compute the rows of positions up to ``length`` now (a static cache's length, before a
+        CUDA graph captures the lookups)."""
+        rows, dim = self.table.shape
+        if length > rows:
+            self.table = sinusoid_table(_longer(rows, length), dim, self.base).to(self.table.device)
+
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        _check_starts(offset, x.size(1), self.max_len)
+        end = _reach(offset, x.size(1))
+        if end is not None:
+            self.cover(end)
         if isinstance(offset, Tensor):  # looked up, not sliced: a static cache's position, or a start per sequence
             return x + nn.functional.embedding(_positions(offset, x.size(1), x.device), self.table).to(x.dtype)
         return x + self.table[offset : offset + x.size(1)].to(x.dtype)
@@ -138,24 +163,35 @@ class LearnedPositional(nn.Module):
 
 
 class RotaryPositional(AttentionPositional):
-    """Rotary position embedding (Su et al. 2021): rotates query/key channel pairs by position."""
+    """Rotary position embedding (Su et al. 2021): rotates query/key channel pairs by position.
+    Like the sinusoids, it goes past ``max_len``: longer inputs compute more angles."""
 
     def __init__(self, d_head: int, max_len: int, *, base: float = 10000.0) -> None:
         super().__init__()
         if d_head % 2:
             raise ValueError(f"rotary positions need an even head width, got d_model / n_heads = {d_head}")
-        self.max_len = max_len
-        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (T, Dh/2)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.max_len, self.d_head, self.base = max_len, d_head, base
+        cos, sin = self._angles(max_len)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def _angles(self, length: int) -> tuple[Tensor, Tensor]:
+        """The cosines and sines of every position's angles: ``(length, d_head / 2)`` each."""
+        inv_freq = self.base ** (-torch.arange(0, self.d_head, 2, dtype=torch.float64) / self.d_head)
+        angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq
+        return angles.cos().float(), angles.sin().float()
+
+    def cover(self, length: int) -> None:
+        """Compute the angles of positions up to ``length`` now (see :meth:`SinusoidalPositional.cover`)."""
+        if length > len(self.cos):
+            self.cos, self.sin = (t.to(self.cos.device) for t in self._angles(_longer(len(self.cos), length)))
 
     def _rotate(self, x: Tensor, offset: int | Tensor) -> Tensor:
         if isinstance(offset, Tensor):  # a static cache's position on the device: looked up, not sliced
             positions = _positions(offset, x.size(-2))
             cos, sin = self.cos.index_select(0, positions).to(x.dtype), self.sin.index_select(0, positions).to(x.dtype)
         else:
-            _check_length(offset + x.size(-2), self.max_len)
+            self.cover(offset + x.size(-2))
             cos = self.cos[offset : offset + x.size(-2)].to(x.dtype)
             sin = self.sin[offset : offset + x.size(-2)].to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]

@@ -208,10 +208,16 @@ def test_the_static_decoding_step_traces_as_one_graph_without_reading_values_bac
 
 
 def test_a_static_cache_is_refused_where_the_model_cannot_take_it():
-    model = tz.build_model("transformer-tiny", max_len=16, **SMALL).eval()
+    model = tz.build_model("transformer-tiny", max_len=16, **SMALL, positional="learned").eval()
     src = torch.randint(3, 60, (2, 5))
-    with pytest.raises(ValueError, match="max_len=16"):
+    with pytest.raises(ValueError, match="past its learned positions' max_len=16"):
         greedy_decode(model, src, bos_id=1, max_new_tokens=20, static_cache=True)
+    for kind in ("sinusoidal", "rotary"):  # computed for the cache's length: as on the dynamic cache
+        model = tz.build_model("transformer-tiny", max_len=16, **SMALL, positional=kind).eval()
+        torch.testing.assert_close(
+            greedy_decode(model, src, bos_id=1, max_new_tokens=20, static_cache=True),
+            greedy_decode(model, src, bos_id=1, max_new_tokens=20, static_cache=False),
+        )
     sparse = tz.build_model(
         "transformer-tiny", **SMALL, decoder={"attention": {"kind": "sliding-window", "window": 4}}
     ).eval()

@@ -101,7 +101,12 @@ def test_attention_weights_are_returned_only_when_asked():
             ),
             r"src_mask has shape \(2, 4\)",
         ),
-        (lambda m: m(torch.ones(1, 600, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)), r"max_len=512"),
+        (
+            lambda m: tz.build_model("transformer-tiny", **SMALL, positional="learned")(
+                torch.ones(1, 600, dtype=torch.long), torch.ones(1, 3, dtype=torch.long)
+            ),
+            r"learned positions have a vector for each of max_len=512 positions only",
+        ),
         (lambda m: m(torch.ones(1, 3, dtype=torch.long)), r"needs tgt"),
         (
             lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.ones(3, 3, dtype=torch.long)),

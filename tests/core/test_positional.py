@@ -39,10 +39,30 @@ def test_additive_positions_respect_the_offset():
     torch.testing.assert_close(learned(x, offset=2), learned.embedding.weight[2:5][None])
 
 
-@pytest.mark.parametrize("module", [SinusoidalPositional(8, 10), LearnedPositional(8, 10)])
-def test_too_long_sequences_are_refused(module):
-    with pytest.raises(ValueError, match="max_len=10"):
-        module(torch.zeros(1, 11, 8))
+def test_learned_positions_refuse_a_sequence_past_max_len_and_sinusoids_compute_more_rows():
+    with pytest.raises(ValueError, match=r"max_len=10 positions only \(they cannot extrapolate\)"):
+        LearnedPositional(8, 10)(torch.zeros(1, 11, 8))
+    pe, x = SinusoidalPositional(8, 10), torch.zeros(1, 25, 8)
+    torch.testing.assert_close(pe(x), sinusoid_table(25, 8)[None])
+    torch.testing.assert_close(pe(x[:, :3], offset=30), sinusoid_table(33, 8)[None, 30:])
+    rope, q = RotaryPositional(8, 10), torch.randn(1, 2, 40, 8)
+    torch.testing.assert_close(rope.rotate(q, q, 0)[0], RotaryPositional(8, 40).rotate(q, q, 0)[0])
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "rotary", "alibi", "t5-bias", "shaw", "learned"])
+def test_every_positional_scheme_reads_past_its_training_length_or_refuses_in_one_message(kind):
+    """A language model built (and trained) for 16 tokens reads 8 times as many, the first 16
+    positions' logits unchanged (the decoder is causal); learned positions cannot, and say so."""
+    model = tz.build_model("transformer-tiny", encoder=None, positional=kind, max_len=16, dropout=0.0).eval()
+    ids = torch.randint(3, 100, (2, 128))
+    if kind == "learned":
+        with pytest.raises(ValueError, match="reaches position 128 but learned positions .* max_len=16"):
+            model(ids)
+        return
+    with torch.no_grad():
+        long, short = model(ids).logits, model(ids[:, :16]).logits
+    assert long.shape == (2, 128, model.config.vocab_size) and torch.isfinite(long).all()
+    torch.testing.assert_close(long[:, :16], short, atol=1e-5, rtol=1e-5)
 
 
 def test_rotary_scores_depend_only_on_relative_position():
@@ -95,7 +115,7 @@ def test_add_positions_takes_one_start_per_row_and_keeps_gradients():
 def test_the_built_in_tables_look_up_every_rows_start_at_once(module, monkeypatch):
     """One lookup for a batch of per-sequence starts (no call per distinct start, which on a GPU cost a
     synchronising nonzero() per start), equal to calling the module at each row's start; a start
-    past the table is refused."""
+    past the table is refused by learned positions, and computed by sinusoids."""
     x = torch.randn(6, 3, 8)
     start = torch.tensor([2, 0, 2, 5, 17, 9])
     expected = torch.stack([module(x[b : b + 1], int(start[b]))[0] for b in range(6)])
@@ -103,8 +123,12 @@ def test_the_built_in_tables_look_up_every_rows_start_at_once(module, monkeypatc
     monkeypatch.setattr(torch.Tensor, "unique", lambda *a, **k: calls.append(1))
     torch.testing.assert_close(add_positions(module, x, start), expected, rtol=0, atol=0)
     assert not calls
-    with pytest.raises(ValueError, match="reaches position 21"):
-        add_positions(module, x, torch.tensor([0, 18, 0, 0, 0, 0]))
+    past = torch.tensor([0, 18, 0, 0, 0, 0])
+    if isinstance(module, LearnedPositional):
+        with pytest.raises(ValueError, match="reaches position 21"):
+            add_positions(module, x, past)
+    else:
+        torch.testing.assert_close(add_positions(module, x, past)[1], x[1] + sinusoid_table(21, 8)[18:])
 
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
