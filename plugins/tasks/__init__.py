@@ -12,6 +12,7 @@ from .language_modeling import LanguageModelingOptions
 from .listops import ListOpsOptions
 from .pairs import FarPairOptions, NearPairOptions, OrderedPairOptions
 from .pathfinder import PathfinderOptions
+from .python_source import PythonSourceOptions
 from .seq2seq import Seq2SeqOptions
 from .text import TextMLMOptions
 
@@ -31,6 +32,7 @@ def tzoo_tasks():
         DigitsOptions,
         DigitsGenerationOptions,
         LanguageModelingOptions,
+        PythonSourceOptions,
         TextMLMOptions,
         Seq2SeqOptions,
         TextClassificationOptions,
