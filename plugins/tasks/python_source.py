@@ -6,9 +6,9 @@ Each ``.py`` file of the standard library (its ``test`` packages and ``site-pack
 goes to the train, validation or test split by a hash of the seed and its path, so a seed is one
 split of the files. The tokens are the file's bytes (256 of them, after the PAD, BOS and EOS ids),
 each file ended by EOS. Training examples are windows of ``max_len`` tokens (L); the ``test`` split
-scores windows of L tokens, and each ``test_N`` split (``test_lengths``, such as 2L, 4L and 8L)
-windows of N tokens over the same first ``test_tokens`` tokens of the test files, so every length
-is scored on the same text (Press et al. 2022, section 4). The corpus depends on the Python version
+scores windows of L tokens, and each ``test_Nx`` split (``longer``: ``test_2x``, ``test_4x`` and
+``test_8x`` by default) windows of N times L tokens over the same first ``test_tokens`` tokens of
+the test files, so every length is scored on the same text (Press et al. 2022, section 4). The corpus depends on the Python version
 and nothing else: :meth:`PythonSourceTask.corpus` records the version and a SHA-256 digest of the
 files read, written into every run folder (``corpus.json``) so that a result names its data.
 """
@@ -42,8 +42,8 @@ class PythonSourceOptions(TaskOptions):
 
     kind: Literal["python-source"] = "python-source"
     max_len: int = Field(128, ge=2, le=MAX_LENGTH, description="tokens (bytes) of each training example: L")
-    test_lengths: list[int] = Field(
-        [256, 512, 1024], description="longer lengths each scored in a split of their own, test_N"
+    longer: list[int] = Field(
+        [2, 4, 8], description="multiples N of max_len also scored, each in a split of its own, test_Nx"
     )
     train_tokens: int = Field(
         2_000_000, ge=1, le=MAX_EXAMPLES * MAX_LENGTH, description="bytes of the training files read at most"
@@ -54,15 +54,20 @@ class PythonSourceOptions(TaskOptions):
 
     @model_validator(mode="after")
     def _check_lengths(self) -> PythonSourceOptions:
-        for n in self.test_lengths:
-            if not self.max_len < n <= MAX_LENGTH:
+        for n in self.longer:
+            if n < 2:
+                raise ValueError(f"longer: {n} is not a multiple of max_len above 1; the test split scores max_len")
+            if n * self.max_len > min(MAX_LENGTH, self.test_tokens):
                 raise ValueError(
-                    f"test_lengths: {n} is not longer than max_len={self.max_len} (and at most {MAX_LENGTH}); "
-                    "the test split scores max_len already"
+                    f"longer: {n} x max_len={self.max_len} is longer than test_tokens={self.test_tokens} (or "
+                    f"{MAX_LENGTH}); raise test_tokens or lower the multiple"
                 )
-            if n > self.test_tokens:
-                raise ValueError(f"test_lengths: {n} is longer than test_tokens={self.test_tokens}; raise test_tokens")
         return self
+
+    @property
+    def lengths(self) -> dict[str, int]:
+        """The tokens of each scored input, by test split."""
+        return {"test": self.max_len, **{f"test_{n}x": n * self.max_len for n in self.longer}}
 
     def build(self) -> PythonSourceTask:
         return PythonSourceTask(self)
@@ -85,7 +90,7 @@ class PythonSourceTask(LanguageModelTask):
 
     @property
     def splits(self) -> tuple[str, ...]:
-        return ("train", "validation", "test", *(f"test_{n}" for n in self.options.test_lengths))
+        return ("train", "validation", *self.options.lengths)
 
     @functools.cached_property
     def _files(self) -> dict[str, list[Path]]:
@@ -122,7 +127,7 @@ class PythonSourceTask(LanguageModelTask):
             stream, length = self._stream("train", o.train_tokens), o.max_len
         else:
             stream = self._stream("validation" if split == "validation" else "test", o.test_tokens + 1)
-            length = o.max_len if split in ("validation", "test") else int(split.removeprefix("test_"))
+            length = o.lengths.get(split, o.max_len)
         # windows of length + 1 tokens that overlap by one: every token is predicted exactly once
         ids = [stream[i : i + length + 1] for i in range(0, len(stream) - 1, length)]
         return datasets.Dataset.from_dict({"ids": [w for w in ids if len(w) > 1]})
@@ -148,12 +153,12 @@ class PythonSourceTask(LanguageModelTask):
         if reason := super().unfit_reason(config):
             return reason
         positional = getattr(getattr(config, "positional", None), "kind", None)
-        longest = max(self.options.test_lengths, default=self.options.max_len)
+        longest = max(self.options.lengths.values())
         if positional == "learned" and getattr(config, "max_len", longest) < longest:
             return (
                 f"learned positions cannot read the test lengths up to {longest} tokens with max_len="
                 f"{config.max_len} (they have no vector past it): build the model with max_len >= {longest}, "
-                "or leave the longer lengths out of test_lengths"
+                "or leave the longer multiples out of longer"
             )
         return None
 

@@ -15,7 +15,7 @@ from transformer_zoo.registry import get_registry
 from transformer_zoo.training import load_train_config
 from transformer_zoo.training.config import model_config_for
 
-SMALL = {"kind": "python-source", "max_len": 32, "test_lengths": [64, 128], "train_tokens": 20_000, "test_tokens": 2048}
+SMALL = {"kind": "python-source", "max_len": 32, "longer": [2, 4], "train_tokens": 20_000, "test_tokens": 2048}
 
 
 def build(**changes):
@@ -52,9 +52,9 @@ def test_each_file_is_in_one_split_and_the_bytes_are_the_files():
 
 def test_longer_test_lengths_score_the_same_text_as_the_training_length():
     task = build()
-    assert task.splits == ("train", "validation", "test", "test_64", "test_128")
+    assert task.splits == ("train", "validation", "test", "test_2x", "test_4x")
     assert {len(w) for w in task.dataset("train")["ids"][:-1]} == {33}  # max_len tokens read, each next one predicted
-    for split, length in (("test", 32), ("test_64", 64), ("test_128", 128)):
+    for split, length in (("test", 32), ("test_2x", 64), ("test_4x", 128)):
         assert {len(w) for w in task.dataset(split)["ids"]} == {length + 1}
         assert stream(task, split) == stream(task, "test"), split
 
@@ -80,8 +80,8 @@ def test_learned_positions_shorter_than_the_test_lengths_are_refused_in_one_mess
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"test_lengths": [32]}, "test_lengths: 32 is not longer than max_len=32"),
-        ({"test_lengths": [4096]}, "test_lengths: 4096 is longer than test_tokens=2048"),
+        ({"longer": [1]}, "longer: 1 is not a multiple of max_len above 1"),
+        ({"longer": [128]}, "longer: 128 x max_len=32 is longer than test_tokens=2048"),
     ],
 )
 def test_bad_lengths_are_refused(changes, message):

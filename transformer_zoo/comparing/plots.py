@@ -122,6 +122,46 @@ def _outer_legend(fig: Figure, axes: Iterable[Axes], columns: int = 3) -> None:
         )
 
 
+# ---- a metric against the length scored --------------------------------------------------
+def lengths_figure(records: list[RunRecord], task: str, lengths: dict[str, int]) -> Figure:
+    """The headline metric of each variant on the splits of ``lengths`` (split -> the length its
+    inputs have) against that length, log x: mean over seeds with 95% intervals, one line each."""
+    groups = _by_variant(records)
+    styles = _styles(records)
+    first = records[0]
+    order = sorted(lengths, key=lengths.get)
+    fig = Figure(figsize=(WIDTH, 4.4 + 0.25 * math.ceil(len(groups) / 3)), layout="constrained")
+    ax = fig.subplots()
+    for variant, runs in groups.items():
+        points = []
+        for split in order:
+            values = [r.metrics[split][r.metric] for r in runs if r.metric in r.metrics.get(split, {})]
+            if values and all(math.isfinite(v) for v in values):
+                points.append((lengths[split], *_mean_and_error(values)))
+        if not points:
+            continue
+        xs, means = [p[0] for p in points], [p[1] for p in points]
+        ax.plot(xs, means, color=styles[variant]["color"], linewidth=1.2, label=_name(variant))
+        for x, mean, error in points:
+            ax.errorbar([x], [mean], yerr=error, capsize=3, markersize=5, linestyle="none", **styles[variant])
+    log_axis(ax, "x", min(lengths.values()), max(lengths.values()))
+    metric = first.metric
+    ax.set(
+        xlabel="tokens of each scored input", ylabel=f"{metric.replace('_', ' ')} ({first.better[metric]} is better)"
+    )
+    ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"{task}: {metric} by input length: {_seeds_note(groups.values(), 'error bars: 95% interval')}", fontsize=10
+    )
+    _outer_legend(fig, [ax])
+    return fig
+
+
+def plot_lengths(records: list[RunRecord], task: str, lengths: dict[str, int], path: Path) -> None:
+    """``path``: see :func:`lengths_figure`."""
+    save(lengths_figure(records, task, lengths), path)
+
+
 # ---- learning curves ----------------------------------------------------------------------
 def loss_keys(records: Iterable[RunRecord]) -> list[str]:
     """The curve keys to draw: each phase's ``loss_<phase>`` for a model trained in phases (its

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import yaml
 
 from .plots import (
     plot_curves,
+    plot_lengths,
     plot_metric_vs_parameters,
     plot_scaling,
     plot_throughput,
@@ -121,6 +123,19 @@ def condition_lines(results: CompareResults) -> list[str]:
             f"{worst.seed}): other work competed with them, and their times are slower than the machine's."
         )
     return lines
+
+
+def scored_lengths(spec: dict[str, Any], task: str, runs: list[RunRecord]) -> dict[str, int]:
+    """The splits of ``task`` scored at a multiple of its ``max_len`` (``test_Nx``: inputs of N times
+    ``max_len`` tokens; ``test``: ``max_len``), by split, with the tokens of their inputs: what a plot
+    of the metric against the length shows; empty for a task with no such splits."""
+    splits = {split for run in runs for split in run.metrics}
+    options = next((t for t in spec.get("tasks", []) if isinstance(t, dict) and t.get("kind") == task), {})
+    length = options.get("max_len")
+    multiples = {split: int(found[1]) for split in splits if (found := re.fullmatch(r"test_(\d+)x", split))}
+    if not multiples or not isinstance(length, int):
+        return {}
+    return {split: n * length for split, n in {"test": 1, **multiples}.items() if split in splits}
 
 
 def runs_table(records: list[RunRecord]) -> str:
@@ -240,6 +255,10 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         curve = out_dir / f"curves-{task}.png"
         plot_curves(runs, task, curve)
         lines += [f"![{task} learning curves]({curve.name})", ""]
+        lengths = scored_lengths(results.spec, task, runs)
+        if len(lengths) > 1:
+            plot_lengths(runs, task, lengths, out_dir / f"lengths-{task}.png")
+            lines += [f"![{task}: {runs[0].metric} by input length](lengths-{task}.png)", ""]
         for record in runs:
             if record.samples_plot and record.seed == runs[0].seed:
                 lines += [

@@ -26,6 +26,7 @@ import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from scipy import stats as _scipy
@@ -55,7 +56,7 @@ class Difference:
     low: float | None
     high: float | None
     p: float | None
-    test: TestKind
+    test: TestKind | Literal["paired"]
     n: tuple[int, int]
 
     def separable(self, alpha: float = ALPHA) -> bool:
@@ -174,6 +175,27 @@ def difference(a: list[float], b: list[float], test: TestKind = "welch", confide
             ).pvalue
         )
     return Difference(delta, delta - half, delta + half, p, test, (len(a), len(b)))
+
+
+def paired_difference(a: list[float], b: list[float], confidence: float = 1 - ALPHA) -> Difference:
+    """Test ``mean(a - b) = 0`` over pairs (``a[i]`` and ``b[i]`` measured on one model, such as
+    one seed's run scored at two lengths): the mean difference, its Student-t interval, and the
+    p of the paired t-test (1 or 0 where every pair differs alike).
+
+    >>> d = paired_difference([3.0, 4.0, 5.0], [2.0, 3.1, 3.9])
+    >>> round(d.difference, 3), d.test
+    (1.0, 'paired')
+    """
+    if len(a) != len(b):
+        raise ValueError(f"a paired test needs one b for each a, got {len(a)} and {len(b)}")
+    pairs = interval([x - y for x, y in zip(a, b)], confidence)
+    if len(a) < 2:
+        return Difference(pairs.mean, None, None, None, "paired", (len(a), len(b)))
+    if pairs.low == pairs.high:  # every pair differs alike: the t statistic is undefined
+        p = 1.0 if pairs.mean == 0 else 0.0
+    else:
+        p = float(_scipy.ttest_rel(a, b).pvalue)
+    return Difference(pairs.mean, pairs.low, pairs.high, p, "paired", (len(a), len(b)))
 
 
 def seeds_needed(sd_a: float, sd_b: float, gap: float, confidence: float = 1 - ALPHA, most: int = 1000) -> int | None:

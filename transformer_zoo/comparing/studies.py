@@ -48,7 +48,7 @@ from .progress import duration
 from .records import ALPHA, Cell, CompareResults
 from .runner import compare
 from .spec import CompareSpec, plan
-from .stats import TEST_NAMES, bounded_interval, difference, interval, seeds_needed, spread
+from .stats import TEST_NAMES, bounded_interval, difference, interval, paired_difference, seeds_needed, spread
 from .summary import format_cell, format_number
 from .tuning import tuned_runs
 
@@ -76,6 +76,11 @@ class Claim(Options):
     task: str = Field(description="the task kind, one of the spec's tasks")
     metric: str = Field(description="a metric of the task, or a measurement of one of the spec's probes")
     split: str = Field("test", description="the evaluation split of a task metric (a probe's is the test split)")
+    split_b: str | None = Field(
+        None,
+        description="b's split, where it is not a's: one variant at two lengths (a and b may then name the same "
+        "variant, and each seed's run is compared with itself, by a paired t-test)",
+    )
     a: str = Field(description="the variant claimed to do better, by its label in the spec")
     b: str = Field(description="the variant it is compared with, by its label")
     relation: Relation = Field("better", description="; ".join(f"{k}: {v}" for k, v in RELATIONS.items()))
@@ -91,9 +96,22 @@ class Claim(Options):
                 "a 'matches' claim needs a margin > 0: no interval lies within [0, 0]; give the largest "
                 "difference that still counts as a match, in the metric's units"
             )
-        if self.a == self.b:
-            raise ValueError(f"a and b are both {self.a!r}; a claim compares two variants")
+        if self.a == self.b and self.split_b in (None, self.split):
+            raise ValueError(
+                f"a and b are both {self.a!r} on split {self.split!r}; a claim compares two variants, or one "
+                "variant on two splits (give split_b)"
+            )
         return self
+
+    @property
+    def b_split(self) -> str:
+        """The split b is scored on."""
+        return self.split_b or self.split
+
+    @property
+    def paired(self) -> bool:
+        """One variant on two splits: each seed's run against itself."""
+        return self.a == self.b
 
 
 class SourceFigure(Options):
@@ -183,11 +201,12 @@ class Study(Options):
                     f"({', '.join(task.metrics)}) nor a measurement of the spec's probes "
                     f"({', '.join(sorted(probed)) or 'none: add probes to the spec'})"
                 )
-            if claim.split not in task.splits:
-                raise ConfigError(
-                    f"{where}: split {claim.split!r} is not one of task {claim.task!r}'s splits "
-                    f"({', '.join(task.splits)})"
-                )
+            for split in {claim.split, claim.b_split}:
+                if split not in task.splits:
+                    raise ConfigError(
+                        f"{where}: split {split!r} is not one of task {claim.task!r}'s splits "
+                        f"({', '.join(task.splits)})"
+                    )
         for i, figure in enumerate(self.figures):
             where = f"study {self.name!r}, figures.{i}"
             if (figure.variant, figure.task) not in ran:
@@ -298,12 +317,17 @@ def load_study(source: str | os.PathLike | dict[str, Any]) -> Study:
 
 def _values(results: CompareResults, label: str, task: str, split: str, metric: str) -> list[float]:
     """A variant's figure on ``task`` from each of its runs: a probe's measurement, or a split's metric."""
-    found = []
+    return list(_by_seed(results, label, task, split, metric).values())
+
+
+def _by_seed(results: CompareResults, label: str, task: str, split: str, metric: str) -> dict[int, float]:
+    """:func:`_values` by the seed of each run."""
+    found = {}
     for run in results.runs:
         if run.variant == label and run.task == task:
             value = run.probes.get(metric, run.metrics.get(split, {}).get(metric))
             if value is not None:
-                found.append(value)
+                found[run.seed] = value
     return found
 
 
@@ -321,15 +345,21 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = ()) -> Cla
             is not judged (inconclusive, the measured verdict in its reason), since a and b did not
             train alike.
     """
-    a, b = (_values(results, label, claim.task, claim.split, claim.metric) for label in (claim.a, claim.b))
+    by_seed = [
+        _by_seed(results, label, claim.task, split, claim.metric)
+        for label, split in ((claim.a, claim.split), (claim.b, claim.b_split))
+    ]
+    if claim.paired:  # the seeds scored on both splits, each against itself
+        by_seed = [{seed: side[seed] for seed in sorted(by_seed[0].keys() & by_seed[1].keys())} for side in by_seed]
+    a, b = (list(side.values()) for side in by_seed)
     if not a or not b:
-        missing = claim.a if not a else claim.b
-        raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {claim.split} {claim.metric}")
+        missing, split = (claim.a, claim.split) if not a else (claim.b, claim.b_split)
+        raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {split} {claim.metric}")
     direction = claim.direction or next(
         (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher"
     )
     cells = {"a": _cell(results, claim.metric, a), "b": _cell(results, claim.metric, b)}
-    diff = difference(a, b, results.spec.get("test", "welch"))
+    diff = paired_difference(a, b) if claim.paired else difference(a, b, results.spec.get("test", "welch"))
     sd = spread(a, b)
     probe = any(claim.metric in run.probes for run in results.runs)
     figures = dict(
@@ -548,6 +578,10 @@ def study_lines(result: StudyResult) -> list[str]:
     for c in result.claims:
         cl = c.claim
         where = f"{cl.task}, {cl.metric}" if c.probe else f"{cl.task}, {cl.split} {cl.metric}"
+        if cl.split_b and not c.probe:
+            where = f"{cl.task}, {cl.metric}: a on {cl.split}, b on {cl.split_b}" + (
+                ", paired by seed" if cl.paired else ""
+            )
         delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.a.n))
         p = "n/a" if c.p is None else f"{c.p:.3g}"
         lines.append(
