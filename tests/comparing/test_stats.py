@@ -16,6 +16,7 @@ from transformer_zoo.comparing.stats import (
     holm,
     interval,
     log_interval,
+    paired_difference,
     smallest_p,
 )
 
@@ -170,3 +171,18 @@ def test_holm_against_hand_computed_adjustments():
     assert holm([0.5, 0.6, 0.01]) == pytest.approx([1.0, 1.0, 0.03]), "capped at 1"
     assert holm([0.02, 0.02]) == pytest.approx([0.04, 0.04]), "ties adjust alike"
     assert holm([]) == [] and holm([None]) == [None]
+
+
+def test_a_paired_difference_is_the_t_test_of_the_pairs_differences():
+    a, b = [3.0, 5.5, 4.1, 7.0], [2.5, 5.2, 3.0, 6.1]
+    found = paired_difference(a, b)
+    reference = scipy_stats.ttest_rel(a, b)
+    assert found.p == pytest.approx(reference.pvalue) and found.test == "paired"
+    low, high = reference.confidence_interval(0.95)
+    assert (found.low, found.high) == (pytest.approx(low), pytest.approx(high))
+    assert found.difference == pytest.approx(np.mean(np.subtract(a, b)))
+    same = paired_difference([1.0, 2.0], [0.5, 1.5])  # every pair differs alike: decided, no t statistic
+    assert same.p == 0.0 and same.low == same.high == 0.5
+    assert paired_difference([1.0], [0.5]).p is None
+    with pytest.raises(ValueError, match="one b for each a, got 2 and 1"):
+        paired_difference([1.0, 2.0], [1.0])

@@ -88,6 +88,52 @@ def test_a_claims_verdict_follows_from_the_interval_over_seeds(a, b, fields, ver
     assert result.a.n == len(a) and result.b.n == len(b)
 
 
+def lengths(seeds: dict[int, tuple[float, float]]) -> CompareResults:
+    """One variant "a" scored on two splits, test and test_4x, by seed."""
+    runs = []
+    for seed, (short, long) in seeds.items():
+        run = record("a", seed, short, metric="perplexity", better="lower")
+        runs.append(
+            run.model_copy(update={"metrics": {"test": {"perplexity": short}, "test_4x": {"perplexity": long}}})
+        )
+    return CompareResults(spec={"test": "welch"}, machine={}, runs=runs, skipped=[])
+
+
+def test_one_variant_on_two_splits_is_judged_seed_by_seed():
+    """Each seed's run against itself: a steady gap of 0.2 between lengths is decided although the
+    seeds differ by far more than that (an unpaired test could not separate them)."""
+    seeds = {0: (10.0, 10.2), 1: (20.0, 20.21), 2: (30.0, 30.19), 3: (15.0, 15.2)}
+    worse = judge(claim(metric="perplexity", a="a", b="a", split="test", split_b="test_4x"), lengths(seeds))
+    assert worse.verdict == "holds", worse.reason  # lower perplexity at the training length
+    assert worse.difference == pytest.approx(-0.2, abs=0.01) and worse.high < 0 and worse.p < 0.01
+    flat = claim(metric="perplexity", a="a", b="a", split="test_4x", split_b="test", relation="not-worse", margin=0.5)
+    assert judge(flat, lengths(seeds)).verdict == "holds"
+    assert judge(flat.model_copy(update={"margin": 0.1}), lengths(seeds)).verdict == "does not hold"
+    unpaired = judge(
+        claim(metric="perplexity", a="a", b="b", split="test"),
+        CompareResults(
+            spec={"test": "welch"},
+            machine={},
+            skipped=[],
+            runs=[
+                *lengths(seeds).runs,
+                *(
+                    r.model_copy(update={"variant": "b", "metrics": {"test": r.metrics["test_4x"]}})
+                    for r in lengths(seeds).runs
+                ),
+            ],
+        ),
+    )
+    assert unpaired.verdict == "inconclusive", "the same figures, as two variants, are not separable"
+
+
+def test_a_claim_on_one_variant_needs_two_splits():
+    with pytest.raises(ValueError, match="a claim compares two variants, or one variant on two splits"):
+        claim(a="a", b="a")
+    with pytest.raises(ValueError, match="give split_b"):
+        claim(a="a", b="a", split="test", split_b="test")
+
+
 def test_the_metrics_declared_direction_is_the_default():
     """A lower-is-better metric (a Frechet distance): a's lower values win without a direction."""
     result = judge(
@@ -137,6 +183,7 @@ STUDIES = [
     "multi-head",
     "pre-vs-post-norm",
     "tuned-pre-vs-post-norm",
+    "length-extrapolation",
 ]
 
 
@@ -174,16 +221,18 @@ def test_a_scale_the_study_lacks_is_refused_with_the_ones_it_has(tmp_path):
         load_study(str(path)).spec("paper")
 
 
-def small_data(study) -> dict:
+def small_data(study, scale: str = "cpu") -> dict:
     """Overrides that keep a study's runs to a few examples a split and a batch (and short long-test inputs), one
     seed and trial, and one run at a time in this process: what the gpu and paper scales build, at a CPU test's
     cost."""
     overrides = {"steps": 2, "seeds": [0], "workers": 1, "threads": 1, "tasks": {}, "train": {"batch_size": 2}}
-    for options in study.spec("cpu").tasks:
+    for options in study.spec(scale).tasks:
         fields = type(options).model_fields
         change = {key: value for key, value in (("train_size", 64), ("test_size", 4)) if key in fields}
         if "test_lengths" in fields:
             change["test_lengths"] = [41, 44]  # the gpu and paper scales' long tests start past 40
+        if "train_tokens" in fields:  # python-source: one input of each length scored, up to the claims' 4L
+            change.update(train_tokens=8 * options.max_len, longer=[2, 4], test_tokens=4 * options.max_len)
         overrides["tasks"][options.kind] = change
     if study.compare.get("tune"):
         overrides["tune"] = {"trials": 1, "startup_trials": 1}
@@ -200,7 +249,7 @@ def test_every_study_builds_trains_and_is_judged_at_every_scale(name, scale, tmp
     study's paper scale validates and builds is checked in the default run, by
     ``test_every_scale_of_every_study_validates``."""
     study = load_study(name)
-    result = reproduce(study, tmp_path / name, scale, small_data(study))
+    result = reproduce(study, tmp_path / name, scale, small_data(study, scale))
     spec = study.spec(scale)
     assert result.scale == scale and result.steps == 2 and result.seeds == [0]
     runs = CompareResults.model_validate_json((tmp_path / name / "results.json").read_text()).runs
