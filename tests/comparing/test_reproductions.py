@@ -17,6 +17,7 @@ RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "pre-vs-post-norm": ["holds", "holds", "inconclusive"],
     "sagan-attention": ["inconclusive", "inconclusive"],
     "tuned-pre-vs-post-norm": ["holds", "inconclusive", "holds"],
+    "length-extrapolation": ["holds", "holds", "holds"],
 }
 
 
