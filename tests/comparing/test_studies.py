@@ -125,6 +125,13 @@ def test_one_variant_on_two_splits_is_judged_seed_by_seed():
         ),
     )
     assert unpaired.verdict == "inconclusive", "the same figures, as two variants, are not separable"
+    close = judge(
+        claim(metric="perplexity", a="a", b="a", split="test", split_b="test_4x"),
+        lengths({0: (10.0, 10.05), 1: (20.0, 20.2), 2: (30.0, 30.0)}),
+    )
+    assert close.verdict == "inconclusive" and close.seeds_needed is not None and close.seeds_needed < 30, (
+        "the seeds needed follow the spread of the per-seed differences, not of the seeds"
+    )
 
 
 def test_a_claim_on_one_variant_needs_two_splits():

@@ -26,8 +26,10 @@ of the same shape runs a study of one's own.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
+import statistics
 import sys
 import time
 from importlib import resources
@@ -381,7 +383,10 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = ()) -> Cla
     if stopped:
         verdict, reason = _not_judged(verdict, reason, len(stopped))
     elif verdict == "inconclusive" and diff.low is not None and claim.relation != "steadier":
-        needed = seeds_needed(sd.sd_a, sd.sd_b, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
+        sides = (sd.sd_a, sd.sd_b)
+        if claim.paired:  # the interval is of the per-seed differences: half their variance on each side
+            sides = (statistics.stdev(x - y for x, y in zip(a, b)) / math.sqrt(2),) * 2
+        needed = seeds_needed(*sides, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
         reason += (
             f"; at these spreads about {needed} seeds a side would decide it"
             if needed
@@ -567,7 +572,13 @@ def study_lines(result: StudyResult) -> list[str]:
     lines += [
         (
             f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {duration(result.wall_seconds)}; "
-            f"{result.test}; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
+            f"{result.test}"
+            + (
+                "; a claim on one variant at two splits: the paired t-test"
+                if any(c.claim.paired for c in result.claims)
+                else ""
+            )
+            + "; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
             f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
             f"[{result.report}]({result.report})."
         ),
