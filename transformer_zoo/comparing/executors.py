@@ -340,7 +340,7 @@ def _lost_runs(count: int) -> str:
     return f"{count} runs on it are retried from their last checkpoints"
 
 
-def _node_names(ray: Any) -> dict[str, str]:
+def _node_names(ray: Any) -> dict[str, bool]:
     """Every node Ray knows, alive or not, by ``ID@HOST`` (the first 8 hex digits of its id, as
     ``where`` names it): whether it is alive."""
     return {f"{n['NodeID'][:8]}@{n.get('NodeManagerHostname', '')}": bool(n["Alive"]) for n in ray.nodes()}
