@@ -59,6 +59,7 @@ class ZooModel(nn.Module):
     """Base of every model the zoo builds: it knows its config and can save itself."""
 
     config: Any = None  # the validated config, set by ``transformer_zoo.build_model``
+    exporters: dict[str, Callable[..., Path]] = {}  # noqa: RUF012 - replaced, never changed: by format, the savers of its family (build_model)
 
     def phases(self) -> list[Phase]:
         """The optimizers of a training step, in the order they step: by default one, over
@@ -77,14 +78,15 @@ class ZooModel(nn.Module):
             output.loss = self.loss(output, labels)
         return output
 
-    def save_pretrained(self, directory: str | os.PathLike, *, format: str = "zoo") -> Path:
+    def save_pretrained(self, directory: str | os.PathLike, *, format: str = "zoo", **options: Any) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
 
         Each file is written atomically; load with ``transformer_zoo.from_pretrained``.
-        ``config.json`` holds the config's fields and ``format``, the layout's version (:data:`FORMAT`).
-        ``format="zoo"``, the zoo's own layout, keeps every option of the config; a family with
-        another layout overrides this method to offer it (the bert family's ``"hf"``, which
-        ``transformers`` loads).
+        ``format="zoo"``, the zoo's own layout, keeps every option of the config; ``config.json``
+        holds the config's fields and ``format``, the layout's version (:data:`FORMAT`). Another
+        format is written by the plugin that reads it (an :class:`Importer` with ``save``): the
+        bert, transformer and ViT families' ``"hf"``, which ``transformers`` loads; ``options``
+        go to it (bert's ``architecture``).
         """
         if self.config is None:
             raise ValueError(
@@ -92,10 +94,18 @@ class ZooModel(nn.Module):
                 "transformer_zoo.build_model(...) to be able to save and reload it"
             )
         if format != "zoo":
-            family = getattr(self.config, "family", "") or type(self).__name__
+            save = self.exporters.get(format)
+            if save is None:
+                family = getattr(self.config, "family", "") or type(self).__name__
+                known = ", ".join(repr(name) for name in ["zoo", *self.exporters])
+                raise ValueError(
+                    f"format={format!r}: a {family} model saves as {known} (a plugin's importer with save= adds a "
+                    "format to the family it writes)"
+                )
+            return save(self, directory, **options)
+        if options:
             raise ValueError(
-                f"format={format!r}: a {family} model saves only in the zoo's own format, format='zoo' "
-                "(the Hugging Face layout, format='hf', is written for the bert family)"
+                f"{', '.join(f'{key}=' for key in options)}: options of another format; format='zoo' takes none"
             )
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -109,17 +119,27 @@ class ZooModel(nn.Module):
 class Importer:
     """A checkpoint format a plugin can read into a zoo model (offered by ``tzoo_importers``).
 
+    An importer may also write the format: ``save`` is then what ``save_pretrained(directory,
+    format=FORMAT, **options)`` calls for a model of ``family``.
+
     Attributes:
         name: a unique name, such as ``hf-bert``.
         description: what folders it reads, for messages.
         matches: whether a folder's parsed ``config.json`` is in this format.
         load: ``(directory, config) -> ZooModel``, the model in eval mode with every weight placed.
+        family: the family whose models ``save`` writes.
+        format: the name ``save_pretrained`` gives the format, such as ``hf``.
+        save: ``(model, directory, **options) -> directory``; it refuses, with a ConfigError
+            naming the field, a model the format cannot express.
     """
 
     name: str
     description: str
     matches: Callable[[dict[str, Any]], bool]
     load: Callable[[Path, dict[str, Any]], ZooModel]
+    family: str | None = None
+    format: str | None = None
+    save: Callable[..., Path] | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ import typing
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -385,6 +386,11 @@ class Registry:
     def importers(self) -> list[Importer]:
         """The registered checkpoint formats, by name."""
         return [importer for _, importer in sorted(self.load()._importers.items())]
+
+    def exporters(self, family: str) -> dict[str, Callable[..., Path]]:
+        """The formats besides the zoo's own that ``family``'s models save in, by name: the
+        ``save`` of each importer that writes that family."""
+        return {i.format: i.save for i in self.importers() if i.family == family and i.save and i.format}
 
     def trackers(self, run: TrackedRun) -> list[Tracker]:
         """The trackers the registered plugins give ``run`` (their ``tzoo_tracker`` hooks).

@@ -106,6 +106,7 @@ def build_checked(config: VariantConfig, skeleton: nn.Module | None = None) -> n
             "return a transformer_zoo.core.model.ZooModel (EncoderDecoder is one)"
         )
     model.config = config
+    model.exporters = get_registry().exporters(config.family)
     return model
 
 

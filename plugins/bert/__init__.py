@@ -12,9 +12,7 @@ Checkpoints saved by Hugging Face ``transformers`` load exactly (:mod:`.hf`).
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +24,7 @@ from transformer_zoo.core.heads import LMHead
 from transformer_zoo.core.inputs import check_tensor, check_token_ids
 from transformer_zoo.core.layers import ACTIVATIONS
 from transformer_zoo.core.masks import AttentionMask, as_padding_mask
-from transformer_zoo.core.model import EncoderDecoder, ModelOutput
+from transformer_zoo.core.model import EncoderDecoder, Importer, ModelOutput
 from transformer_zoo.core.options import (
     MAX_LENGTH,
     MAX_VOCAB,
@@ -42,7 +40,7 @@ from transformer_zoo.core.positional import add_positions, position_starts
 from transformer_zoo.core.stack import StackOutput
 from transformer_zoo.registry import hookimpl
 
-from .hf import BERT_IMPORTER
+from .hf import is_bert, load_bert
 from .hf_save import save_hf
 
 
@@ -230,27 +228,6 @@ class Bert(EncoderDecoder):
             labels,
         )
 
-    def save_pretrained(
-        self, directory: str | os.PathLike, *, format: Literal["zoo", "hf"] = "zoo", architecture: str | None = None
-    ) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory``, each atomically.
-
-        ``format="zoo"`` (the default) keeps every option of the config. ``format="hf"`` writes
-        the layout of Hugging Face ``transformers`` (its ``BertForMaskedLM.from_pretrained`` and
-        the like read it, and so does ``transformer_zoo.from_pretrained``) for a config BERT as
-        released can express; ``architecture`` picks the class (:func:`~.hf_save.save_hf`).
-        """
-        if format not in ("zoo", "hf"):
-            raise ValueError(
-                f"format={format!r}; a bert model saves as 'zoo' (every option, the default) or 'hf' "
-                "(the layout of Hugging Face transformers)"
-            )
-        if format == "hf":
-            return save_hf(self, directory, architecture)
-        if architecture is not None:
-            raise ValueError(f"architecture={architecture!r} names a transformers class, for format='hf' only")
-        return super().save_pretrained(directory)
-
 
 # ---- options ----------------------------------------------------------------------------------
 def _init_weights(module: nn.Module, std: float) -> None:
@@ -393,6 +370,17 @@ def tzoo_variants():
             description="tiny: 2 layers, d 128, 2 heads",
         ),
     ]
+
+
+BERT_IMPORTER = Importer(
+    name="hf-bert",
+    description="a Hugging Face transformers BERT folder (config.json with model_type bert)",
+    matches=is_bert,
+    load=load_bert,
+    family="bert",
+    format="hf",
+    save=save_hf,
+)
 
 
 @hookimpl

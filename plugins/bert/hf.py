@@ -20,7 +20,7 @@ from torch import Tensor
 
 from transformer_zoo.core import weights
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.model import Importer, ZooModel
+from transformer_zoo.core.model import ZooModel
 from transformer_zoo.core.weights import TensorInfo, WeightsError
 
 WEIGHTS_NAME = "model.safetensors"
@@ -340,11 +340,3 @@ def load_bert(directory: Path, hf_config: dict[str, Any]) -> ZooModel:
             f"{source}: the checkpoint has no weights for the head; newly initialised: {', '.join(fresh)}", stacklevel=4
         )
     return model.eval()
-
-
-BERT_IMPORTER = Importer(
-    name="hf-bert",
-    description="a Hugging Face transformers BERT folder (config.json with model_type bert)",
-    matches=is_bert,
-    load=load_bert,
-)

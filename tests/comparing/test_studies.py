@@ -191,6 +191,7 @@ STUDIES = [
     "pre-vs-post-norm",
     "tuned-pre-vs-post-norm",
     "length-extrapolation",
+    "modifications",
 ]
 
 
@@ -487,3 +488,36 @@ def test_a_runs_planned_steps_come_from_its_own_plan_tuned_twins_included():
     made[3] = run("post-ln tuned", 250)
     found = short_runs(spec, CompareResults(spec={}, machine={}, runs=made, skipped=[]))
     assert [text for _, _, text in found] == ["post-ln tuned on reverse, seed 0: 250 of 300 steps"]
+
+
+@pytest.mark.heavy
+def test_tuning_in_the_modifications_study_reads_only_the_training_split(tmp_path, monkeypatch):
+    """Every read of the corpus while the variants are tuned is of its train split (the validation rows are carved
+    from it); the comparison after it scores the test split. Four of the study's variants, a few steps each."""
+    from transformer_zoo.comparing import runner
+    from transformer_zoo.plugins.tasks.python_source import PythonSourceTask
+
+    reads, phase = [], ["compare"]
+    dataset, run_tuning = PythonSourceTask.dataset, runner.run_tuning
+
+    def counted(self, split):
+        reads.append((phase[0], split))
+        return dataset(self, split)
+
+    def tuning(*args, **kwargs):
+        phase[0] = "tuning"
+        try:
+            return run_tuning(*args, **kwargs)
+        finally:
+            phase[0] = "compare"
+
+    monkeypatch.setattr(PythonSourceTask, "dataset", counted)
+    monkeypatch.setattr(runner, "run_tuning", tuning)
+    study = load_study("modifications")
+    variants = [v for v in study.compare["variants"] if v["label"] in ("vanilla", "rmsnorm", "swiglu", "geglu")]
+    result = reproduce(study, tmp_path, "cpu", {**small_data(study), "variants": variants})
+    assert {split for when, split in reads if when == "tuning"} == {"train"}
+    assert ("compare", "test") in reads
+    saved = CompareResults.model_validate_json((tmp_path / "results.json").read_text())
+    assert {t.variant for t in saved.tuning} == {"vanilla", "rmsnorm", "swiglu", "geglu"}
+    assert [t.family for t in result.tallies] == ["untuned", "tuned"] and len(result.tallies[1].rows) == 3

@@ -52,6 +52,7 @@ from .runner import compare
 from .spec import CompareSpec, plan
 from .stats import TEST_NAMES, bounded_interval, difference, interval, paired_difference, seeds_needed, spread
 from .summary import format_cell, format_number
+from .tallies import Tally, TallyResult, tally, tally_lines
 from .tuning import tuned_runs
 
 Scale = Literal["cpu", "gpu", "paper"]
@@ -142,6 +143,11 @@ class Study(Options):
     )
     claims: list[Claim] = Field(min_length=1, description="the claims, each judged on its own")
     figures: list[SourceFigure] = Field([], description="the source's own figures, reported beside ours")
+    tally: Tally | None = Field(
+        None,
+        description="also count every other variant against one reference after Holm's correction (better, not "
+        "separable, worse); with tuning compared both ways, the untuned and the tuned runs each",
+    )
 
     def spec(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> CompareSpec:
         """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top;
@@ -209,6 +215,19 @@ class Study(Options):
                         f"{where}: split {split!r} is not one of task {claim.task!r}'s splits "
                         f"({', '.join(task.splits)})"
                     )
+        if self.tally is not None:
+            t, where = self.tally, f"study {self.name!r}, tally"
+            if (t.reference, t.task) not in ran:
+                raise ConfigError(
+                    f"{where}: no run of reference {t.reference!r} on task {t.task!r}; the spec runs "
+                    f"{sorted(label for label, kind in ran if kind == t.task) or 'nothing on it'}"
+                )
+            task = built.setdefault(t.task, tasks[t.task].build())
+            if t.metric not in task.metrics or t.split not in task.splits:
+                raise ConfigError(
+                    f"{where}: task {t.task!r} has metrics {', '.join(task.metrics)} on splits "
+                    f"{', '.join(task.splits)}; got {t.split} {t.metric}"
+                )
         for i, figure in enumerate(self.figures):
             where = f"study {self.name!r}, figures.{i}"
             if (figure.variant, figure.task) not in ran:
@@ -289,6 +308,8 @@ class StudyResult(BaseModel):
     verdict: Verdict
     claims: list[ClaimResult]
     figures: list[FigureResult] = []
+    tally: Tally | None = Field(None, description="the study's tally as it states it")
+    tallies: list[TallyResult] = Field([], description="the tally's outcome, by family (untuned, tuned)")
     short_runs: list[str] = Field([], description="runs that stopped before their steps when the time cap ran out")
     wall_seconds: float = Field(description="wall time of the study's comparison")
     report: str = Field(description="the comparison's report.md, relative to the study's folder")
@@ -530,6 +551,8 @@ def verdict(
         for claim in study.claims
     ]
     figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
+    labels = list(dict.fromkeys(label for label, _ in planned_runs(spec)[0]))
+    tallies = [] if study.tally is None else tally(study.tally, results, labels)
     return StudyResult(
         name=study.name,
         title=study.title,
@@ -542,6 +565,8 @@ def verdict(
         verdict=overall([c.verdict for c in claims]),
         claims=claims,
         figures=figures,
+        tally=study.tally,
+        tallies=tallies,
         short_runs=[text for _, _, text in short],
         wall_seconds=wall_seconds,
         report="report.md",
@@ -611,6 +636,8 @@ def study_lines(result: StudyResult) -> list[str]:
             + "; ".join(result.short_runs)
             + ".",
         ]
+    if result.tally is not None and result.tallies:
+        lines += ["", *tally_lines(result.tally, result.tallies, result.test)]
     if result.figures:
         lines += [
             "",
