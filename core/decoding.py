@@ -13,15 +13,19 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention, math_kernel, sdpa_kernel
-from .inputs import check_count, check_token_ids
-from .model import EncoderDecoder
+from .inputs import BOS, check_count, check_token_ids
 from .positional import LearnedPositional, RotaryPositional, SinusoidalPositional
 from .stack import DecoderCache, StaticDecoderCache
+
+Model = nn.Module
+"""What decodes: an :class:`~transformer_zoo.core.model.EncoderDecoder` (``encode``, ``decode``,
+``head``), whose ``generate`` method calls :func:`generate`."""
 
 
 def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
@@ -49,7 +53,7 @@ def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
     return None
 
 
-def _uses_static_cache(model: EncoderDecoder, static_cache: bool | None, capacity: int, device: torch.device) -> bool:
+def _uses_static_cache(model: Model, static_cache: bool | None, capacity: int, device: torch.device) -> bool:
     if static_cache is False:
         return False
     problem = static_cache_problem(model, capacity)
@@ -75,7 +79,7 @@ class DecodeStep:
 
     def __init__(
         self,
-        model: EncoderDecoder,
+        model: Model,
         memory: Tensor | None,
         src_mask: Tensor | None,
         cache: DecoderCache | None,
@@ -131,7 +135,7 @@ def _check_ids(*, max_new_tokens: object, **ids: object) -> None:
 
 @torch.no_grad()
 def greedy_decode(
-    model: EncoderDecoder,
+    model: Model,
     src: Tensor | None = None,
     src_mask: Tensor | None = None,
     *,
@@ -184,7 +188,7 @@ def greedy_decode(
 
 
 def _autoregress(
-    model: EncoderDecoder,
+    model: Model,
     src: Tensor | None,
     src_mask: Tensor | None,
     choose: Callable[[Tensor], Tensor],
@@ -309,59 +313,126 @@ def _check_sampling(temperature: float, top_k: int | None, top_p: float | None, 
             raise ValueError(f"{name} must be a probability in {interval}, got {value!r}")
 
 
+ZOO_NAMES = {
+    "src": "input_ids",
+    "src_mask": "attention_mask",
+    "prompt": "input_ids or decoder_input_ids",
+    "bos_id": "bos_token_id or decoder_start_token_id",
+    "eos_id": "eos_token_id",
+    "pad_id": "pad_token_id",
+    "static_cache": "cache_implementation",
+}
+"""The zoo's own names of :func:`generate`'s arguments, accepted beside Hugging Face's, and the
+Hugging Face name each stands for."""
+CACHES = {"dynamic": False, "static": True}
+"""``cache_implementation``: the cache each name chooses (None: static on CUDA where the model allows)."""
+
+
 @torch.no_grad()
 def generate(
-    model: EncoderDecoder,
-    src: Tensor | None = None,
-    src_mask: Tensor | None = None,
+    model: Model,
+    input_ids: Tensor | None = None,
+    attention_mask: Tensor | None = None,
     *,
-    prompt: Tensor | None = None,
-    bos_id: int | None = None,
-    eos_id: int | Sequence[int] | None = None,
-    pad_id: int | None = None,
-    max_new_tokens: int = 64,
+    decoder_input_ids: Tensor | None = None,
+    max_new_tokens: int | None = None,
+    max_length: int | None = None,
     do_sample: bool = False,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
     min_p: float | None = None,
+    num_beams: int = 1,
+    bos_token_id: int | None = None,
+    decoder_start_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    use_cache: bool = True,
+    cache_implementation: str | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
-    num_beams: int = 1,
     stop: Callable[[Tensor], Tensor] | None = None,
-    use_cache: bool = True,
-    static_cache: bool | None = None,
+    **zoo_names: Any,
 ) -> Tensor:
-    """Continue ``prompt`` (or decode from ``src``): greedy, beam search or sampling, on the cache.
+    """Generate token ids as Hugging Face's ``model.generate`` does (also ``model.generate(...)``
+    and ``transformer_zoo.generate(model, ...)``): greedy, beam search or sampling, on the cache.
 
-    ``num_beams > 1`` is :func:`beam_search` (encoder-decoder models); ``do_sample`` draws each
-    token with :func:`sample_logits` (``temperature``, ``top_k``, ``top_p``, ``min_p``) from
-    ``generator``, or from a generator seeded with ``seed`` on the model's device (the same
-    seed gives the same tokens); otherwise the most likely token (:func:`greedy_decode`).
+    An encoder-decoder model reads ``input_ids`` (with its padding ``attention_mask``) and
+    continues ``decoder_input_ids``, or the start token; a decoder-only model continues
+    ``input_ids``. ``num_beams > 1`` is :func:`beam_search` (encoder-decoder models);
+    ``do_sample`` draws each token with :func:`sample_logits` (``temperature``, ``top_k``,
+    ``top_p``, ``min_p``) from ``generator``, or from a generator seeded with ``seed`` on the
+    model's device (the same seed gives the same tokens); otherwise the most likely token
+    (:func:`greedy_decode`). The zoo's own names (:data:`ZOO_NAMES`: ``src``, ``prompt``,
+    ``bos_id``, ``eos_id``, ...) are accepted too.
 
     Args:
-        eos_id: a token id, or several, that ends a row; the row is then filled with ``pad_id``
-            (default: the first ``eos_id``).
+        max_new_tokens: tokens to add at most (default 64); or ``max_length``, the length of
+            the output, prompt or start token included, as Hugging Face counts it.
+        bos_token_id, decoder_start_token_id: the start token where there is no prompt
+            (default 1, the zoo's BOS).
+        eos_token_id: a token id, or several, that ends a row; the row is then filled with
+            ``pad_token_id`` (default: the first ``eos_token_id``). None (the default): every
+            row runs ``max_new_tokens``.
+        use_cache: decode on the key/value cache (the default) or run the whole prefix at each step.
+        cache_implementation: ``"static"`` (preallocated; a CUDA graph on a GPU), ``"dynamic"``,
+            or None: static on CUDA where the model allows it.
         stop: a stop condition: called with the ids so far ``(B, T)`` after each step, returns
             ``(B,)`` bools, True for rows to end there (a stop sequence, a length per row).
-        max_new_tokens, use_cache, static_cache: as for :func:`greedy_decode`.
 
     Returns:
-        ``(B, P + n)`` ids: the prompt (or ``bos_id``) followed by at most ``max_new_tokens``.
+        ``(B, P + n)`` ids: the prompt (or the start token) followed by at most ``max_new_tokens``.
 
     Raises:
-        ValueError: an option out of its range, sampling asked of beam search, or what
-            :func:`greedy_decode` raises.
+        ValueError: a model that cannot decode (encoder-only, or an image model), an option out
+            of its range, sampling asked of beam search.
+        TypeError: an argument under neither name, or under both.
     """
+    named = _hf_named(
+        model,
+        zoo_names,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=decoder_input_ids,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        cache_implementation=cache_implementation,
+    )
+    decoder_only = model.encoder is None
+    src, src_mask = (None, None) if decoder_only else (named["input_ids"], named["attention_mask"])
+    prompt = named["input_ids"] if decoder_only else named["decoder_input_ids"]
+    if decoder_only:
+        if named["decoder_input_ids"] is not None:
+            raise ValueError(
+                "decoder_input_ids is an encoder-decoder's prompt; a decoder-only model continues input_ids"
+            )
+        mask = named["attention_mask"]
+        if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
+            raise ValueError(
+                "attention_mask marks padding in a decoder-only model's prompt, which generate does not take; "
+                "give prompts of one length (or generate each alone)"
+            )
+    bos_id = named["bos_token_id"] if decoder_start_token_id is None else decoder_start_token_id
+    if bos_id is None and prompt is None:
+        bos_id = BOS
+    static_cache = None if named["cache_implementation"] is None else _cache(named["cache_implementation"])
+    if max_length is not None:
+        if max_new_tokens is not None:
+            raise ValueError("give max_new_tokens or max_length (the output's length), not both")
+        check_count(max_length, "max_length", 1)
+        max_new_tokens = max(0, max_length - (1 if prompt is None else prompt.size(1)))
+    max_new_tokens = 64 if max_new_tokens is None else max_new_tokens
+    eos_id, pad_id = named["eos_token_id"], named["pad_token_id"]
     check_count(num_beams, "num_beams", 1)
     if num_beams > 1:
         if do_sample or stop is not None or prompt is not None:
             raise ValueError(
-                "num_beams > 1 is beam search over an encoder-decoder's src: it takes no do_sample, "
-                "stop or prompt; use num_beams=1 for those"
+                "num_beams > 1 is beam search over an encoder-decoder's input_ids: it takes no do_sample, stop or "
+                "decoder_input_ids; use num_beams=1 for those"
             )
-        if eos_id is None or bos_id is None or not isinstance(eos_id, int):
-            raise ValueError("beam search needs bos_id and one eos_id")
+        if eos_id is None or not isinstance(eos_id, int):
+            raise ValueError("beam search needs one eos_token_id (the token that ends a hypothesis)")
         return beam_search(
             model,
             src,
@@ -404,8 +475,44 @@ def generate(
     )
 
 
+def _hf_named(model: Model, zoo_names: dict[str, Any], **named: Any) -> dict[str, Any]:
+    """``named`` (Hugging Face's names) with the values given under the zoo's names moved onto
+    them; a TypeError for a name that is neither, or one value given under both; a ValueError
+    for a model that cannot decode."""
+    if getattr(model, "decoder", None) is None:
+        config = getattr(model, "config", None)
+        what = f"{config.variant!r} ({config.family} family)" if config is not None else type(model).__name__
+        raise ValueError(
+            f"{what} cannot generate: it has no decoder (an encoder-only or image model); generate needs an "
+            "encoder-decoder or decoder-only model, such as transformer-tiny"
+        )
+    for name, value in zoo_names.items():
+        if name not in ZOO_NAMES:
+            raise TypeError(
+                f"generate() got an unexpected argument {name!r}; it takes Hugging Face's names (input_ids, "
+                "attention_mask, decoder_input_ids, max_new_tokens, max_length, do_sample, temperature, top_k, "
+                "top_p, min_p, num_beams, bos_token_id, decoder_start_token_id, eos_token_id, pad_token_id, "
+                f"use_cache, cache_implementation) and the zoo's ({', '.join(ZOO_NAMES)}, seed, generator, stop)"
+            )
+        target = {"prompt": "input_ids" if model.encoder is None else "decoder_input_ids"}.get(name)
+        target = target or ZOO_NAMES[name].split(" or ")[0]
+        if name == "static_cache":
+            value = None if value is None else ("static" if value else "dynamic")
+        if named[target] is not None and value is not None:
+            raise TypeError(f"generate() got {name}= and {target}=, one argument under two names; give one")
+        if value is not None:
+            named[target] = value
+    return named
+
+
+def _cache(name: object) -> bool:
+    if name not in CACHES:
+        raise ValueError(f"cache_implementation={name!r}; it is one of {', '.join(map(repr, CACHES))} or None")
+    return CACHES[name]
+
+
 def sequence_log_prob(
-    model: EncoderDecoder, src: Tensor | None, src_mask: Tensor | None, tokens: Tensor, *, eos_id: int | None = None
+    model: Model, src: Tensor | None, src_mask: Tensor | None, tokens: Tensor, *, eos_id: int | None = None
 ) -> Tensor:
     """Sum of log-probabilities ``(B,)`` the model gives ``tokens[:, 1:]`` after ``tokens[:, :1]``,
     up to and including the first ``eos_id`` (later tokens are filler and do not count)."""
@@ -421,7 +528,7 @@ def sequence_log_prob(
 
 @torch.no_grad()
 def beam_search(
-    model: EncoderDecoder,
+    model: Model,
     src: Tensor,
     src_mask: Tensor | None = None,
     *,

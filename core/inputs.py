@@ -19,6 +19,10 @@ from torch import Tensor
 
 from .errors import InputTypeError
 
+PAD, BOS, EOS = 0, 1, 2
+"""The token ids every built-in task gives padding, the start of a sequence and its end."""
+CLS = BOS  # classification tasks start each sequence with this id; the head pools it
+
 ID_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding indexes with
 AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what autocast casts
 

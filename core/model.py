@@ -18,6 +18,7 @@ import safetensors.torch
 import torch
 from torch import Tensor, nn
 
+from .decoding import generate
 from .files import atomic_write
 from .inputs import check_tensor, check_token_ids
 from .masks import AttentionMask, as_padding_mask
@@ -77,6 +78,19 @@ class ZooModel(nn.Module):
         if labels is not None:
             output.loss = self.loss(output, labels)
         return output
+
+    def generate(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None, **options: Any) -> Tensor:
+        """Generate token ids, as Hugging Face's ``model.generate``: greedy, beam search
+        (``num_beams``) or sampling (``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+        ``min_p``, ``seed``). See :func:`~transformer_zoo.core.decoding.generate` for every
+        option; a model without a decoder says it cannot.
+
+        >>> import torch, transformer_zoo as tz
+        >>> model = tz.build_model("transformer-tiny", dropout=0.0).eval()
+        >>> model.generate(torch.randint(3, 1000, (2, 7)), max_new_tokens=5).shape
+        torch.Size([2, 6])
+        """
+        return generate(self, input_ids, attention_mask, **options)
 
     def save_pretrained(self, directory: str | os.PathLike, *, format: str = "zoo", **options: Any) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).

@@ -18,12 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from .decoding import beam_search, greedy_decode
+from .inputs import BOS, CLS, EOS, PAD
 
 if TYPE_CHECKING:
     import datasets
 
-PAD, BOS, EOS = 0, 1, 2
-CLS = BOS  # classification tasks start each sequence with this id; the head pools it
 
 Better = Literal["higher", "lower"]
 """Which way a metric is better."""

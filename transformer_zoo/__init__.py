@@ -17,6 +17,7 @@ from .core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from .api import build_model, from_pretrained, list_variants, load_config
+    from .core.decoding import generate
     from .registry import get_registry, hookimpl
 
 try:
@@ -29,6 +30,7 @@ _LAZY = {
     "from_pretrained": ".api",
     "list_variants": ".api",
     "load_config": ".api",
+    "generate": ".core.decoding",
     "get_registry": ".registry",
     "hookimpl": ".registry",
 }
@@ -58,6 +60,7 @@ __all__ = [
     "ZooError",
     "build_model",
     "from_pretrained",
+    "generate",
     "get_registry",
     "hookimpl",
     "list_variants",

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from transformer_zoo.core.inputs import EOS
 from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
-from transformer_zoo.core.tasks import EOS, LanguageModelTask
+from transformer_zoo.core.tasks import LanguageModelTask
 
 if TYPE_CHECKING:
     import datasets

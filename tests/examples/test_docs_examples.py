@@ -30,6 +30,7 @@ PAGES = [
     "docs/variants/transformer.md",
     "docs/variants/bert.md",
     "docs/reference/transformer_zoo.md",
+    "docs/hugging-face.md",
 ]
 READERS_OWN = "path/to/"  # a block that reads the reader's own folder cannot run here
 CHECKED = re.compile(r"^(\s*)print\((.*)\)\s+# (.*)$")
