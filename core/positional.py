@@ -59,13 +59,29 @@ def _longer(rows: int, needed: int) -> int:
     return max(needed, 2 * rows)
 
 
-def sinusoid_table(length: int, dim: int, base: float = 10000.0) -> Tensor:
-    """``PE[pos, 2i] = sin(pos / base^(2i/d))``, ``PE[pos, 2i+1] = cos(...)``: ``(length, dim)``."""
+SINUSOID_LAYOUTS = ("interleaved", "halves")
+"""Where :func:`sinusoid_table` puts the sines and cosines of each position: ``interleaved``
+(sine, cosine, sine, ...: the paper's formula) or ``halves`` (every sine, then every cosine: the
+layout of Marian and of Hugging Face's ``MarianSinusoidalPositionalEmbedding``)."""
+
+
+def sinusoid_table(length: int, dim: int, base: float = 10000.0, layout: str = "interleaved") -> Tensor:
+    """``(length, dim)`` sinusoids of the frequencies ``w_i = base^(-2i/d)``.
+
+    ``layout="interleaved"``: ``PE[pos, 2i] = sin(pos * w_i)``, ``PE[pos, 2i+1] = cos(pos * w_i)``
+    (Vaswani et al. 2017, section 3.5). ``layout="halves"``: the same values with the sines first,
+    ``PE[pos, i] = sin(pos * w_i)`` for the first ``ceil(d/2)`` channels, then the cosines.
+    """
+    if layout not in SINUSOID_LAYOUTS:
+        raise ValueError(f"layout={layout!r}; a sinusoid table's layout is one of {', '.join(SINUSOID_LAYOUTS)}")
     position = torch.arange(length, dtype=torch.float64)[:, None]
     inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(base) / dim))
+    sines, cosines = torch.sin(position * inv_freq), torch.cos(position * inv_freq[: dim // 2])
+    if layout == "halves":
+        return torch.cat([sines, cosines], dim=1).float()
     table = torch.zeros(length, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
+    table[:, 0::2] = sines
+    table[:, 1::2] = cosines
     return table.float()
 
 
@@ -122,21 +138,22 @@ def add_positions(positional: nn.Module, x: Tensor, start: int | Tensor) -> Tens
 class SinusoidalPositional(nn.Module):
     """Fixed sinusoids (Vaswani et al. 2017, section 3.5), added to the input. A function of the
     position, so it goes past ``max_len`` (the rows computed up front): longer inputs compute
-    more rows, as Press et al. 2022 evaluate it past its training length."""
+    more rows, as Press et al. 2022 evaluate it past its training length. ``layout``: where the
+    sines and cosines go (:data:`SINUSOID_LAYOUTS`)."""
 
     takes_row_starts = True  # offset may be one start per sequence, (B,)
 
-    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
+    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
         super().__init__()
-        self.max_len, self.base = max_len, base
-        self.register_buffer("table", sinusoid_table(max_len, d_model, base), persistent=False)
+        self.max_len, self.base, self.layout = max_len, base, layout
+        self.register_buffer("table", sinusoid_table(max_len, d_model, base, layout), persistent=False)
 
     def cover(self, length: int) -> None:
         """Compute the rows of positions up to ``length`` now (a static cache's length, before a
         CUDA graph captures the lookups)."""
         rows, dim = self.table.shape
         if length > rows:
-            self.table = sinusoid_table(_longer(rows, length), dim, self.base).to(self.table.device)
+            self.table = sinusoid_table(_longer(rows, length), dim, self.base, self.layout).to(self.table.device)
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         end = _reach(offset, x.size(1))

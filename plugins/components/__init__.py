@@ -60,9 +60,14 @@ class SinusoidalOptions(PositionalOptions):
 
     kind: Literal["sinusoidal"] = "sinusoidal"
     base: float = Field(10000.0, gt=1.0, description="wavelength base of the sinusoids")
+    layout: Literal["interleaved", "halves"] = Field(
+        "interleaved",
+        description="where the sines and cosines go: interleaved (sin, cos, sin, ...: the paper's formula) "
+        "or halves (every sine, then every cosine: Marian's, and Hugging Face MarianMTModel's)",
+    )
 
     def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
-        return SinusoidalPositional(d_model, max_len, base=self.base)
+        return SinusoidalPositional(d_model, max_len, base=self.base, layout=self.layout)
 
 
 class LearnedOptions(PositionalOptions):

@@ -5,7 +5,8 @@ sqrt(d_model), one embedding table shared by source, target and output projectio
 and label-smoothed cross-entropy (epsilon 0.1). The warm-up then inverse-square-root
 learning-rate schedule (eq. 3) is training's ``schedule: inverse-sqrt`` with
 ``lr = (d_model * warmup_steps) ** -0.5``. Everything is composed from the core; this file
-holds only the paper's defaults and presets.
+holds only the paper's defaults and presets, and the importer of Hugging Face ``MarianMTModel``
+folders (:mod:`.hf`, read; :mod:`.hf_save`, ``save_pretrained(format="hf")``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import ClassVar
 from pydantic import Field
 
 from transformer_zoo.core.config import EncoderDecoderConfig
+from transformer_zoo.core.model import Importer
 from transformer_zoo.core.options import MAX_VOCAB, HeadField, Variant
 from transformer_zoo.registry import hookimpl
+
+from .hf import is_marian, load_marian
+from .hf_save import save_marian
 
 
 class TransformerConfig(EncoderDecoderConfig):
@@ -59,3 +64,19 @@ def tzoo_variants():
             description="tiny: d 64, 4 heads, 2+2 layers, for CPUs and tests",
         ),
     ]
+
+
+MARIAN_IMPORTER = Importer(
+    name="hf-marian",
+    description="a Hugging Face transformers MarianMTModel folder (config.json with model_type marian)",
+    matches=is_marian,
+    load=load_marian,
+    family="transformer",
+    format="hf",
+    save=save_marian,
+)
+
+
+@hookimpl
+def tzoo_importers():
+    return [MARIAN_IMPORTER]

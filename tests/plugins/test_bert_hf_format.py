@@ -192,6 +192,6 @@ def test_formats_and_architectures_that_do_not_apply_are_refused(tmp_path):
         bert.save_pretrained(tmp_path, format="hf", architecture="BertModel")
     with pytest.raises(ValueError, match="format='onnx': a bert model saves as 'zoo', 'hf'"):
         bert.save_pretrained(tmp_path, format="onnx")
-    with pytest.raises(ValueError, match="format='hf': a transformer model saves as 'zoo' \\("):
-        tz.build_model("transformer-tiny").save_pretrained(tmp_path, format="hf")
+    with pytest.raises(ValueError, match="format='hf': a universal-transformer model saves as 'zoo' \\("):
+        tz.build_model("universal-transformer-tiny").save_pretrained(tmp_path, format="hf")
     assert list(tmp_path.iterdir()) == []
