@@ -7,6 +7,10 @@ so they train on tasks that have images (``digits``). The building blocks are in
 :mod:`transformer_zoo.plugins.image.blocks`; local 2-D attention's pattern and kernel, used by this family
 only, are beside this file in :mod:`.kernels`.
 
+A Hugging Face ``transformers`` ViT folder (``ViTForImageClassification``) loads into the patch
+encoder (:mod:`.hf`), and a patch encoder with ``positional: learned`` saves as one
+(``save_pretrained(folder, format="hf")``, :mod:`.hf_save`).
+
 Presets, sized for 8x8 digits: ``vit-tiny`` (2x2 patches, full attention), ``image-transformer-tiny``
 (every pixel a token, ``local-2d`` attention) and ``sagan-classifier-tiny`` (two convolution
 stages, each followed by a SAGAN block). The GAN, ``sagan-gan``, is in :mod:`.gan`.
@@ -25,7 +29,7 @@ from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.inputs import check_image
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.model import ModelOutput, ZooModel
+from transformer_zoo.core.model import Importer, ModelOutput, ZooModel
 from transformer_zoo.core.options import (
     MAX_IMAGE_SIDE,
     MAX_WIDTH,
@@ -40,12 +44,15 @@ from transformer_zoo.registry import hookimpl
 
 from .blocks import (
     Learned2d,
+    LearnedPositions,
     PatchEmbedding,
     SelfAttention2d,
     Sinusoidal2d,
 )
 from .config import ImageConfig, Side
 from .gan import SaganGanConfig
+from .hf import is_vit, load_vit
+from .hf_save import save_hf
 from .kernels import Local2dPattern
 
 Pair = tuple[int, int]
@@ -101,7 +108,12 @@ class Local2dOptions(AttentionOptions):
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------
 class ImageEncoder(ZooModel):
-    """Patches to tokens, 2-D positions, a Transformer encoder, and a classification head."""
+    """Patches to tokens, a class token before them (if any), positions, a Transformer encoder,
+    and a classification head.
+
+    ``positional`` reads the whole sequence, class token first: the 2-D kinds give the class
+    token no position, :class:`~.blocks.LearnedPositions` (ViT's flat table) gives it one.
+    """
 
     def __init__(
         self,
@@ -134,9 +146,10 @@ class ImageEncoder(ZooModel):
         training. Anything but a non-empty float tensor of that shape and dtype is a ValueError.
         """
         need_weights = need_weights or bool(output_attentions)
-        x = self.positional(self.patches(image))  # (B, n_patches, D)
+        x = self.patches(image)  # (B, n_patches, D)
         if self.cls is not None:
-            x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1)  # the class token has no position
+            x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1)  # (B, 1 + n_patches, D)
+        x = self.positional(x)
         out = self.encoder(self.dropout(x), self_mask=AttentionMask(), need_weights=need_weights)
         return self.labelled(ModelOutput.of(self.head(out.hidden), {"encoder": out}, need_weights=need_weights), labels)
 
@@ -150,7 +163,12 @@ class ImageEncoderConfig(ImageConfig):
     n_heads: int = Field(4, ge=1, le=MAX_WIDTH, description="attention heads; must divide d_model")
     d_ff: int = Field(256, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
-    positional: Literal["learned-2d", "sinusoidal-2d"] = Field("learned-2d", description="2-D positions of the patches")
+    positional: Literal["learned-2d", "sinusoidal-2d", "learned"] = Field(
+        "learned-2d",
+        description="learned-2d: a learned vector per row and per column, concatenated; sinusoidal-2d: fixed "
+        "sinusoids of row and column (neither gives the class token a position); learned: one learned vector "
+        "per token, the class token's included (ViT's own, and transformers')",
+    )
     pooling: Literal["cls", "mean"] = Field(
         "cls", description="classify from a class token, or the mean of the patches"
     )
@@ -202,7 +220,8 @@ class ImageEncoderConfig(ImageConfig):
         return self
 
     def build(self) -> ImageEncoder:
-        positional = (Learned2d if self.positional == "learned-2d" else Sinusoidal2d)(self.grid, self.d_model)
+        kind = {"learned-2d": Learned2d, "sinusoidal-2d": Sinusoidal2d, "learned": LearnedPositions}[self.positional]
+        positional = kind(self.grid, self.d_model, leading=int(self.pooling == "cls"))
         patches = PatchEmbedding(self.image_size, self.channels, self.patch, self.d_model)
         encoder = builders.stack(
             self.encoder,
@@ -363,3 +382,19 @@ def tzoo_variants():
             description="class-conditional SAGAN for 8x8 images: spectral norm, hinge loss, attention in G and D",
         ),
     ]
+
+
+VIT_IMPORTER = Importer(
+    name="hf-vit",
+    description="a Hugging Face transformers ViT folder (config.json with model_type vit: ViTForImageClassification)",
+    matches=is_vit,
+    load=load_vit,
+    family=ImageConfig.family,
+    format="hf",
+    save=save_hf,
+)
+
+
+@hookimpl
+def tzoo_importers():
+    return [VIT_IMPORTER]

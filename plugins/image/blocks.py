@@ -9,8 +9,12 @@
   overlapping patches, each projected linearly to ``d_model``.
 - :class:`Sinusoidal2d` and :class:`Learned2d`: a position for each grid cell, half of the
   channels for its row and half for its column.
+- :class:`LearnedPositions`: ViT's own, one learned vector per token, the class token's included
+  (the table ``transformers`` keeps as ``position_embeddings``).
 
 Images are ``(B, C, H, W)``; a grid of tokens is the sequence ``(B, H * W, D)`` in reading order.
+Each positional module reads the sequence the encoder reads: ``leading`` tokens before the grid
+(a class token), then the grid.
 """
 
 from __future__ import annotations
@@ -113,40 +117,63 @@ def sinusoid_2d(grid: tuple[int, int], d_model: int, base: float = 10000.0) -> T
     return torch.cat([encode(rows), encode(cols)], dim=-1)
 
 
-def _check_grid_tokens(x: Tensor, grid: tuple[int, int], d_model: int) -> None:
-    if x.dim() != 3 or x.shape[1:] != (grid[0] * grid[1], d_model):
+def _check_grid_tokens(x: Tensor, grid: tuple[int, int], d_model: int, leading: int) -> None:
+    tokens = leading + grid[0] * grid[1]
+    if x.dim() != 3 or x.shape[1:] != (tokens, d_model):
+        before = f"{leading} class token(s) and " if leading else ""
         raise ValueError(
-            f"expected a {grid[0]}x{grid[1]} grid of tokens, (batch, {grid[0] * grid[1]}, {d_model}); "
-            f"got {tuple(x.shape)}"
+            f"expected {before}a {grid[0]}x{grid[1]} grid of tokens, (batch, {tokens}, {d_model}); got {tuple(x.shape)}"
         )
 
 
-class Sinusoidal2d(nn.Module):
-    """Fixed 2-D sinusoids added to a grid of tokens ``(B, H*W, D)``."""
+def _add_to_grid(x: Tensor, table: Tensor, leading: int) -> Tensor:
+    """``x + table`` on the grid's tokens; the ``leading`` tokens before it are left as they are."""
+    return x + F.pad(table.to(x.dtype), (0, 0, leading, 0))  # (leading + H*W, D): zero rows first
 
-    def __init__(self, grid: tuple[int, int], d_model: int, base: float = 10000.0) -> None:
+
+class Sinusoidal2d(nn.Module):
+    """Fixed 2-D sinusoids added to a grid of tokens ``(B, leading + H*W, D)``; the ``leading``
+    tokens (a class token) get none."""
+
+    def __init__(self, grid: tuple[int, int], d_model: int, base: float = 10000.0, *, leading: int = 0) -> None:
         super().__init__()
-        self.grid, self.d_model = tuple(grid), d_model
+        self.grid, self.d_model, self.leading = tuple(grid), d_model, leading
         self.register_buffer("table", sinusoid_2d(self.grid, d_model, base), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_grid_tokens(x, self.grid, self.d_model)
-        return x + self.table.to(x.dtype)
+        _check_grid_tokens(x, self.grid, self.d_model, self.leading)
+        return _add_to_grid(x, self.table, self.leading)
 
 
 class Learned2d(nn.Module):
-    """A learned embedding per row and per column, concatenated: ``H + W`` vectors, not ``H * W``."""
+    """A learned embedding per row and per column, concatenated: ``H + W`` vectors, not ``H * W``,
+    added to ``(B, leading + H*W, D)``; the ``leading`` tokens (a class token) get none."""
 
-    def __init__(self, grid: tuple[int, int], d_model: int) -> None:
+    def __init__(self, grid: tuple[int, int], d_model: int, *, leading: int = 0) -> None:
         super().__init__()
         if d_model % 2:
             raise ValueError(f"learned 2-D positions need an even d_model (half rows, half columns), got {d_model}")
-        self.grid, self.d_model = tuple(grid), d_model
+        self.grid, self.d_model, self.leading = tuple(grid), d_model, leading
         self.rows = nn.Parameter(torch.randn(grid[0], d_model // 2) * 0.02)
         self.cols = nn.Parameter(torch.randn(grid[1], d_model // 2) * 0.02)
 
     def forward(self, x: Tensor) -> Tensor:
-        _check_grid_tokens(x, self.grid, self.d_model)
+        _check_grid_tokens(x, self.grid, self.d_model, self.leading)
         height, width = self.grid
         table = torch.cat([self.rows[:, None].expand(height, width, -1), self.cols[None].expand(height, width, -1)], -1)
-        return x + table.reshape(height * width, -1).to(x.dtype)
+        return _add_to_grid(x, table.reshape(height * width, -1), self.leading)
+
+
+class LearnedPositions(nn.Module):
+    """One learned vector per token, the ``leading`` ones (a class token) included: a flat table
+    ``(leading + H*W, D)`` added to ``(B, leading + H*W, D)`` (ViT as published, and the table
+    ``transformers`` keeps as ``position_embeddings``, there ``(1, 1 + H*W, D)``)."""
+
+    def __init__(self, grid: tuple[int, int], d_model: int, *, leading: int = 0) -> None:
+        super().__init__()
+        self.grid, self.d_model, self.leading = tuple(grid), d_model, leading
+        self.table = nn.Parameter(torch.randn(leading + grid[0] * grid[1], d_model) * 0.02)
+
+    def forward(self, x: Tensor) -> Tensor:
+        _check_grid_tokens(x, self.grid, self.d_model, self.leading)
+        return x + self.table.to(x.dtype)
