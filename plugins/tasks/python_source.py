@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 import sysconfig
 from pathlib import Path
@@ -74,11 +75,45 @@ class PythonSourceOptions(TaskOptions):
         return PythonSourceTask(self)
 
 
-def stdlib_files() -> list[Path]:
-    """The standard library's ``.py`` files, sorted by path, without its tests and installed packages."""
+@functools.cache
+def stdlib_files() -> tuple[Path, ...]:
+    """The standard library's ``.py`` files, sorted by path, without its tests and installed
+    packages (whose folders are not walked). Read once a process: the library does not change."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
-    return sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
+    found = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [name for name in subfolders if name not in skip]
+        found += [Path(folder, name) for name in names if name.endswith(".py")]
+    return tuple(sorted(found))
+
+
+@functools.cache
+def split_files(seed: int) -> dict[str, tuple[Path, ...]]:
+    """Each split's files for ``seed``: a file's split is decided by a hash of the seed and its path."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    split: dict[str, list[Path]] = {name: [] for name in SPLITS}
+    for path in stdlib_files():
+        key = f"{seed}:{path.relative_to(root).as_posix()}".encode()
+        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
+        bound = 0.0
+        for name, share in SPLITS.items():
+            bound += share
+            if draw < bound or name == "test":
+                split[name].append(path)
+                break
+    return {name: tuple(paths) for name, paths in split.items()}
+
+
+@functools.cache
+def stdlib_digest() -> str:
+    """A SHA-256 digest of every file :func:`stdlib_files` reads: its path and its bytes."""
+    digest = hashlib.sha256()
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in stdlib_files():
+        data = path.read_bytes()
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
 
 
 class PythonSourceTask(LanguageModelTask):
@@ -93,21 +128,9 @@ class PythonSourceTask(LanguageModelTask):
     def splits(self) -> tuple[str, ...]:
         return ("train", "validation", *self.options.lengths)
 
-    @functools.cached_property
-    def _files(self) -> dict[str, list[Path]]:
-        """Each split's files: a file's split is decided by a hash of the seed and its path."""
-        root = Path(sysconfig.get_paths()["stdlib"])
-        split: dict[str, list[Path]] = {name: [] for name in SPLITS}
-        for path in stdlib_files():
-            key = f"{self.options.seed}:{path.relative_to(root).as_posix()}".encode()
-            draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
-            bound = 0.0
-            for name, share in SPLITS.items():
-                bound += share
-                if draw < bound or name == "test":
-                    split[name].append(path)
-                    break
-        return split
+    @property
+    def _files(self) -> dict[str, tuple[Path, ...]]:
+        return split_files(self.options.seed)
 
     def _stream(self, split: str, limit: int) -> list[int]:
         """The first ``limit`` tokens of a split's files, each file's bytes then EOS."""
@@ -137,17 +160,12 @@ class PythonSourceTask(LanguageModelTask):
     def corpus(self) -> dict[str, Any]:
         """What the data is: the Python version, the files of each split and their bytes, and a
         SHA-256 digest of every file read (its path and its bytes)."""
-        digest = hashlib.sha256()
-        root = Path(sysconfig.get_paths()["stdlib"])
-        for path in stdlib_files():
-            data = path.read_bytes()
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + len(data).to_bytes(8, "big") + data)
         return {
             "source": "the Python standard library's .py files (without tests)",
             "python": platform.python_version(),
             "implementation": platform.python_implementation(),
             "files": {name: len(paths) for name, paths in self._files.items()},
-            "sha256": digest.hexdigest(),
+            "sha256": stdlib_digest(),
         }
 
     def unfit_reason(self, config: Any) -> str | None:
