@@ -275,7 +275,8 @@ def ponder_summary(
 ) -> tuple[dict[str, float], str | None]:
     """Mean ponder time per stack over the first test examples of a finished run, and a heat
     map of the first one (``ponder.png`` in the run folder, named relative to it); nothing for
-    a model without a recurrent stack (one without ACT reports its fixed number of steps)."""
+    a model without a recurrent stack. One without ACT reports its fixed number of steps, and
+    no map: every position would show the same number."""
     from .plots import plot_ponder
 
     model.eval()
@@ -288,6 +289,8 @@ def ponder_summary(
     if not maps:
         return {}, None
     means = {stack: float(v[v > 0].mean()) for stack, v in maps.items()}
+    if all(v[v > 0].min() == v[v > 0].max() for v in maps.values()):  # fixed steps: nothing to map
+        return means, None
     one = task.example_inputs(model, rows[0])
     first = {k.removesuffix("_ponder_time"): v[0] for k, v in model(**one).extras.items() if k.endswith("ponder_time")}
     labels = {"encoder": "src", "decoder": "tgt"}
