@@ -129,6 +129,20 @@ class ZooModel(nn.Module):
         return directory
 
 
+def write_folder(directory: str | os.PathLike, tensors: dict[str, Tensor], config: dict[str, Any]) -> Path:
+    """Write ``tensors`` as ``model.safetensors`` and ``config`` as ``config.json`` into
+    ``directory`` (created if needed), each atomically: the layout of ``transformers``'
+    ``save_pretrained``, whose loader needs the safetensors metadata ``format: pt``. The
+    importers that also write their format (:class:`Importer`'s ``save``) end with it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    metadata = {"format": "pt"}
+    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_file(tensors, str(p), metadata=metadata))
+    text = json.dumps(config, indent=2) + "\n"
+    atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
+    return directory
+
+
 @dataclass(frozen=True)
 class Importer:
     """A checkpoint format a plugin can read into a zoo model (offered by ``tzoo_importers``).

@@ -7,20 +7,17 @@ folder back through :func:`.hf.bert_config` gives the model's config, field for 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch import Tensor
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.files import atomic_write
-from transformer_zoo.core.model import CONFIG_NAME, ZooModel
+from transformer_zoo.core.model import ZooModel, write_folder
 
-from .hf import BODY, DECODER, LAYER, OTHER, WEIGHTS_NAME, bert_config
+from .hf import BODY, DECODER, LAYER, OTHER, bert_config
 
 ARCHITECTURES = {  # our head kind -> the transformers class that holds it
     "lm": "BertForMaskedLM",
@@ -191,10 +188,4 @@ def save_hf(model: ZooModel, directory: str | Path, architecture: str | None = N
     hf = hf_config(model.config, architecture, dtype)
     check_expressible(model, hf, architecture)
     state = hf_state_dict(model, architecture)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt"}  # transformers refuses a safetensors file without it
-    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_file(state, str(p), metadata=metadata))
-    text = json.dumps(hf, indent=2) + "\n"
-    atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
-    return directory
+    return write_folder(directory, state, hf)

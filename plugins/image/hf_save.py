@@ -8,21 +8,18 @@ field for field. Only a patch encoder saves so; the family's SAGAN models are re
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch import Tensor
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.files import atomic_write
-from transformer_zoo.core.model import CONFIG_NAME, ZooModel
+from transformer_zoo.core.model import ZooModel, write_folder
 
 from .blocks import PatchEmbedding
-from .hf import LAYER, OTHER, WEIGHTS_NAME, vit_config
+from .hf import LAYER, OTHER, vit_config
 
 ARCHITECTURE = "ViTForImageClassification"
 TO_LAYER = {ours: theirs for theirs, ours in LAYER.items()}
@@ -161,10 +158,4 @@ def save_hf(model: ZooModel, directory: str | Path, **options: Any) -> Path:
     hf = hf_config(model.config, dtype)
     check_expressible(model, hf)
     state = hf_state_dict(model)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt"}  # transformers refuses a safetensors file without it
-    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_file(state, str(p), metadata=metadata))
-    text = json.dumps(hf, indent=2) + "\n"
-    atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
-    return directory
+    return write_folder(directory, state, hf)

@@ -9,18 +9,15 @@ norm, gated FFNs, ...) is refused, each field named with the value Marian needs.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch import Tensor
 
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.files import atomic_write
 from transformer_zoo.core.inputs import BOS, EOS
-from transformer_zoo.core.model import CONFIG_NAME, WEIGHTS_NAME, ZooModel
+from transformer_zoo.core.model import ZooModel, write_folder
 
 from .hf import LOGITS_BIAS, is_fused, marian_config, tensor_names
 
@@ -158,10 +155,4 @@ def save_marian(
     hf = marian_hf_config(model.config, dtype, decoder_start_token_id=decoder_start_token_id, eos_token_id=eos_token_id)
     check_expressible(model, hf)
     state = marian_state_dict(model)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt"}  # transformers refuses a safetensors file without it
-    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_file(state, str(p), metadata=metadata))
-    text = json.dumps(hf, indent=2) + "\n"
-    atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
-    return directory
+    return write_folder(directory, state, hf)
