@@ -18,6 +18,7 @@ RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "sagan-attention": ["inconclusive", "inconclusive"],
     "tuned-pre-vs-post-norm": ["holds", "inconclusive", "holds"],
     "length-extrapolation": ["holds", "holds", "holds"],
+    "modifications": ["inconclusive", "inconclusive", "inconclusive"],
 }
 
 
