@@ -206,11 +206,12 @@ def test_every_scale_of_every_study_validates():
     for name in STUDIES:
         study = load_study(name)
         cpu, gpu, paper = (study.spec(scale) for scale in ("cpu", "gpu", "paper"))
-        runs = {(label, config.task.kind): config for label, config in plan(paper)[0]}  # a model per variant and task
-        assert runs, name
-        for (label, _), config in runs.items():
-            model = on_meta(model_config_for(config, config.task.build()))
-            assert model is not None and sum(p.numel() for p in model.parameters()) > 0, (name, label)
+        for spec in (gpu, paper):
+            runs = {(label, config.task.kind): config for label, config in plan(spec)[0]}  # a model per variant, task
+            assert runs, name
+            for (label, _), config in runs.items():
+                model = on_meta(model_config_for(config, config.task.build()))
+                assert model is not None and sum(p.numel() for p in model.parameters()) > 0, (name, spec.name, label)
         # the gpu scale has eight minutes for every study at once: fewer steps than the cpu scale at times, but larger
         # models, batches and inputs; the paper scale has hours
         assert paper.steps > max(gpu.steps, cpu.steps) and min(len(cpu.seeds), len(gpu.seeds), len(paper.seeds)) >= 3
@@ -244,17 +245,25 @@ def small_data(study, scale: str = "cpu") -> dict:
         overrides["tasks"][options.kind] = change
     if study.compare.get("tune"):
         overrides["tune"] = {"trials": 1, "startup_trials": 1}
+    if "d_model" in study.scales.get(scale, {}).get("model", {}):  # narrower layers: the full widths build on meta
+        overrides["model"] = NARROW
     return overrides
+
+
+NARROW = {"d_model": 64, "d_ff": 128}
+"""The width :func:`small_data` gives the gpu and paper scales' token models (every scale's own widths build, on the
+meta device, in ``test_every_scale_of_every_study_validates``)."""
 
 
 @pytest.mark.heavy
 @pytest.mark.parametrize("scale", ["cpu", "gpu", pytest.param("paper", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_study_builds_trains_and_is_judged_at_every_scale(name, scale, tmp_path):
-    """Each scale's own models and tasks (a d 512 UT at lengths up to 40 at the paper scale, say) build, train a few
-    steps on the CPU, and the claims are judged and written; only the data are cut to a few examples. The paper
-    scale's models take 10 s to 80 s a study here, so it is among the slow tests (``pytest -m slow``); that every
-    study's paper scale validates and builds is checked in the default run, by
+    """Each scale's own variants, tasks (lengths up to 40 at the paper scale, say), tuning and claims train a few
+    steps on the CPU, and the claims are judged and written; only the data are cut to a few examples, and the gpu and
+    paper scales' token models to :data:`NARROW` widths (a run of a d 256 model here took seconds; the same code runs
+    at any width). The paper scale takes 10 s to 80 s a study even so, so it is among the slow tests
+    (``pytest -m slow``). That every scale's models build at their own widths is checked in the default run, by
     ``test_every_scale_of_every_study_validates``."""
     study = load_study(name)
     result = reproduce(study, tmp_path / name, scale, small_data(study, scale))
