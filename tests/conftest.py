@@ -79,11 +79,11 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, Any
 
 REVERSE_RUN = {
     "model": {"variant": "transformer-tiny", "dropout": 0.0},
-    "task": {"kind": "reverse", "train_lengths": [1, 16], "test_lengths": [17, 24], "test_size": 200},
-    "steps": 500,
+    "task": {"kind": "reverse", "train_lengths": [1, 8], "test_lengths": [9, 12], "test_size": 200},
+    "steps": 250,
     "batch_size": 64,
     "lr": 3e-3,
-    "warmup_steps": 50,
+    "warmup_steps": 25,
 }
 """transformer-tiny trained on reverse: the learning test's run, which the probes read too."""
 
@@ -96,19 +96,19 @@ def reverse_run(trained: Callable) -> tuple[Path, dict[str, Any]]:
 
 DIGITS_RUNS = {
     "vit-tiny": {
-        "model": "vit-tiny",
+        "model": {"variant": "vit-tiny", "patch": 4},
         "task": "digits",
-        "steps": 600,
+        "steps": 300,
         "batch_size": 64,
         "lr": 0.002,
-        "warmup_steps": 60,
+        "warmup_steps": 30,
         "seed": 0,
     },
     "sagan-classifier-tiny": {
         "model": "sagan-classifier-tiny",
         "task": "digits",
         "steps": 300,
-        "batch_size": 64,
+        "batch_size": 32,
         "lr": 0.003,
         "warmup_steps": 30,
         "seed": 0,

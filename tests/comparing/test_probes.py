@@ -154,9 +154,11 @@ def test_a_trained_model_reads_the_mirrored_source_position(kind, mirrored, trai
     """The lectures' attention-visualisation slide, checked: after transformer-tiny learns reverse
     (at least 95% test token accuracy: the learning test's run, trained once per session), the
     decoder's cross-attention at output position i puts most of its weight (mean above 0.5 in its
-    best layer, heads averaged) on source position n-1-i, the anti-diagonal; after copy (400
-    steps, about 15 s), on position i, the diagonal. The other alignment stays low: the model
-    reads the position its task needs, not any."""
+    best layer, heads averaged) on source position n-1-i, the anti-diagonal; after copy (250
+    steps of 32 at lr 3e-3, about 11 s; it was 400 steps at lr 1e-3, 17 s), on position i, the
+    diagonal. The other alignment stays low: the model reads the position its task needs, not
+    any. Measured with seed 0, best alignment, aligned / other: reverse 0.62 / 0.21, copy 0.68 /
+    0.16."""
     from transformer_zoo.training.config import load_train_config
 
     run_dir, summary = (
@@ -172,10 +174,10 @@ def test_a_trained_model_reads_the_mirrored_source_position(kind, mirrored, trai
                     "train_size": 10000,
                     "test_size": 200,
                 },
-                "steps": 400,
+                "steps": 250,
                 "batch_size": 32,
-                "lr": 1e-3,
-                "warmup_steps": 80,
+                "lr": 3e-3,
+                "warmup_steps": 25,
                 "device": "cpu",
             }
         )

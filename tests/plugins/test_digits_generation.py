@@ -37,8 +37,9 @@ def test_the_shipped_classifier_recognises_real_test_digits(task):
 
 
 def test_the_classifier_training_reproduces_a_classifier_as_good():
+    """600 steps of 32 (97.2% with seed 0; it was 1000 steps of 64, 98.1%, 2.4 times the time)."""
     images, labels = _test_set(DigitsGenerationOptions().build())
-    accuracy = (train_digits_classifier(steps=1000)(images).argmax(-1) == labels).float().mean()
+    accuracy = (train_digits_classifier(steps=600, batch_size=32)(images).argmax(-1) == labels).float().mean()
     assert accuracy >= 0.95
 
 

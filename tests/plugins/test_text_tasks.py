@@ -160,9 +160,9 @@ def unigram_perplexity(task) -> float:
     return math.exp(-sum(math.log(counts.get(t, 0.5) / total) for t in test) / len(test))
 
 
-def run(tmp_path, task, steps, model=SMALL_MODEL, lr=3e-3):
+def run(tmp_path, task, steps, model=SMALL_MODEL, lr=3e-3, batch_size=32):
     config = load_train_config(
-        {"model": model, "task": task, "steps": steps, "batch_size": 32, "lr": lr, "warmup_steps": 30}
+        {"model": model, "task": task, "steps": steps, "batch_size": batch_size, "lr": lr, "warmup_steps": 30}
     )
     return train(config, tmp_path, progress=False)
 
@@ -178,15 +178,17 @@ def test_language_modeling_learns_beyond_word_frequencies(corpus, tmp_path):
 
 @pytest.mark.heavy
 @pytest.mark.parametrize(
-    ("model", "steps", "lr"),
-    [(SMALL_MODEL, 200, 3e-3), ({"variant": "bert-tiny", "dropout": 0.0}, 300, 1e-3)],
+    ("model", "steps", "lr", "batch_size"),
+    [(SMALL_MODEL, 200, 3e-3, 32), ({"variant": "bert-tiny", "dropout": 0.0}, 300, 1e-3, 16)],
     ids=["transformer", "bert"],
 )
-def test_text_mlm_recovers_masked_tokens(corpus, tmp_path, model, steps, lr):
+def test_text_mlm_recovers_masked_tokens(corpus, tmp_path, model, steps, lr, batch_size):
     """A few hundred steps: masked-token accuracy at least 1.5x the share of the most common token
-    (measured: 0.39 for the small transformer encoder, 0.41 for bert-tiny; the share is 0.20)."""
+    (measured with seed 0: 0.39 for the small transformer encoder in 200 steps of 32; 0.37 for
+    bert-tiny in 300 steps of 16, which at batch 32 reached 0.41 in 1.6 times the time; the share
+    is 0.20)."""
     options = {"kind": "text-mlm", "files": str(corpus), "vocab_size": 300, "seq_len": 32, "max_test_sequences": 100}
-    summary = run(tmp_path, options, steps, model=model, lr=lr)
+    summary = run(tmp_path, options, steps, model=model, lr=lr, batch_size=batch_size)
     task = make(**options)
     counts = collections.Counter(t for ids in task.dataset("train")["ids"] for t in ids[1:-1])
     majority = counts.most_common(1)[0][1] / sum(counts.values())
@@ -196,9 +198,10 @@ def test_text_mlm_recovers_masked_tokens(corpus, tmp_path, model, steps, lr):
 
 @pytest.mark.heavy
 def test_translation_learns_and_is_scored_by_bleu(corpus, tmp_path):
-    """300 steps of seq2seq on the word-for-word reversed translation: BLEU at least 80, greedy and beam."""
+    """300 steps of 16 of seq2seq on the word-for-word reversed translation: BLEU at least 80, greedy
+    and beam (96.6 greedy measured with seed 0, about 17 s; 96.9 at batch 32, about 21 s)."""
     options = {"kind": "seq2seq", "files": str(corpus / "pairs.tsv"), "vocab_size": 300, "max_test_examples": 100}
-    summary = run(tmp_path, options, 300)
+    summary = run(tmp_path, options, 300, batch_size=16)
     print("seq2seq:", summary["metrics"]["test"])
     assert summary["metrics"]["test"]["bleu"] >= 80
     from transformer_zoo.training.trainer import load_run

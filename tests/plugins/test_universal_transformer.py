@@ -123,8 +123,9 @@ def test_a_future_token_never_changes_an_earlier_output():
 
 @pytest.mark.heavy
 def test_universal_transformer_tiny_learns_to_reverse(tmp_path):
-    """500 steps on reverse, train lengths 1-8: at least 90% token accuracy on held-out
-    sequences of those lengths (98.5% measured with seed 0); lengths 9-12 (test_long) are reported."""
+    """400 steps of 32 at lr 3e-3 on reverse, train lengths 1-8: at least 90% token accuracy on
+    held-out sequences of those lengths (98.6% measured with seed 0; it was 500 steps of 64 at lr
+    1e-3, 98.5%, twice the time); lengths 9-12 (test_long) are reported."""
     from transformer_zoo.training.config import load_train_config
     from transformer_zoo.training.trainer import train
 
@@ -132,10 +133,10 @@ def test_universal_transformer_tiny_learns_to_reverse(tmp_path):
         {
             "model": {"variant": "universal-transformer-tiny", "dropout": 0.0},
             "task": {"kind": "reverse", "train_lengths": [1, 8], "test_lengths": [9, 12], "test_size": 200},
-            "steps": 500,
-            "batch_size": 64,
-            "lr": 1e-3,
-            "warmup_steps": 50,
+            "steps": 400,
+            "batch_size": 32,
+            "lr": 3e-3,
+            "warmup_steps": 40,
         }
     )
     summary = train(config, tmp_path, progress=False)
