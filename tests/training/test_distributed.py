@@ -100,12 +100,14 @@ def curve(summary: dict) -> torch.Tensor:
     return torch.tensor([h["loss"] for h in summary["history"] if "loss" in h])
 
 
+SHARDED = {**CONFIG, "schedule": "constant", "parallel": "fsdp"}  # constant: 8 steps are the start of 12
+
+
 @pytest.mark.heavy
 def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded_or_on_one_device(tmp_path):
-    sharded = {**CONFIG, "schedule": "constant", "parallel": "fsdp"}  # constant: 8 steps are the start of 12
-    first = torchrun(tmp_path, {**sharded, "compile": True}, tmp_path / "fsdp")  # compiled, then resumed eagerly
+    first = torchrun(tmp_path, SHARDED, tmp_path / "fsdp")
     assert first.returncode == 0, first.stderr[-3000:]
-    single = train(load_train_config({**sharded, "steps": 12}), tmp_path / "one", progress=False)
+    single = train(load_train_config({**SHARDED, "steps": 12}), tmp_path / "one", progress=False)
     assert len(curve(single)) == 12 and curve(single)[0] != curve(single)[-1]
     torch.testing.assert_close(curve(json.loads(first.stdout)), curve(single)[:8], rtol=1e-4, atol=1e-5)
     summary = json.loads(first.stdout)
@@ -115,10 +117,10 @@ def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded
 
     # the checkpoint holds the whole model and optimizer: it resumes sharded, and in one process
     shutil.copytree(tmp_path / "fsdp", tmp_path / "alone")
-    resumed = torchrun(tmp_path, {**sharded, "steps": 12}, tmp_path / "fsdp")
+    resumed = torchrun(tmp_path, {**SHARDED, "steps": 12}, tmp_path / "fsdp")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     torch.testing.assert_close(curve(json.loads(resumed.stdout)), curve(single), rtol=1e-4, atol=1e-5)
-    alone = train(load_train_config({**sharded, "steps": 12}), tmp_path / "alone", progress=False)
+    alone = train(load_train_config({**SHARDED, "steps": 12}), tmp_path / "alone", progress=False)
     torch.testing.assert_close(curve(alone), curve(single), rtol=1e-4, atol=1e-5)
 
     task = load_train_config(CONFIG).task.build()
@@ -131,6 +133,19 @@ def test_sharded_training_follows_one_process_and_its_checkpoint_resumes_sharded
             rtol=1e-4,
             atol=1e-4,
         )
+
+
+@pytest.mark.slow
+def test_a_compiled_sharded_run_follows_one_process_and_resumes_eagerly(tmp_path):
+    """Slow (``python -m pytest -m slow``): two processes each compiling the model on one core took
+    over two minutes with an empty compile cache."""
+    compiled = torchrun(tmp_path, {**SHARDED, "compile": True}, tmp_path / "fsdp")
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    single = train(load_train_config({**SHARDED, "steps": 12}), tmp_path / "one", progress=False)
+    torch.testing.assert_close(curve(json.loads(compiled.stdout)), curve(single)[:8], rtol=1e-4, atol=1e-5)
+    resumed = torchrun(tmp_path, {**SHARDED, "steps": 12}, tmp_path / "fsdp")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    torch.testing.assert_close(curve(json.loads(resumed.stdout)), curve(single), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])

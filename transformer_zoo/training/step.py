@@ -151,9 +151,19 @@ class Stepper:
             return self.task.loss(self.model, batch, phase)
         return self.eager_loss(batch) if eager else self._trained_loss(batch)
 
-    def step(self, step: int, batch: dict[str, torch.Tensor] | None = None, *, eager: bool = False) -> dict[str, float]:
+    def step(
+        self,
+        step: int,
+        batch: dict[str, torch.Tensor] | None = None,
+        *,
+        eager: bool = False,
+        flops: list[int] | None = None,
+    ) -> dict[str, float]:
         """One optimizer step of every phase in turn, each with the others frozen, on ``batch``
-        (None: :meth:`batch` of ``step``); returns each phase's loss.
+        (None: :meth:`batch` of ``step``); returns each phase's loss. Given a list ``flops``, each
+        phase's forward and backward passes run under PyTorch's FLOP counter, which appends
+        their FLOPs to it (the optimizer's update, which has no matrix products, runs outside it:
+        under the counter's dispatch it took as long as the passes).
 
         Raises:
             TrainingDiverged: a loss was not finite (in any process); the message says which.
@@ -163,11 +173,12 @@ class Stepper:
         for phase in self.phases:
             alone = trains_only(phase.parameters, self.model) if len(self.phases) > 1 else contextlib.nullcontext()
             with alone:
-                with torch.autocast(self.placement.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                    loss = self.loss(phase.name, batch, eager=eager)
-                self.check_finite(loss, phase.name, step)
-                self.optimizers[phase.name].zero_grad(set_to_none=True)
-                loss.backward()
+                with _counting(flops):
+                    with torch.autocast(self.placement.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+                        loss = self.loss(phase.name, batch, eager=eager)
+                    self.check_finite(loss, phase.name, step)
+                    self.optimizers[phase.name].zero_grad(set_to_none=True)
+                    loss.backward()
                 if self.config.grad_clip is not None:
                     self.grad_norms[phase.name] = torch.nn.utils.clip_grad_norm_(
                         phase.parameters, self.config.grad_clip
@@ -201,13 +212,26 @@ class Stepper:
             raise TrainingDiverged(f"{phase} loss became {loss.item()} at step {step + 1}")
 
     def counted_step(self, step: int, batch: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, float], float]:
-        """:meth:`step`, run eagerly under PyTorch's FLOP counter: the losses, and the FLOPs of
-        its forward and backward passes over the global batch (every process's share).
+        """:meth:`step`, run eagerly with its forward and backward passes under PyTorch's FLOP
+        counter: the losses, and the FLOPs of those passes over the global batch (every process's
+        share).
 
         Eagerly, because a compiled loss first called under the counter would never compile."""
-        with FlopCounterMode(display=False) as counter:
-            losses = self.step(step, batch, eager=True)
-        return losses, counter.get_total_flops() * self.placement.here.size
+        flops: list[int] = []
+        losses = self.step(step, batch, eager=True, flops=flops)
+        return losses, sum(flops) * self.placement.here.size
+
+
+@contextlib.contextmanager
+def _counting(flops: list[int] | None) -> Iterator[None]:
+    """PyTorch's FLOP counter over the block, whose count is appended to ``flops``; nothing when
+    ``flops`` is None."""
+    if flops is None:
+        yield
+        return
+    with FlopCounterMode(display=False) as counter:
+        yield
+    flops.append(counter.get_total_flops())
 
 
 # ---- what steps cost ----------------------------------------------------------------------------
