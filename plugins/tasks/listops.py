@@ -8,6 +8,7 @@ one of 10 classes. The long-range difficulty is that the answer depends on every
 from __future__ import annotations
 
 import functools
+import statistics
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
@@ -32,7 +33,7 @@ def apply(op: str, values: list[int]) -> int:
     if op == "MIN":
         return min(values)
     if op == "MED":
-        return int(np.median(values))
+        return int(statistics.median(values))  # numpy's median, a twentieth of the time on a short list
     return sum(values) % 10
 
 

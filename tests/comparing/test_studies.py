@@ -256,15 +256,15 @@ meta device, in ``test_every_scale_of_every_study_validates``)."""
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("scale", ["cpu", "gpu", pytest.param("paper", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("scale", ["cpu", *(pytest.param(scale, marks=pytest.mark.slow) for scale in ("gpu", "paper"))])
 @pytest.mark.parametrize("name", STUDIES)
 def test_every_study_builds_trains_and_is_judged_at_every_scale(name, scale, tmp_path):
     """Each scale's own variants, tasks (lengths up to 40 at the paper scale, say), tuning and claims train a few
     steps on the CPU, and the claims are judged and written; only the data are cut to a few examples, and the gpu and
     paper scales' token models to :data:`NARROW` widths (a run of a d 256 model here took seconds; the same code runs
-    at any width). The paper scale takes 10 s to 80 s a study even so, so it is among the slow tests
-    (``pytest -m slow``). That every scale's models build at their own widths is checked in the default run, by
-    ``test_every_scale_of_every_study_validates``."""
+    at any width). The gpu and paper scales are among the slow tests (``pytest -m slow``): the paper scale takes 10 s
+    to 80 s a study even so, and the gpu scale 80 s for all of them. That every scale's spec validates and its models
+    build at their own widths is checked in the default run, by ``test_every_scale_of_every_study_validates``."""
     study = load_study(name)
     result = reproduce(study, tmp_path / name, scale, small_data(study, scale))
     spec = study.spec(scale)

@@ -148,9 +148,11 @@ def test_a_compiled_sharded_run_follows_one_process_and_resumes_eagerly(tmp_path
     torch.testing.assert_close(curve(json.loads(resumed.stdout)), curve(single), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_a_one_process_torchrun_job_trains_through_its_process_group(tmp_path, parallel):
-    """One process under torchrun runs the code N processes run (so a single GPU checks it)."""
+    """One process under torchrun runs the code N processes run (so a single GPU checks it). Slow
+    (``python -m pytest -m slow``): on a CPU the two-process tests above run that code and more."""
     result = torchrun(tmp_path, {**CONFIG, "parallel": parallel}, tmp_path / parallel, processes=1)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout)
