@@ -33,7 +33,7 @@ def apply(op: str, values: list[int]) -> int:
     if op == "MIN":
         return min(values)
     if op == "MED":
-        return int(statistics.median(values))  # numpy's median, a twentieth of the time on a short list
+        return int(statistics.median(values))  # as numpy's median, in a twentieth of its time on a short list
     return sum(values) % 10
 
 
