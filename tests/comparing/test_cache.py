@@ -112,6 +112,29 @@ def test_rerun_trains_everything_again(tmp_path, capsys):
     assert again["resumed_from"] is None and again["metrics"] == before["metrics"]  # from scratch, and exact
 
 
+def test_two_comparisons_begun_in_the_same_second_are_two_invocations(tmp_path, monkeypatch):
+    """The second reads the first's run from the cache, and says so, with the clock stopped."""
+    from datetime import datetime, timezone
+
+    from transformer_zoo.comparing import runner
+
+    class Stopped(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2024, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(runner, "datetime", Stopped)
+    spec = load_spec({**ONE, "seeds": [0]})
+    first = compare(spec, tmp_path)
+    second = compare(spec, tmp_path)
+    assert first.started == second.started == "2024-01-01T12:00:00+00:00"
+    assert first.invocation != second.invocation
+    assert [r.reused for r in first.runs] == [False]
+    assert [r.reused for r in second.runs] == [True], "a run read from the cache is kept, not the second's own"
+    assert second.runs[0].invocation == first.invocation
+    assert "invocation " + second.invocation in (tmp_path / "report.md").read_text()
+
+
 def test_specs_share_a_cache_folder(tmp_path, capsys):
     cache = tmp_path / "cache"
     compare(load_spec({**ONE, "cache": str(cache)}), tmp_path / "a")

@@ -83,7 +83,7 @@ class RunRecord(BaseModel):
         description="the machine's 1-minute load average, the larger of its values at the start and the end of "
         "training (the comparison's own runs included): one or more above cpus, other work competed with the run",
     )
-    invocation: str = Field("", description="the compare invocation that ran it (its start time)")
+    invocation: str = Field("", description="the compare invocation that ran it (its unique id)")
     reused: bool = Field(
         False, description="finished by an earlier invocation and kept: its costs were measured under other conditions"
     )
@@ -284,7 +284,8 @@ class CompareResults(BaseModel):
 
     spec: dict[str, Any] = Field(description="the spec as run")
     machine: dict[str, Any] = Field(description="where it ran")
-    invocation: str = Field("", description="this invocation (its start time); a run of another was reused")
+    invocation: str = Field("", description="this invocation's unique id; a run of another was reused")
+    started: str = Field("", description="when this invocation began (UTC, ISO 8601)")
     runs: list[RunRecord] = Field(description="one record per run")
     skipped: list[Skipped] = Field(description="pairs not run, with the reason")
     failed: list[Failed] = Field(

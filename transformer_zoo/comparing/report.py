@@ -111,8 +111,8 @@ def condition_lines(results: CompareResults) -> list[str]:
     if kept:
         lines.append(
             f"- {len(kept)} of {len(results.runs)} runs (marked {KEPT}) were kept from an earlier invocation "
-            f"({', '.join(sorted({r.invocation or 'unknown' for r in kept}))}); their times were measured under "
-            "other conditions, so times of tasks that mix invocations are neither bolded nor compared."
+            f"({_started(kept)}); their times were measured under other conditions, so times of tasks that mix "
+            "invocations are neither bolded nor compared."
         )
     loaded = [r for r in results.runs if r.cpus and r.load_average >= r.cpus + 1]  # a process more than cores
     if loaded:
@@ -123,6 +123,14 @@ def condition_lines(results: CompareResults) -> list[str]:
             f"{worst.seed}): other work competed with them, and their times are slower than the machine's."
         )
     return lines
+
+
+def _started(runs: list[RunRecord]) -> str:
+    """When ``runs`` started, as one time or the first and last (UTC)."""
+    times = sorted({r.started for r in runs if r.started})
+    if not times:
+        return "started at an unknown time"
+    return f"started {times[0]} UTC" if len(times) == 1 else f"started {times[0]} to {times[-1]} UTC"
 
 
 def scored_lengths(spec: dict[str, Any], task: str, runs: list[RunRecord]) -> dict[str, int]:
@@ -234,7 +242,8 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         + (f" ({', '.join(places)})" if places else "")
         + " with "
         f"{', '.join(map(str, threads)) or 'n/a'} CPU thread(s) each, on {results.machine.get('device')} "
-        f"({results.machine.get('cpus')} cores), invocation of {results.invocation or 'n/a'}.",
+        f"({results.machine.get('cpus')} cores), invocation {results.invocation or 'n/a'} begun "
+        f"{results.started + ' UTC' if results.started else 'at an unknown time'}.",
         "",
     ]
     lines += ["## Summary", "", *summary_lines(results.summaries), ""]

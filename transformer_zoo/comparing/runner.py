@@ -23,6 +23,7 @@ import os
 import platform
 import sys
 import time
+import uuid
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -150,7 +151,9 @@ class Comparison:
         out_dir: the report folder.
         here: the processes of this job (one, or torchrun's).
         carried: plugin modules every worker registers; stranded: plugins no worker could import.
-        invocation: when the comparison began (its runs' records say which invocation trained them).
+        invocation: the comparison's own id, unique (its runs' records say which invocation trained
+            them; two comparisons begun in the same second are two invocations).
+        started: when it began (UTC, ISO 8601), as the report gives it.
         tasks: each task of the spec, built once, by kind.
         begun: its start, on the clock of :func:`time.perf_counter`.
     """
@@ -161,13 +164,15 @@ class Comparison:
     carried: list[str]
     stranded: list[str]
     invocation: str = ""
+    started: str = ""
     tasks: dict[str, Any] = field(default_factory=dict)
     begun: float = field(default_factory=time.perf_counter)
 
     def prepare(self) -> None:
-        """Make the report folder, stamp the invocation and build each task once."""
+        """Make the report folder, give the invocation its id and start time, and build each task once."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.invocation = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.invocation = uuid.uuid4().hex
+        self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.tasks = {options.kind: built_task(options) for options in self.spec.tasks}
 
     def say(self, message: str) -> None:
@@ -420,6 +425,7 @@ def summarize_runs(
         spec=spec.model_dump(mode="json"),
         machine=machine(),
         invocation=comparison.invocation,
+        started=comparison.started,
         runs=records,
         skipped=skipped,
         failed=failures,

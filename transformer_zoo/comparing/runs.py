@@ -49,7 +49,7 @@ class Job(ABC):
         config: its training config, as JSON data.
         run_dir: its run folder (where every process that may train it can write: see
             docs/scaling.md).
-        invocation: the comparison's invocation (its start time).
+        invocation: the comparison's invocation (its unique id).
         progress: show the training's own progress bar (one run at a time, on a terminal).
         tags: task, variant and seed (or trial), for trackers that group runs.
     """
