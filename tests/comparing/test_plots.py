@@ -71,6 +71,25 @@ def test_log_axes_are_ticked_at_plain_1_2_5_values_with_two_at_least():
         plots.log_ticks(0, 10)
 
 
+def test_a_comparison_of_runs_too_fast_to_time_draws_its_report(tmp_path):
+    """Every run took 0 s on a stopped clock, so each rate is 0 tokens/s, which has no logarithm: the
+    throughput panels are linear, from 0, and the report and its plots are written."""
+    from transformer_zoo.comparing.records import CompareResults
+    from transformer_zoo.comparing.report import write_report
+    from transformer_zoo.comparing.summary import summarize
+
+    stopped = {"wall_seconds": 0.0, "last_attempt_seconds": 0.0, "train_tokens_per_second": 0.0}
+    runs = [r.model_copy(update=stopped) for r in SEEDS]
+    panels = [ax for ax in plots.throughput_figure(runs).axes if ax.get_title(loc="left")]
+    assert [ax.get_title(loc="left") for ax in panels] == ["listops", "reverse"]
+    assert all(ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0 for ax in panels)
+    results = CompareResults(spec={"name": "fast", "seeds": [0, 1, 2]}, machine={}, runs=runs, skipped=[])
+    results.summaries = summarize(runs, "transformer-tiny")
+    write_report(results, tmp_path)
+    assert "## Runs" in (tmp_path / "report.md").read_text()
+    assert all((tmp_path / name).stat().st_size > 0 for name in ("throughput.png", "metric-vs-parameters.png"))
+
+
 @pytest.mark.parametrize("records", [ONE_SEED, SEEDS], ids=["one seed", "three seeds"])
 def test_metric_against_parameters_has_one_point_per_variant(records, tmp_path):
     fig = plots.metric_figure(records)

@@ -60,7 +60,16 @@ def log_ticks(low: float, high: float) -> list[float]:
 
 def log_axis(ax: Axes, axis: str, low: float, high: float, margin: float = 1.15) -> None:
     """Make ``ax``'s ``axis`` ("x" or "y") logarithmic over ``low``..``high``, ticked by
-    :func:`log_ticks`; a point at either end stays ``margin`` times inside the axis (not cut in half)."""
+    :func:`log_ticks`; a point at either end stays ``margin`` times inside the axis (not cut in half).
+
+    Values with no logarithm (``low`` at or below 0: a run too short for its clock to measure
+    a rate, say) get a linear axis from 0 instead, its ticks written as on a log axis."""
+    if not 0 < low <= high:
+        target = ax.xaxis if axis == "x" else ax.yaxis
+        getattr(ax, f"set_{axis}scale")("linear")
+        getattr(ax, f"set_{axis}lim")(min(0.0, low), high * margin if high > 0 else 1.0)
+        target.set_major_formatter(FuncFormatter(number))
+        return
     ticks = log_ticks(low, high)
     getattr(ax, f"set_{axis}scale")("log")
     getattr(ax, f"set_{axis}lim")(min(ticks[0], low / margin), max(ticks[-1], high * margin))
