@@ -251,6 +251,20 @@ def kv_heads_problem(n_heads: int, n_kv_heads: int) -> str:
     )
 
 
+def _check_bias_shape(scheme: AttentionPositional, method: str, bias: Tensor, expected: tuple[int, ...]) -> None:
+    """Raise a ValueError naming the scheme when the bias its ``method`` returned does not
+    broadcast to ``expected``, ``(B, H, Tq, Tk)``; shapes only, so no device sync."""
+    shape = tuple(bias.shape)
+    if len(shape) <= 4 and all(size in (1, want) for size, want in zip(shape[::-1], expected[::-1])):
+        return
+    _, h, q_len, k_len = expected
+    raise ValueError(
+        f"positional scheme {type(scheme).__name__} ({type(scheme).__module__}): {method}() returned a bias of "
+        f"shape {shape}; expected one that broadcasts to (batch, heads, q_len, k_len) = {expected}, such as "
+        f"({h}, {q_len}, {k_len}) for a bias per head or ({q_len}, {k_len}) for one shared by the heads"
+    )
+
+
 def _kernel_name(kernel: Kernel) -> str:
     return getattr(kernel, "__name__", None) or repr(kernel)
 
@@ -396,6 +410,10 @@ class MultiHeadAttention(nn.Module):
             else:
                 bias = self.positional.bias(q.size(-2), k.size(-2), q.device)
                 relation = self.positional.query_bias(q, k.size(-2))
+            expected = (x.size(0), self.n_heads, q.size(-2), k.size(-2))
+            for method, value in (("bias", bias), ("query_bias", relation)):
+                if value is not None:
+                    _check_bias_shape(self.positional, method, value, expected)
             if relation is not None:
                 if self.scale is not None:  # as forward multiplies q for the kernel's q . k
                     relation = relation * (self.scale * math.sqrt(self.d_head))

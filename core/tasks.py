@@ -10,7 +10,7 @@ variant that cannot do the task is refused with the reason before any training s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -51,6 +51,10 @@ def declared_metrics() -> dict[str, Better]:
             found.setdefault(name, better)
         pending += cls.__subclasses__()
     return found
+
+
+def _quoted(keys: Any) -> str:
+    return ", ".join(repr(key) for key in keys)
 
 
 def _input_words(kind: str) -> str:
@@ -145,9 +149,27 @@ class Task:
         """A batch of examples to model inputs and ``targets``."""
         raise NotImplementedError
 
+    def check_rows(self, rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> None:
+        """Raise a ValueError, naming the task, the keys ``collate`` reads and those a row has, if
+        a row of ``rows`` lacks one of ``keys``: a wrong column name is reported at the first
+        batch, rather than as a ``KeyError`` from inside ``collate``."""
+        for row in rows:
+            missing = [key for key in keys if key not in row]
+            if missing:
+                raise ValueError(
+                    f"task {self.name!r} ({type(self).__qualname__} in {type(self).__module__}) has rows with the "
+                    f"keys {_quoted(row) or 'none'}, and its collate reads {_quoted(keys)} (missing: "
+                    f"{_quoted(missing)}); give the rows of dataset(split) those keys, or override collate"
+                )
+
     def loss(self, model: nn.Module, batch: dict[str, Tensor], phase: str = "model") -> Tensor:
         """The loss of one batch, for the model's training ``phase`` (see
         :meth:`~transformer_zoo.core.model.ZooModel.phases`; most models have one)."""
+        if "targets" not in batch:
+            raise ValueError(
+                f"task {self.name!r} ({type(self).__qualname__}): collate returned a batch with the keys "
+                f"{_quoted(batch) or 'none'}, and the loss reads 'targets'; return the targets under that key"
+            )
         return model.loss(model(**self.model_inputs(model, batch)), batch["targets"])
 
     def tokens_in(self, batch: dict[str, Tensor]) -> int:
@@ -214,6 +236,7 @@ class Seq2SeqTask(Task):
         return {"vocab_size": self.vocab_size, "tgt_vocab_size": None, "pad_id": self.pad_id, "head": {"kind": "lm"}}
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
+        self.check_rows(rows, ("src", "tgt"))
         src, src_mask = pad_batch([r["src"] for r in rows], self.pad_id)
         tgt, tgt_mask = pad_batch([[self.bos_id, *r["tgt"]] for r in rows], self.pad_id)
         targets, _ = pad_batch([[*r["tgt"], self.eos_id] for r in rows], self.pad_id)
@@ -244,6 +267,7 @@ class Seq2SeqTask(Task):
         """Decode every example: ``token_accuracy`` (target positions right) and
         ``sequence_accuracy`` (the whole output equals the target), with :meth:`extra_scores`."""
         data = self.dataset(split)
+        self.check_rows([data[0]] if len(data) else [], ("src", "tgt"))
         was_training = model.training
         model.eval()
         outputs: list[list[int]] = []
@@ -309,6 +333,7 @@ class ClassificationTask(Task):
         }
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
+        self.check_rows(rows, ("src", "label"))
         src, src_mask = pad_batch([[self.cls_id, *r["src"]] for r in rows], self.pad_id)
         return {"src": src, "src_mask": src_mask, "targets": torch.tensor([r["label"] for r in rows])}
 
@@ -415,6 +440,7 @@ class LanguageModelTask(Task):
         }
 
     def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
+        self.check_rows(rows, ("ids",))
         tgt, tgt_mask = pad_batch([r["ids"][:-1] for r in rows], self.pad_id)
         targets, _ = pad_batch([r["ids"][1:] for r in rows], self.pad_id)
         return {"tgt": tgt, "tgt_mask": tgt_mask, "targets": targets}
@@ -459,6 +485,7 @@ class MaskedLMTask(Task):
         }
 
     def collate(self, rows: list[dict[str, Any]], generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        self.check_rows(rows, ("ids",))
         ids, mask = pad_batch([r["ids"] for r in rows], self.pad_id)
         src, targets = mask_tokens(
             ids,

@@ -73,6 +73,54 @@ def kind_name(options: type[ComponentOptions]) -> str:
     return args[0]
 
 
+BUILD_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "positional": ("d_model", "n_heads", "max_len"),
+    "norm": ("d_model",),
+    "ffn": ("d_model", "d_ff", "dropout"),
+    "head": ("d_model", "vocab_size", "embedding", "pad_id", "dropout"),
+    "task": (),
+}
+"""The keyword arguments the zoo calls ``build`` with, for the categories whose base declares
+``build(**context)``; a base that spells out its ``build`` (attention, stack) is its own answer."""
+
+
+def build_call(category: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """How the zoo calls the ``build`` of a kind of ``category``: the names of the arguments it
+    passes by position (after the options themselves), and of those it passes by keyword."""
+    base = CATEGORIES[category]
+    parameters = list(inspect.signature(base.build).parameters.values())[1:]
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return (), BUILD_KEYWORDS[category]
+    by_position = tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return by_position, tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+
+
+def check_build(options: type[ComponentOptions], plugin: str) -> None:
+    """Refuse an options class whose ``build`` cannot be called as the zoo calls it (see
+    :func:`build_call`), naming the plugin, the kind and the signature expected: a wrong
+    signature would otherwise be a ``TypeError`` when a model (or the task) is first built."""
+    by_position, keywords = build_call(options.category)
+    build = inspect.getattr_static(options, "build")
+    try:
+        signature = inspect.signature(options.build)
+    except (TypeError, ValueError):  # nothing to read it from (a builtin callable): left to the call
+        return
+    bound = () if isinstance(build, (staticmethod, classmethod)) else (None,)
+    try:
+        signature.bind(*bound, *by_position, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        given = signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+            return_annotation=signature.empty,
+        )
+        expected = ", ".join(["self", *by_position, *(["*", *keywords] if keywords else [])])
+        raise PluginLoadError(
+            f"plugin {plugin!r} offers {_what(options.category)} {kind_name(options)!r} ({options.__name__}), "
+            f"whose build{given} cannot be called as the zoo calls a {options.category} kind's build ({exc}); "
+            f"expected build({expected})"
+        ) from None
+
+
 class PluginWarning(UserWarning):
     """A plugin failed to load, or offers something that looks like a hook but is not one."""
 
@@ -311,6 +359,7 @@ class Registry:
                     + ", ".join(base.__name__ for base in CATEGORIES.values())
                 )
             kind = kind_name(options)
+            check_build(options, name)
             self._add_offer(offered, (category, kind), options, name)
         for variant in (item for batch in variants for item in batch or ()):
             if not (isinstance(variant, Variant) and issubclass(variant.config, VariantConfig)):
