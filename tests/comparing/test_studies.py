@@ -4,6 +4,7 @@ every built-in study runs end to end at a tiny budget and writes a verdict."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -245,14 +246,46 @@ def small_data(study, scale: str = "cpu") -> dict:
         overrides["tasks"][options.kind] = change
     if study.compare.get("tune"):
         overrides["tune"] = {"trials": 1, "startup_trials": 1}
-    if "d_model" in study.scales.get(scale, {}).get("model", {}):  # narrower layers: the full widths build on meta
-        overrides["model"] = NARROW
+    model = study.scales.get(scale, {}).get("model", {})
+    if "d_model" in model:  # narrower layers: the full widths build on meta
+        overrides["model"] = narrow(model)
     return overrides
 
 
 NARROW = {"d_model": 64, "d_ff": 128}
 """The width :func:`small_data` gives the gpu and paper scales' token models (every scale's own widths build, on the
 meta device, in ``test_every_scale_of_every_study_validates``)."""
+
+
+def narrow(model: dict) -> dict:
+    """:data:`NARROW` widths for a scale's ``model`` options, with its heads cut to the most that divide the narrow
+    width (a paper scale's 12 heads of 768 become 4 of 64)."""
+    heads = model.get("n_heads")
+    return NARROW if heads is None else {**NARROW, "n_heads": math.gcd(heads, NARROW["d_model"])}
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_every_scale_of_every_study_builds_as_the_end_to_end_test_shrinks_it(name):
+    """The specs and models that ``test_every_study_builds_trains_and_is_judged_at_every_scale`` trains (slow at the
+    gpu and paper scales), validated and built on the meta device, in seconds: a shrinking that makes a model the
+    variant refuses (12 heads of a width of 64) shows in the default run."""
+    from transformer_zoo.api import on_meta
+    from transformer_zoo.comparing.spec import plan
+    from transformer_zoo.training.config import model_config_for
+
+    study = load_study(name)
+    for scale in ("cpu", "gpu", "paper"):
+        spec = study.spec(scale, small_data(study, scale))
+        runs, skipped = plan(spec)
+        own = plan(study.spec(scale))[1]
+        assert runs, (name, scale)
+        assert [(s.variant, s.task) for s in skipped] == [(s.variant, s.task) for s in own], (
+            "the shrinking skips nothing the study itself does not",
+            [s.reason for s in skipped],
+        )
+        for label, config in runs:
+            model = on_meta(model_config_for(config, config.task.build()))
+            assert model is not None and sum(p.numel() for p in model.parameters()) > 0, (name, scale, label)
 
 
 @pytest.mark.heavy
