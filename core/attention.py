@@ -223,6 +223,8 @@ class AttentionPositional(nn.Module):
     The default does nothing; subclasses override any of the methods.
     """
 
+    category: ClassVar[str] = "positional"
+
     def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor) -> tuple[Tensor, Tensor]:
         """Transform ``q`` ``(B, H, Tq, Dh)`` and ``k`` ``(B, H, Tk, Dh)``; ``q`` starts at position
         ``q_offset`` (a 0-d tensor under a static cache) and ``k`` at 0."""
@@ -310,6 +312,8 @@ class MultiHeadAttention(nn.Module):
             :meth:`kernel_inputs` (the kernels divide by ``sqrt(d_head)``); no parameter or
             buffer is added, so state dicts do not change.
     """
+
+    category: ClassVar[str] = "attention"
 
     self_only: ClassVar[bool] = False
     """Whether the module is for self-attention only: its rule is over the positions of one

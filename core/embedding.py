@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from torch import Tensor, nn
 
@@ -22,6 +23,8 @@ class Embeddings(nn.Module):
             ``[0, random_offset)`` past ``offset`` (:func:`~.positional.position_starts`); 0: off.
             ``positional`` must cover ``random_offset`` more positions than the longest input.
     """
+
+    category: ClassVar[str] = "embedding"
 
     def __init__(
         self,

@@ -6,6 +6,8 @@ A head is called as ``head(hidden, mask)`` with ``hidden`` ``(B, T, D)`` and ``m
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -33,6 +35,8 @@ class LMHead(nn.Module):
         label_smoothing: epsilon of label-smoothed cross-entropy (Szegedy et al. 2016).
         ignore_index: target id that does not count in the loss (padding).
     """
+
+    category: ClassVar[str] = "head"
 
     def __init__(
         self,
@@ -67,6 +71,8 @@ class LMHead(nn.Module):
 class SequenceClassificationHead(nn.Module):
     """One label per sequence ``(B, C)``, from the first token or the mean over real tokens."""
 
+    category: ClassVar[str] = "head"
+
     def __init__(self, d_model: int, num_classes: int, *, pooling: str = "cls", dropout: float = 0.0) -> None:
         super().__init__()
         if pooling not in ("cls", "mean"):
@@ -96,6 +102,8 @@ class TokenClassificationHead(nn.Module):
 
     Targets equal to ``ignore_index`` (padding, sub-word continuations) do not count in the loss.
     """
+
+    category: ClassVar[str] = "head"
 
     def __init__(self, d_model: int, num_classes: int, *, dropout: float = 0.0, ignore_index: int = -100) -> None:
         super().__init__()

@@ -7,13 +7,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
 from .masks import AttentionMask
+
+if TYPE_CHECKING:
+    from .options import LayerSpec
 
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
@@ -27,6 +30,8 @@ class TokenBatchNorm(nn.BatchNorm1d):
     positions come out as zeros whenever batch statistics are used; with running statistics
     (eval) every position is normalised by them. The state dict is ``nn.BatchNorm1d``'s.
     """
+
+    category: ClassVar[str] = "norm"
 
     takes_padding: ClassVar[bool] = True
 
@@ -47,6 +52,8 @@ class FeedForward(nn.Module):
     ``dropout`` acts between the two projections, as in ``nn.TransformerEncoderLayer``.
     """
 
+    category: ClassVar[str] = "ffn"
+
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0) -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
@@ -60,6 +67,8 @@ class FeedForward(nn.Module):
 
 class GatedFeedForward(nn.Module):
     """Gated feed-forward ``W2 (act(W x) * V x)`` (Shazeer 2020: GEGLU, SwiGLU)."""
+
+    category: ClassVar[str] = "ffn"
 
     def __init__(self, d_model: int, d_ff: int, *, activation: str = "silu", dropout: float = 0.0) -> None:
         super().__init__()
@@ -121,6 +130,8 @@ class MixtureOfExperts(nn.Module):
         capacity_factor: the capacity's multiple of an even share.
         aux_loss_weight: ``alpha``, the load-balancing loss's weight.
     """
+
+    category: ClassVar[str] = "ffn"
 
     takes_padding: ClassVar[bool] = True
 
@@ -232,7 +243,11 @@ class TransformerLayer(nn.Module):
         dropout: residual dropout.
         pre_norm: norm placement (without ``rezero``).
         rezero: scale each sub-layer's branch by ``alpha`` (parameter ``alpha``, one entry per sub-layer).
+        spec: the :class:`~.options.LayerSpec` the layer was built from, kept as :attr:`spec` for
+            a reader (None for a layer put together by hand).
     """
+
+    category: ClassVar[str] = "layer"
 
     def __init__(
         self,
@@ -244,8 +259,10 @@ class TransformerLayer(nn.Module):
         dropout: float = 0.0,
         pre_norm: bool = False,
         rezero: bool = False,
+        spec: LayerSpec | None = None,
     ) -> None:
         super().__init__()
+        self.spec = spec
         expected = 2 if cross_attn is None else 3
         if len(norms) != expected:
             raise ValueError(f"a layer with {expected - 1} attention block(s) needs {expected} norms, got {len(norms)}")

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import safetensors.torch
 import torch
@@ -58,6 +58,8 @@ class Phase:
 
 class ZooModel(nn.Module):
     """Base of every model the zoo builds: it knows its config and can save itself."""
+
+    category: ClassVar[str] = "model"
 
     config: Any = None  # the validated config, set by ``transformer_zoo.build_model``
     exporters: dict[str, Callable[..., Path]] = {}  # noqa: RUF012 - replaced, never changed: by format, the savers of its family (build_model)

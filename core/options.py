@@ -10,11 +10,13 @@ third-party, dispatched on ``kind``.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Protocol, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -145,38 +147,109 @@ def _unknown_keys(keys: list[Any], allowed: list[str], options: type[Options]) -
 
 
 class ComponentOptions(Options):
-    """Base of component options. Subclasses set ``kind: Literal["name"] = "name"``."""
+    """Base of component options. Subclasses set ``kind: Literal["name"] = "name"``.
+
+    Every module a kind's ``build`` returns carries ``category`` and ``kind`` attributes (the
+    category and kind of the options that built it), so a reader of a built model
+    (``tzoo show NAME --modules``) sees what each part is without guessing from names.
+    """
 
     category: ClassVar[str] = ""
     default_kind: ClassVar[str] = ""
     kind: str
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "build" in cls.__dict__:
+            cls.build = _labelled(cls.__dict__["build"])
+
     def build(self, **context: Any) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} does not define build()")
+
+
+def _labelled(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build``, its result (a module) labelled with the options' category and kind."""
+
+    def labelled_build(self: ComponentOptions, *args: Any, **kwargs: Any) -> Any:
+        built = build(self, *args, **kwargs)
+        if isinstance(built, nn.Module) and "category" not in vars(built):
+            built.category, built.kind = self.category, self.kind
+        return built
+
+    labelled_build.__doc__, labelled_build.__name__, labelled_build.__qualname__ = (
+        build.__doc__,
+        build.__name__,
+        build.__qualname__,
+    )
+    labelled_build.__wrapped__ = build  # type: ignore[attr-defined]
+    return labelled_build
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What every layer of a stack shares, described once by the family and handed whole to the
+    stack builder (:func:`~transformer_zoo.core.builders.stack`): the sizes, the dropout, the
+    feed-forward and norm kinds, the norms' placement, and what every attention kind reads
+    besides its own options (the in-attention positions, the token grid).
+
+    A family makes it with :meth:`VariantConfig.layer_spec`, which reads each field from the
+    config field of the same name, so an option every layer takes is one field here (and one in
+    the configs' shared fields, :class:`LayerFields`): no family forwards it by hand. Attention
+    kinds receive the whole spec (:meth:`AttentionOptions.build`).
+
+    Attributes:
+        d_model, n_heads, d_ff: the widths and heads.
+        dropout: on residuals and attention weights.
+        ffn, norm: the feed-forward and norm kinds (None only for a spec that builds attention alone).
+        norm_placement: norm before each sub-layer (``pre``) or after the residual (``post``).
+        final_norm: a norm after the last layer; None: only with pre placement.
+        in_attention: the built in-attention positional scheme (rotary, ALiBi) of the self-attention, or None.
+        grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
+    """
+
+    d_model: int
+    n_heads: int
+    d_ff: int = 0
+    dropout: float = 0.0
+    ffn: FFNOptions | None = None
+    norm: NormOptions | None = None
+    norm_placement: Literal["pre", "post"] = "post"
+    final_norm: bool | None = None
+    in_attention: AttentionPositional | None = None
+    grid: tuple[int, int] | None = None
+
+    @property
+    def pre_norm(self) -> bool:
+        return self.norm_placement == "pre"
+
+    @property
+    def uses_final_norm(self) -> bool:
+        return self.pre_norm if self.final_norm is None else self.final_norm
 
 
 class AttentionOptions(ComponentOptions):
     """Attention kinds: a kernel and the options that choose it.
 
-    ``build(d_model=, n_heads=, dropout=, positional=, grid=)`` returns a module called as
+    ``build(layer)`` returns a module called as
     ``attn(x, memory=None, *, mask, cache, need_weights) -> (out, weights)``: an instance of the
     kind's :attr:`module` class (:class:`~transformer_zoo.core.attention.MultiHeadAttention` by
-    default), built once, here, for every kind. :meth:`common_arguments` gives it what every kind
-    shares (the fields ``bias``, ``scale`` and ``n_kv_heads``, and the call's ``dropout`` and
-    ``positional``); :meth:`module_arguments` gives it what is the kind's own (by default its
-    kernel, from :meth:`make_kernel`). A new kind declares its fields and overrides
-    :meth:`make_kernel`; a kind that changes keys and values (or keeps parameters of its own)
-    also sets :attr:`module` to a ``MultiHeadAttention`` subclass with its ``kernel_inputs`` hook,
-    and overrides :meth:`module_arguments` for that class's own arguments. A kind does not
-    override :meth:`build`: a common option added to :meth:`common_arguments` then reaches every
-    kind with no edit in any of them.
+    default), built once, here, for every kind, from the layer's :class:`LayerSpec`.
+    :meth:`common_arguments` gives it what every kind shares (the fields ``bias``, ``scale`` and
+    ``n_kv_heads``, and the layer's dropout and in-attention positions); :meth:`module_arguments`
+    gives it what is the kind's own (by default its kernel, from :meth:`make_kernel`). A new kind
+    declares its fields and overrides :meth:`make_kernel`; a kind that changes keys and values (or
+    keeps parameters of its own) also sets :attr:`module` to a ``MultiHeadAttention`` subclass
+    with its ``kernel_inputs`` hook, and overrides :meth:`module_arguments` for that class's own
+    arguments. A kind does not override :meth:`build`: a common option added to
+    :meth:`common_arguments` then reaches every kind with no edit in any of them.
 
     Every kind has the three fields below, ``bias``, ``scale`` and ``n_kv_heads``. What a kind can
-    take is declared by the class variables ``full``, ``takes_bias``, ``takes_scale``,
-    ``takes_causal`` and ``self_only``, each with the default given here; a kind that differs says
-    so in its own class body, and nothing is inferred from which methods it overrides. Validation
-    checks them (:meth:`check_scale`, :meth:`check_positional`, :meth:`check_causal`,
-    :meth:`check_cross_attention`). The table of these capabilities is in the plugin guide
+    take is declared by the class variables ``full``, ``takes_bias``, ``takes_positions``,
+    ``takes_scale``, ``takes_causal``, ``self_only`` and ``needs_grid``, each with the default
+    given here; a kind that differs says so in its own class body, and nothing is inferred from
+    which methods it overrides. :meth:`check_use` checks them all, in one place, for one use of
+    the kind (the stacks call it: :meth:`StackOptions.check`); a kind's own option values are
+    checked by :meth:`check`. The table of these capabilities is in the plugin guide
     (docs/writing-a-plugin.md, "What a kind can take").
     """
 
@@ -190,23 +263,31 @@ class AttentionOptions(ComponentOptions):
     and compressed kinds, and for kinds that see every key another way (linear attention): a
     comparison measures a model with such a kind beside twins with a full kind in its place."""
     takes_bias: ClassVar[bool] = True
-    """Whether the kernel adds a positional bias to the scores (ALiBi); see :meth:`check_positional`."""
+    """Whether the kernel adds a positional bias to every query-key score (a scheme whose options
+    set ``scores_bias``: ALiBi, T5's bias, Shaw's relative keys)."""
+    takes_positions: ClassVar[bool] = True
+    """Whether the kind can apply an in-attention (``relative``) positional scheme at all: rotate
+    its keys, or bias their scores. False for a kind that keeps running sums over keys rather than
+    the keys (linear attention), which no later call could rotate."""
     takes_scale: ClassVar[bool] = True
     """Whether the kind honours ``scale``: its module multiplies the queries by it (as
     ``MultiHeadAttention`` does) and its kernel divides the scores by ``sqrt(d_head)``, as SDPA
     does. A kind that does not (its own temperature, a kernel that is not softmax attention) sets
     ``takes_scale: ClassVar[bool] = False`` in its class body, and a non-null ``scale`` is then
-    refused at validation rather than silently ignored (see :meth:`check_scale`)."""
+    refused at validation rather than silently ignored."""
     takes_causal: ClassVar[bool] = True
     """Whether the kind can be a decoder's (causal) self-attention, where no query sees a later
     key. False for a kind whose every key mixes positions, later ones included (Linformer's
     projections, BigBird's global and random blocks) or whose rule has no causal form (local 2-D
-    attention): a config with such a kind in a decoder is refused at validation (see
-    :meth:`check_causal`), not at the first forward pass."""
+    attention): a config with such a kind in a decoder is refused at validation, not at the first
+    forward pass."""
     self_only: ClassVar[bool] = False
     """Whether the kind is for self-attention only: its rule is over the positions of one sequence
     (a sparse pattern, a convolution over positions), so an encoder-decoder refuses it as the
-    decoder's ``cross_attention`` (see :meth:`check_cross_attention`)."""
+    decoder's ``cross_attention``."""
+    needs_grid: ClassVar[bool] = False
+    """Whether the kind runs over a 2-D grid of tokens (local 2-D attention), so only a model that
+    knows its grid (an image model) can use it."""
 
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
     scale: float | None = Field(
@@ -225,49 +306,84 @@ class AttentionOptions(ComponentOptions):
 
     @model_validator(mode="after")
     def _scale_is_taken(self) -> AttentionOptions:
-        self.check_scale()
-        return self
-
-    def check_scale(self) -> None:
-        """Raise a ValueError if ``scale`` is set and this kind cannot apply it (``takes_scale``)."""
         if self.scale is not None and not self.takes_scale:
             raise ValueError(
                 f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
                 "remove scale, or use kind: sdpa"
             )
+        return self
 
-    def check_heads(self, n_heads: int) -> None:
-        """Raise a ValueError if ``n_kv_heads`` does not divide the model's ``n_heads``."""
+    def check_use(
+        self,
+        *,
+        n_heads: int,
+        max_len: int,
+        positional: PositionalOptions | None = None,
+        causal: bool = False,
+        cross: bool = False,
+        grid: tuple[int, int] | None = None,
+    ) -> None:
+        """Raise a ValueError if this kind cannot be used so: every declared capability checked in
+        one place, then the kind's own :meth:`check`.
+
+        Args:
+            n_heads: the model's heads (``n_kv_heads`` must divide them).
+            max_len: the longest sequence the model takes.
+            positional: the model's positional kind (in-attention schemes are checked against
+                ``takes_bias`` and ``takes_positions``); None for cross-attention, which takes none.
+            causal: the kind is a decoder's self-attention (``takes_causal``).
+            cross: the kind attends to an encoder's memory (``self_only``).
+            grid: ``(rows, columns)`` of the token grid in image models; None for sequences (``needs_grid``).
+        """
         if self.n_kv_heads is not None and n_heads % self.n_kv_heads:
             raise ValueError(kv_heads_problem(n_heads, self.n_kv_heads))
-
-    def check_causal(self) -> None:
-        """Raise a ValueError if this kind cannot be a decoder's causal self-attention (``takes_causal``)."""
-        if not self.takes_causal:
+        if cross and self.self_only:
+            raise ValueError(
+                f"{self.kind} attention is for self-attention (its rule is over the positions of one "
+                "sequence), not attention to the encoder's memory; keep cross_attention: sdpa"
+            )
+        if causal and not self.takes_causal:
             raise ValueError(
                 f"{self.kind} attention cannot be causal (a query would see later positions), so it "
                 "cannot be a decoder's self-attention; use it in an encoder, or give the decoder a "
                 "kind that can be causal (sdpa, sliding-window, block-local, linear)"
             )
-
-    def check_cross_attention(self) -> None:
-        """Raise a ValueError if this kind cannot attend to an encoder's memory (``self_only``)."""
-        if self.self_only:
+        if self.needs_grid and grid is None:
             raise ValueError(
-                f"{self.kind} attention is for self-attention (its rule is over the positions of one "
-                "sequence), not attention to the encoder's memory; keep cross_attention: sdpa"
+                f"{self.kind} attention runs over a grid of image patches: use it in an image model "
+                "(vit-tiny, image-transformer-tiny), which knows the grid"
             )
+        if positional is not None and positional.scores_bias and not self.takes_bias:
+            raise ValueError(
+                f"{self.kind} attention does not form every query-key score, so it cannot add the bias "
+                f"{positional.kind} positions put on them; use sinusoidal, learned or rotary positions"
+            )
+        if positional is not None and positional.relative and not self.takes_positions:
+            raise ValueError(
+                f"{self.kind} attention keeps running sums over keys, not the keys, so it cannot apply "
+                f"{positional.kind} positions to them; use sinusoidal or learned positions"
+            )
+        self.check(max_len=max_len, grid=grid)
+
+    def check(self, *, max_len: int, grid: tuple[int, int] | None = None) -> None:
+        """Raise a ValueError if the kind's own option values cannot work with sequences of up to
+        ``max_len`` (or, for a kind that ``needs_grid``, with the token ``grid``). The one method a
+        kind overrides to refuse what it cannot take; :meth:`check_use` calls it."""
 
     def make_kernel(self) -> Kernel:
         """The kind's kernel ``(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights)``
         (:class:`~transformer_zoo.core.attention.Kernel`); full attention on SDPA by default."""
         return sdpa_kernel
 
-    def common_arguments(self, *, dropout: float, positional: AttentionPositional | None) -> dict[str, Any]:
+    def common_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         """The constructor arguments every kind's :attr:`module` takes: the shared fields and the
-        call's dropout and in-attention positions. The one place a common option is passed on."""
+        layer's dropout and in-attention positions. The one place a common option is passed on."""
         return dict(
-            dropout=dropout, bias=self.bias, positional=positional, scale=self.scale, n_kv_heads=self.n_kv_heads
+            dropout=layer.dropout,
+            bias=self.bias,
+            positional=layer.in_attention,
+            scale=self.scale,
+            n_kv_heads=self.n_kv_heads,
         )
 
     def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
@@ -281,46 +397,16 @@ class AttentionOptions(ComponentOptions):
         """
         return dict(kernel=self.make_kernel())
 
-    def build(
-        self,
-        *,
-        d_model: int,
-        n_heads: int,
-        dropout: float,
-        positional: AttentionPositional | None = None,
-        grid: tuple[int, int] | None = None,
-    ) -> nn.Module:
-        """The attention module: :attr:`module` given :meth:`common_arguments` and :meth:`module_arguments`.
-
-        Args:
-            d_model, n_heads: the model's width and heads.
-            dropout: dropout on the attention weights.
-            positional: the in-attention positional scheme (rotary, ALiBi), or None.
-            grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
-        """
+    def build(self, layer: LayerSpec) -> nn.Module:
+        """The attention module of a layer described by ``layer``: :attr:`module` given
+        :meth:`common_arguments` and :meth:`module_arguments`. Cross-attention is built from the
+        same spec without its positions (``dataclasses.replace(layer, in_attention=None)``)."""
         return self.module(
-            d_model,
-            n_heads,
-            **self.common_arguments(dropout=dropout, positional=positional),
-            **self.module_arguments(d_model=d_model, n_heads=n_heads, grid=grid),
+            layer.d_model,
+            layer.n_heads,
+            **self.common_arguments(layer),
+            **self.module_arguments(d_model=layer.d_model, n_heads=layer.n_heads, grid=layer.grid),
         )
-
-    def check(self, *, max_len: int) -> None:
-        """Raise a ValueError if these options cannot work with sequences of up to ``max_len``."""
-
-    def check_positional(self, positional: PositionalOptions) -> None:
-        """Raise a ValueError if this kind cannot take the ``positional`` scheme.
-
-        A scheme with ``scores_bias`` (ALiBi) adds a bias to every query-key score; a kind whose
-        kernel never forms those scores (``takes_bias = False``) refuses it here, at validation,
-        rather than in the first forward pass.
-        """
-        if not self.takes_bias and getattr(positional, "scores_bias", False):
-            name = getattr(positional, "kind", type(positional).__name__)
-            raise ValueError(
-                f"{self.kind} attention does not form every query-key score, so it cannot add the bias "
-                f"{name} positions put on them; use sinusoidal, learned or rotary positions"
-            )
 
 
 class PositionalOptions(ComponentOptions):
@@ -566,6 +652,39 @@ class StackOptions(ComponentOptions):
         kinds = self.attention if isinstance(self.attention, list) else [self.attention]
         return kinds[index % len(kinds)]
 
+    def check(
+        self,
+        *,
+        n_heads: int,
+        max_len: int,
+        positional: PositionalOptions | None = None,
+        causal: bool = False,
+        cross: bool = False,
+        grid: tuple[int, int] | None = None,
+    ) -> None:
+        """Raise a ValueError, naming the attention field, if an attention kind of this stack cannot
+        be used as the model asks (:meth:`AttentionOptions.check_use` on each). Every family checks
+        its stacks through this one method.
+
+        Args:
+            n_heads, max_len, grid: the model's heads, longest sequence and token grid (None for sequences).
+            positional: the model's positional kind.
+            causal: the stack is a decoder, whose self-attention is causal.
+            cross: the stack attends to an encoder's memory (its ``cross_attention`` is checked too).
+        """
+        listed = isinstance(self.attention, list)
+        uses = dict(n_heads=n_heads, max_len=max_len, grid=grid)
+        for index, kind in enumerate(self.attention if listed else [self.attention]):
+            try:
+                kind.check_use(positional=positional, causal=causal, **uses)
+            except ValueError as error:
+                raise ValueError(f"attention{f'.{index}' if listed else ''}: {error}") from None
+        if cross:
+            try:
+                self.cross_attention.check_use(cross=True, **uses)
+            except ValueError as error:
+                raise ValueError(f"cross_attention: {error}") from None
+
     def build(
         self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int, signal: nn.Module | None = None
     ) -> nn.Module:
@@ -600,6 +719,36 @@ CATEGORIES: dict[str, type[ComponentOptions]] = {
 }
 
 
+class LayerFields(Options):
+    """The config fields every layer of a model reads, declared once: each family's config inherits
+    them (and may give them its paper's defaults), and :meth:`VariantConfig.layer_spec` carries
+    them, by name, into the :class:`LayerSpec` its stacks are built from. A new option every layer
+    takes is a field here and one in :class:`LayerSpec`."""
+
+    d_model: int = Field(512, ge=1, le=MAX_WIDTH, description="model width")
+    n_heads: int = Field(8, ge=1, le=MAX_WIDTH, description="attention heads; must divide d_model")
+    d_ff: int = Field(2048, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
+    norm: NormField = Field("layernorm", validate_default=True, description="normalisation layer")
+    norm_placement: Literal["pre", "post"] = Field(
+        "post", description="norm before each sub-layer (pre) or after the residual (post)"
+    )
+    final_norm: bool | None = Field(
+        None, description="norm after the last layer of each stack; None: only with pre placement"
+    )
+    ffn: FFNField = Field("mlp", validate_default=True, description="position-wise feed-forward network")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> LayerFields:
+        if self.d_model % self.n_heads:
+            divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
+            raise ValueError(
+                f"n_heads={self.n_heads} does not divide d_model={self.d_model}; "
+                f"choose n_heads among {divisors} or change d_model"
+            )
+        return self
+
+
 class VariantConfig(Options):
     """Base of a family's config: every field a user may set for that family.
 
@@ -611,6 +760,14 @@ class VariantConfig(Options):
     inputs: ClassVar[str] = "tokens"  # what forward() reads: token ids (src, tgt) or an image
 
     variant: str = Field(description="the registered variant this config started from")
+
+    def layer_spec(self, **given: Any) -> LayerSpec:
+        """The :class:`LayerSpec` every layer of this model shares: each of its fields from
+        ``given``, else from this config's field of the same name, else the spec's default. The
+        one place a config's layer-wide options reach the layers."""
+        names = [field.name for field in dataclasses.fields(LayerSpec)]
+        values = {name: getattr(self, name) for name in names if name in type(self).model_fields}
+        return LayerSpec(**{**values, **given})
 
     def build(self) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} does not define build()")

@@ -10,6 +10,7 @@ random start offsets in training to any additive module.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -141,6 +142,8 @@ class SinusoidalPositional(nn.Module):
     more rows, as Press et al. 2022 evaluate it past its training length. ``layout``: where the
     sines and cosines go (:data:`SINUSOID_LAYOUTS`)."""
 
+    category: ClassVar[str] = "positional"
+
     takes_row_starts = True  # offset may be one start per sequence, (B,)
 
     def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0, layout: str = "interleaved") -> None:
@@ -166,6 +169,8 @@ class SinusoidalPositional(nn.Module):
 
 class LearnedPositional(nn.Module):
     """A learned vector per absolute position (Gehring et al. 2017; BERT), added to the input."""
+
+    category: ClassVar[str] = "positional"
 
     takes_row_starts = True  # offset may be one start per sequence, (B,)
 

@@ -10,6 +10,7 @@ the mixtures of experts it ran (:func:`~.layers.routings`) into its auxiliary lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -119,6 +120,8 @@ def routing_outputs(routed: list[Routing]) -> tuple[Tensor | None, dict[str, Ten
 class StandardStack(nn.Module):
     """N distinct layers applied in turn, then an optional final norm (needed by pre-norm)."""
 
+    category: ClassVar[str] = "stack"
+
     def __init__(self, layers: list[nn.Module], *, final_norm: nn.Module | None = None) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
@@ -167,6 +170,8 @@ class StepSignal(nn.Module):
         random_offset: in training, each sequence's positions start at a random offset in
             ``[0, random_offset)`` (:meth:`starts`); 0: off.
     """
+
+    category: ClassVar[str] = "positional"
 
     def __init__(
         self, d_model: int, steps: int, positional: nn.Module | None = None, *, random_offset: int = 0
@@ -222,6 +227,8 @@ class RecurrentStack(nn.Module):
         ponder_weight: the weight of the ponder cost in the loss.
         final_norm: a norm after the last step, or None.
     """
+
+    category: ClassVar[str] = "stack"
 
     def __init__(
         self,

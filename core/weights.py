@@ -217,12 +217,6 @@ def dtype_problem(name: str, found: torch.dtype, expected: torch.dtype) -> str |
     return f"{name}: the file holds {found}, the model {expected}; this tensor must be {_kind(expected)}"
 
 
-def _fits(saved: tuple[int, ...], model: tuple[int, ...]) -> bool:
-    # a layout that differs only by dimensions of size 1 (SAGAN's gamma, once 0-d) is the
-    # module's to adapt when it loads; the element count, and so the memory, is the same
-    return saved == model or [n for n in saved if n != 1] == [n for n in model if n != 1]
-
-
 def raise_if_any(path: Path, problems: list[str], what: str) -> None:
     """One WeightsError listing ``problems`` (the first few, then a count) under ``what``."""
     if not problems:
@@ -256,7 +250,7 @@ def check_against(model: nn.Module, header: dict[str, TensorInfo], path: str | o
             problems.append(f"not in the model the config describes: {shorten(name)} {shorten(str(list(info.shape)))}")
             continue
         expected = state[name]
-        if not _fits(info.shape, tuple(expected.shape)):
+        if tuple(info.shape) != tuple(expected.shape):
             misshapen.append(
                 (-expected.numel(), f"shape mismatch {name}: file {list(info.shape)}, model {list(expected.shape)}")
             )

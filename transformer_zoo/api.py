@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,8 @@ from .configs import (
 from .core import weights
 from .core.errors import ConfigError, naming
 from .core.model import CONFIG_NAME, FORMAT, WEIGHTS_NAME, ZooModel
-from .core.options import VariantConfig
-from .registry import get_registry
+from .core.options import CATEGORIES, VariantConfig
+from .registry import Registry, get_registry
 
 
 def list_variants(pattern: str = "*") -> list[str]:
@@ -54,13 +56,30 @@ def load_config(source: ConfigSource, overrides: Iterable[str] | Mapping[str, An
         )
     registry = get_registry()
     variant = registry.variant(name)
-    context = {"registry": registry}
     try:
-        base = variant.config.model_validate({"variant": name}, context=context).model_dump(mode="json")
-        base = variant.config.model_validate(merge(base, variant.defaults), context=context).model_dump(mode="json")
-        return variant.config.model_validate(merge(base, data), context=context)
+        return variant.config.model_validate(merge(_preset(registry, name), data), context={"registry": registry})
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, f"config for variant {name!r}")) from None
+
+
+_presets: weakref.WeakKeyDictionary[Registry, dict[str, tuple[Any, dict[str, Any]]]] = weakref.WeakKeyDictionary()
+
+
+def _preset(registry: Registry, name: str) -> dict[str, Any]:
+    """Every field of variant ``name`` as its preset sets it, in full (each component's options
+    spelled out, so that a config changing one option of a component keeps the others): the
+    config's class defaults, then the preset's values over them. Resolved once for each variant
+    and set of registered kinds (a plugin registered or reloaded since resolves it again)."""
+    variant = registry.variant(name)
+    kinds = frozenset(cls for category in CATEGORIES for cls in registry.components(category).values())
+    key = (variant, kinds)
+    resolved = _presets.setdefault(registry, {})
+    if name not in resolved or resolved[name][0] != key:
+        context = {"registry": registry}
+        base = variant.config.model_validate({"variant": name}, context=context).model_dump(mode="json")
+        full = variant.config.model_validate(merge(base, variant.defaults), context=context).model_dump(mode="json")
+        resolved[name] = (key, full)
+    return copy.deepcopy(resolved[name][1])
 
 
 def _without_format(data: dict[str, Any]) -> dict[str, Any]:

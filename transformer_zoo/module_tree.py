@@ -12,13 +12,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from .core.attention import AttentionPositional, MultiHeadAttention
-from .core.embedding import Embeddings
-from .core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
-from .core.layers import FeedForward, GatedFeedForward, MixtureOfExperts, TransformerLayer
-from .core.model import ZooModel
-from .core.positional import LearnedPositional, SinusoidalPositional
-from .core.stack import RecurrentStack, StandardStack, StepSignal
+from .core.attention import MultiHeadAttention
 
 
 def module_tree(model: Any, name: str = "model") -> dict[str, Any]:
@@ -34,10 +28,10 @@ def module_tree(model: Any, name: str = "model") -> dict[str, Any]:
     seen: dict[int, str] = {}
     params: dict[int, str] = {}
 
-    def node(module: Any, slot: str, path: str, parent: Any) -> dict[str, Any]:
+    def node(module: Any, slot: str, path: str) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "name": slot,
-            "kind": _component_kind(module, slot, parent),
+            "kind": _component_kind(module),
             "class": type(module).__name__,
             "file": _defined_in(type(module)),
         }
@@ -60,17 +54,17 @@ def module_tree(model: Any, name: str = "model") -> dict[str, Any]:
         for slot, child in module.named_children():
             where = f"{path}.{slot}" if path else slot
             if type(child) in (nn.ModuleList, nn.ModuleDict):  # a container: its items, alike ones folded into one
-                items = [node(item, f"{slot}.{key}", f"{where}.{key}", module) for key, item in child.named_children()]
+                items = [node(item, f"{slot}.{key}", f"{where}.{key}") for key, item in child.named_children()]
                 found += _fold(items, slot)
             else:
-                found.append(node(child, slot, where, module))
+                found.append(node(child, slot, where))
         kernel = getattr(module, "kernel", None)
         if isinstance(module, MultiHeadAttention) and kernel is not None and not isinstance(kernel, nn.Module):
             names = [entry["name"] for entry in found]  # in the order of the forward pass: before out_proj
             found.insert(names.index("out_proj") if "out_proj" in names else len(found), _kernel_node(kernel))
         return found
 
-    return node(model, name, "", None)
+    return node(model, name, "")
 
 
 def _kernel_node(kernel: Any) -> dict[str, Any]:
@@ -106,47 +100,13 @@ def _fold(items: list[dict[str, Any]], slot: str) -> list[dict[str, Any]]:
     return folded
 
 
-def _component_kind(module: Any, slot: str, parent: Any) -> str:
-    """What a module is in the model: by its class for the core's own kinds of module (a plugin's
-    subclass included), else by the place it fills (``ffn``, ``norms``, ``kernel``, ...), else by
-    the name of a plugin's class (``SelfAttention2d``, ``PatchEmbedding``), else by torch's
-    building blocks."""
-    by_class: tuple[tuple[str, tuple[type, ...]], ...] = (
-        ("model", (ZooModel,)),
-        ("attention", (MultiHeadAttention,)),
-        ("positional", (AttentionPositional, SinusoidalPositional, LearnedPositional, StepSignal)),
-        ("stack", (StandardStack, RecurrentStack)),
-        ("layer", (TransformerLayer,)),
-        ("ffn", (FeedForward, GatedFeedForward, MixtureOfExperts)),
-        ("head", (LMHead, SequenceClassificationHead, TokenClassificationHead)),
-        ("embedding", (Embeddings,)),
-        ("identity", (nn.Identity,)),
-    )
-    for kind, classes in by_class:
-        if isinstance(module, classes):
-            return kind
-    place = slot.split(".")[0]
-    by_place = {
-        "kernel": "kernel",
-        "ffn": "ffn",
-        "norm": "norm",
-        "norms": "norm",
-        "final_norm": "norm",
-        "positional": "positional",
-        "head": "head",
-        "pooler": "pooler",
-        "src_embed": "embedding",
-        "tgt_embed": "embedding",
-    }
-    if isinstance(parent, ZooModel) and place in ("encoder", "decoder"):
-        return "stack"
-    if place in by_place:
-        return by_place[place]
-    if not type(module).__module__.startswith("torch."):  # a plugin's own module, by the name its class gives it
-        words = {"Attention": "attention", "Positional": "positional", "Embedding": "embedding", "Norm": "norm"}
-        for word, kind in {**words, "Head": "head"}.items():
-            if word in type(module).__name__:
-                return kind
+def _component_kind(module: Any) -> str:
+    """What a module is in the model: the ``category`` it carries (every module a component's
+    options build is labelled with its category, and the zoo's own module classes declare
+    theirs), else torch's building block it is, else ``module``."""
+    category = getattr(module, "category", None)
+    if isinstance(category, str) and category:
+        return category
     torch_blocks: tuple[tuple[str, tuple[type, ...]], ...] = (
         ("embedding", (nn.Embedding,)),
         ("norm", (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.RMSNorm)),
@@ -155,6 +115,7 @@ def _component_kind(module: Any, slot: str, parent: Any) -> str:
         ("dropout", (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)),
         ("activation", (nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softmax, nn.LeakyReLU)),
         ("sequence", (nn.Sequential,)),
+        ("identity", (nn.Identity,)),
     )
     for kind, classes in torch_blocks:
         if isinstance(module, classes):

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from transformer_zoo.core import builders
 from transformer_zoo.core.config import EncoderDecoderConfig
 from transformer_zoo.core.heads import LMHead
 from transformer_zoo.core.inputs import check_tensor, check_token_ids
@@ -57,6 +58,8 @@ class BertEmbeddings(nn.Module):
         random_offset: in training, each sequence's positions start at a random offset in
             ``[0, random_offset)`` (:func:`~transformer_zoo.core.positional.position_starts`); 0: off.
     """
+
+    category: ClassVar[str] = "embedding"
 
     def __init__(
         self,
@@ -100,6 +103,8 @@ class BertEmbeddings(nn.Module):
 class BertPooler(nn.Module):
     """``tanh(W h_0 + b)``: the first token's final state, as BERT's sentence representation."""
 
+    category: ClassVar[str] = "pooler"
+
     def __init__(self, d_model: int) -> None:
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
@@ -110,6 +115,8 @@ class BertPooler(nn.Module):
 
 class MaskedLMHead(nn.Module):
     """BERT's masked-LM head: ``decoder(norm(act(W h)))``, the decoder tied to the token embeddings."""
+
+    category: ClassVar[str] = "head"
 
     def __init__(self, d_model: int, activation: str, norm: nn.Module, decoder: LMHead) -> None:
         super().__init__()
@@ -129,6 +136,8 @@ class MaskedLMHead(nn.Module):
 
 class PooledClassificationHead(nn.Module):
     """One label per sequence from the pooler's output: ``W dropout(pooled) + b`` (section 4.1)."""
+
+    category: ClassVar[str] = "head"
 
     reads_pooled: ClassVar[bool] = True
 
@@ -286,7 +295,9 @@ class BertConfig(EncoderDecoderConfig):
 
     def build(self) -> Bert:
         token = nn.Embedding(self.vocab_size, self.d_model, padding_idx=self.pad_id)
-        additive, in_attention = self.positional_modules()
+        additive, in_attention = builders.positional_modules(
+            self.positional, d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len
+        )
         embed = BertEmbeddings(
             token,
             nn.Embedding(self.type_vocab_size, self.d_model) if self.type_vocab_size else None,
@@ -295,7 +306,7 @@ class BertConfig(EncoderDecoderConfig):
             dropout=self.dropout,
             random_offset=self.positional.random_offset,
         )
-        encoder = self.stack(self.encoder, cross=False, in_attention=in_attention, final_norm=False)
+        encoder = builders.stack(self.encoder, self.layer_spec(in_attention=in_attention, final_norm=False))
         model = Bert(
             embed=embed,
             encoder=encoder,

@@ -25,37 +25,28 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.options import MAX_LENGTH, MAX_WIDTH, AttentionOptions, PositionalOptions
+from transformer_zoo.core.options import MAX_LENGTH, MAX_WIDTH, AttentionOptions
 from transformer_zoo.registry import hookimpl
 
-from .kernels import EluFeatures, LinformerAttention, PositiveRandomFeatures, RecurrentAttention
+from .kernels import EluFeatures, FeatureMapAttention, LinformerAttention, PositiveRandomFeatures
 
 
-class _RecurrentOptions(AttentionOptions):
-    """Options the feature-map kinds share: a feature map, linear attention, a recurrent cache."""
+class _FeatureMapOptions(AttentionOptions):
+    """Options the feature-map kinds share: a feature map, linear attention, a cache of running sums."""
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
-    module: ClassVar[type[nn.Module]] = RecurrentAttention
+    takes_positions: ClassVar[bool] = False  # the keys are summed as they come: no later call could rotate them
+    module: ClassVar[type[nn.Module]] = FeatureMapAttention
 
     def feature_map(self, d_head: int) -> nn.Module:
         raise NotImplementedError
-
-    def check_positional(self, positional: PositionalOptions) -> None:
-        """Refuse ALiBi (no scores to bias) and every other in-attention scheme (rotary): the keys
-        are summed as they come, so no later call could rotate them."""
-        super().check_positional(positional)
-        if positional.relative:
-            raise ValueError(
-                f"{self.kind} attention keeps running sums over keys, not the keys, so it cannot apply "
-                f"{positional.kind} positions to them; use sinusoidal or learned positions"
-            )
 
     def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
         return dict(features=self.feature_map(d_model // n_heads), kind=self.kind)  # its module makes the kernel
 
 
-class LinearAttentionOptions(_RecurrentOptions):
+class LinearAttentionOptions(_FeatureMapOptions):
     """Linear attention with phi = elu + 1 (Katharopoulos et al. 2020); causal by running sums."""
 
     takes_scale: ClassVar[bool] = False  # phi(q) . phi(k) is no dot product that a factor on q scales
@@ -65,7 +56,7 @@ class LinearAttentionOptions(_RecurrentOptions):
         return EluFeatures()
 
 
-class PerformerOptions(_RecurrentOptions):
+class PerformerOptions(_FeatureMapOptions):
     """FAVOR+ (Choromanski et al. 2021): positive orthogonal random features estimating softmax attention."""
 
     kind: Literal["performer"] = "performer"
@@ -99,7 +90,7 @@ class LinformerOptions(AttentionOptions):
         "sequence they take; at least the model's max_len",
     )
 
-    def check(self, *, max_len: int) -> None:
+    def check(self, *, max_len: int, grid: tuple[int, int] | None = None) -> None:
         if self.seq_len < max_len:
             raise ValueError(
                 f"linformer seq_len={self.seq_len} is below max_len={max_len}: its projections would not "

@@ -7,7 +7,7 @@ recurrent decoding, and Linformer's projections along the sequence.
   Choromanski et al. 2021): the feature maps ``phi``.
 - :class:`FeatureKernel`: a kernel (see :class:`~transformer_zoo.core.attention.Kernel`) that
   applies a feature map, then linear attention.
-- :class:`RecurrentAttention`: multi-head attention on a :class:`FeatureKernel` whose decoding
+- :class:`FeatureMapAttention`: multi-head attention on a :class:`FeatureKernel` whose decoding
   cache is two running sums, not the keys: O(1) memory and time per decoded token.
 - :class:`LinformerAttention`: keys and values projected along the sequence to a fixed length
   (Wang et al. 2020).
@@ -16,6 +16,7 @@ recurrent decoding, and Linformer's projections along the sequence.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +80,8 @@ def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
 class EluFeatures(nn.Module):
     """``phi(x) = elu(x) + 1``, positive (Katharopoulos et al. 2020, section 3.2.1)."""
 
+    category: ClassVar[str] = "features"
+
     def forward(self, x: Tensor) -> Tensor:
         return F.elu(x) + 1
 
@@ -111,6 +114,8 @@ class PositiveRandomFeatures(nn.Module):
         seed: the seed of ``W``.
     """
 
+    category: ClassVar[str] = "features"
+
     def __init__(self, d_head: int, features: int, seed: int = 0) -> None:
         super().__init__()
         projection = orthogonal_gaussian(features, d_head, torch.Generator().manual_seed(seed))
@@ -130,6 +135,8 @@ class FeatureKernel(nn.Module):
     only when asked for, or for attention dropout, which drops weights (so with ``dropout > 0``
     training takes the quadratic path; set the model's dropout to 0 to train in linear memory).
     """
+
+    category: ClassVar[str] = "kernel"
 
     def __init__(self, features: nn.Module, kind: str) -> None:
         super().__init__()
@@ -164,7 +171,7 @@ class FeatureKernel(nn.Module):
         return linear_attention(q, k, v, causal=mask.causal)[0], None
 
 
-class RecurrentAttention(MultiHeadAttention):
+class FeatureMapAttention(MultiHeadAttention):
     """Multi-head attention on a :class:`FeatureKernel`, decoding as a recurrent network
     (Katharopoulos et al. 2020, section 3.4: "Transformers are RNNs").
 

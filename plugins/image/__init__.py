@@ -35,7 +35,7 @@ from transformer_zoo.core.options import (
     MAX_WIDTH,
     AttentionOptions,
     FFNField,
-    NormField,
+    LayerFields,
     StackField,
     Variant,
     Width,
@@ -51,8 +51,7 @@ from .blocks import (
 )
 from .config import ImageConfig, Side
 from .gan import SaganGanConfig
-from .hf import is_vit, load_vit
-from .hf_save import save_hf
+from .hf import is_vit, load_vit, save_vit
 from .kernels import Local2dPattern
 
 Pair = tuple[int, int]
@@ -76,6 +75,7 @@ class Local2dOptions(AttentionOptions):
     takes_bias: ClassVar[bool] = False
     takes_causal: ClassVar[bool] = False  # an encoder's, over the whole grid: no causal form
     self_only: ClassVar[bool] = True
+    needs_grid: ClassVar[bool] = True
     module: ClassVar[type[nn.Module]] = Local2dAttention
     kind: Literal["local-2d"] = "local-2d"
     query_block: tuple[Side, Side] = Field((2, 2), description="rows and columns of a query block")
@@ -87,11 +87,9 @@ class Local2dOptions(AttentionOptions):
         description="auto: dense up to 256 positions, then compiled FlexAttention on CUDA (no dropout), else blocked",
     )
 
-    def check(self, *, max_len: int) -> None:  # called for token models only
-        raise ValueError(
-            "local-2d attention runs over a grid of image patches: use it in an image model "
-            "(vit-tiny, image-transformer-tiny), which knows the grid"
-        )
+    def check(self, *, max_len: int, grid: Pair | None = None) -> None:
+        if grid is not None:
+            self.pattern(grid)  # the query block must fit the grid
 
     def pattern(self, grid: Pair) -> Local2dPattern:
         """The pattern over a ``(rows, columns)`` grid of tokens; a ValueError if the query block
@@ -154,7 +152,7 @@ class ImageEncoder(ZooModel):
         return self.labelled(ModelOutput.of(self.head(out.hidden), {"encoder": out}, need_weights=need_weights), labels)
 
 
-class ImageEncoderConfig(ImageConfig):
+class ImageEncoderConfig(ImageConfig, LayerFields):
     """A Transformer encoder over image patches (ViT), or over pixels with local 2-D attention."""
 
     variant: str = Field("vit-tiny", description="the registered variant this config started from")
@@ -172,7 +170,6 @@ class ImageEncoderConfig(ImageConfig):
     pooling: Literal["cls", "mean"] = Field(
         "cls", description="classify from a class token, or the mean of the patches"
     )
-    norm: NormField = Field("layernorm", validate_default=True, description="normalisation layer")
     norm_placement: Literal["pre", "post"] = Field("pre", description="norm before each sub-layer (ViT) or after")
     ffn: FFNField = Field(
         {"kind": "mlp", "activation": "gelu"}, validate_default=True, description="feed-forward network"
@@ -190,51 +187,28 @@ class ImageEncoderConfig(ImageConfig):
                 f"patch={self.patch} does not divide image_size={list(self.image_size)}; "
                 "use a patch that divides both sides"
             )
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         if self.positional == "sinusoidal-2d" and self.d_model % 4:
             raise ValueError(f"sinusoidal-2d positions need d_model divisible by 4, got {self.d_model}")
         if self.positional == "learned-2d" and self.d_model % 2:
             raise ValueError(f"learned-2d positions need an even d_model (half rows, half columns), got {self.d_model}")
         kinds = self.encoder.attention if isinstance(self.encoder.attention, list) else [self.encoder.attention]
+        if self.pooling == "cls" and any(kind.needs_grid for kind in kinds):
+            raise ValueError(
+                "encoder.attention: local-2d attention runs over the patch grid, which a class token is not on; "
+                "use pooling: mean"
+            )
         tokens = self.grid[0] * self.grid[1] + (self.pooling == "cls")
-        for attention in kinds:
-            try:
-                attention.check_heads(self.n_heads)
-            except ValueError as error:
-                raise ValueError(f"encoder.attention: {error}") from None
-            if not isinstance(attention, Local2dOptions):
-                try:
-                    attention.check(max_len=tokens)
-                except ValueError as error:
-                    raise ValueError(f"encoder.attention: {error}") from None
-            else:
-                if self.pooling == "cls":
-                    raise ValueError(
-                        "local-2d attention runs over the patch grid, which a class token is not on; use pooling: mean"
-                    )
-                try:
-                    attention.pattern(self.grid)
-                except ValueError as error:
-                    raise ValueError(f"encoder.attention: {error}") from None
+        try:
+            self.encoder.check(n_heads=self.n_heads, max_len=tokens, grid=self.grid)
+        except ValueError as error:
+            raise ValueError(f"encoder.{error}") from None
         return self
 
     def build(self) -> ImageEncoder:
         kind = {"learned-2d": Learned2d, "sinusoidal-2d": Sinusoidal2d, "learned": LearnedPositions}[self.positional]
         positional = kind(self.grid, self.d_model, leading=int(self.pooling == "cls"))
         patches = PatchEmbedding(self.image_size, self.channels, self.patch, self.d_model)
-        encoder = builders.stack(
-            self.encoder,
-            d_model=self.d_model,
-            n_heads=self.n_heads,
-            d_ff=self.d_ff,
-            dropout=self.dropout,
-            ffn=self.ffn,
-            norm=self.norm,
-            pre_norm=self.norm_placement == "pre",
-            final_norm=self.norm_placement == "pre",
-            grid=self.grid,
-        )
+        encoder = builders.stack(self.encoder, self.layer_spec(grid=self.grid))
         return ImageEncoder(
             patches=patches,
             positional=positional,
@@ -391,7 +365,7 @@ VIT_IMPORTER = Importer(
     load=load_vit,
     family=ImageConfig.family,
     format="hf",
-    save=save_hf,
+    save=save_vit,
 )
 
 

@@ -19,6 +19,8 @@ Each positional module reads the sequence the encoder reads: ``leading`` tokens 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -42,6 +44,8 @@ class SelfAttention2d(nn.Module):
     bias has no effect on the softmax. Returns ``(output, weights)`` like every attention here.
     """
 
+    category: ClassVar[str] = "attention"
+
     def __init__(self, channels: int, reduction: int = 8) -> None:
         super().__init__()
         if reduction < 1 or channels % reduction:
@@ -56,12 +60,6 @@ class SelfAttention2d(nn.Module):
         self.value = nn.Conv2d(channels, inner, 1)  # h
         self.out = nn.Conv2d(inner, channels, 1)  # v
         self.gamma = nn.Parameter(torch.zeros(1))  # one element: a 0-d parameter cannot be sharded (FSDP)
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        gamma = state_dict.get(prefix + "gamma")
-        if gamma is not None and gamma.dim() == 0:  # saved when gamma was 0-d
-            state_dict[prefix + "gamma"] = gamma.reshape(1)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``x`` ``(B, C, H, W)`` to ``(B, C, H, W)``, and if asked the weights ``(B, H*W, H*W)``
@@ -86,6 +84,8 @@ class PatchEmbedding(nn.Module):
 
     ``(B, C, H, W)`` to ``(B, H/patch * W/patch, d_model)`` in reading order.
     """
+
+    category: ClassVar[str] = "embedding"
 
     def __init__(self, image_size: tuple[int, int], channels: int, patch: int, d_model: int) -> None:
         super().__init__()
@@ -135,6 +135,8 @@ class Sinusoidal2d(nn.Module):
     """Fixed 2-D sinusoids added to a grid of tokens ``(B, leading + H*W, D)``; the ``leading``
     tokens (a class token) get none."""
 
+    category: ClassVar[str] = "positional"
+
     def __init__(self, grid: tuple[int, int], d_model: int, base: float = 10000.0, *, leading: int = 0) -> None:
         super().__init__()
         self.grid, self.d_model, self.leading = tuple(grid), d_model, leading
@@ -148,6 +150,8 @@ class Sinusoidal2d(nn.Module):
 class Learned2d(nn.Module):
     """A learned embedding per row and per column, concatenated: ``H + W`` vectors, not ``H * W``,
     added to ``(B, leading + H*W, D)``; the ``leading`` tokens (a class token) get none."""
+
+    category: ClassVar[str] = "positional"
 
     def __init__(self, grid: tuple[int, int], d_model: int, *, leading: int = 0) -> None:
         super().__init__()
@@ -168,6 +172,8 @@ class LearnedPositions(nn.Module):
     """One learned vector per token, the ``leading`` ones (a class token) included: a flat table
     ``(leading + H*W, D)`` added to ``(B, leading + H*W, D)`` (ViT as published, and the table
     ``transformers`` keeps as ``position_embeddings``, there ``(1, 1 + H*W, D)``)."""
+
+    category: ClassVar[str] = "positional"
 
     def __init__(self, grid: tuple[int, int], d_model: int, *, leading: int = 0) -> None:
         super().__init__()

@@ -41,6 +41,8 @@ from .config import ImageConfig
 class ConditionalBatchNorm2d(nn.Module):
     """Batch norm whose gain and bias are looked up by class (de Vries et al. 2017)."""
 
+    category: ClassVar[str] = "norm"
+
     def __init__(self, channels: int, num_classes: int) -> None:
         super().__init__()
         self.norm = nn.BatchNorm2d(channels, affine=False)
@@ -90,6 +92,8 @@ class Generator(nn.Module):
     """Noise and a class to an image in [0, 1]: a linear map to the smallest feature map, up-
     sampling blocks, SAGAN blocks after the chosen ones, then norm, ReLU, 3x3 conv and tanh."""
 
+    category: ClassVar[str] = "generator"
+
     def __init__(
         self,
         *,
@@ -125,6 +129,8 @@ class Generator(nn.Module):
 class Discriminator(nn.Module):
     """An image and a class to a score (higher: real): down-sampling blocks (the first keeps the
     size), SAGAN blocks after the chosen ones, ReLU, sum pooling and a projection head."""
+
+    category: ClassVar[str] = "discriminator"
 
     def __init__(
         self, *, num_classes: int, channels: int, widths: list[int], attention_at: list[int], reduction: int

@@ -69,7 +69,7 @@ class SlidingWindowOptions(_SparseOptions):
         1, ge=1, le=MAX_LENGTH, description="gap between the keys of the window (Longformer's dilation; 1: none)"
     )
 
-    def check(self, *, max_len: int) -> None:
+    def check(self, *, max_len: int, grid: tuple[int, int] | None = None) -> None:
         if self.dilation == 1 and self.window >= max_len:
             raise ValueError(
                 f"{self.kind} window={self.window} is not smaller than max_len={max_len}: that is full "
@@ -91,7 +91,7 @@ class BlockLocalOptions(_SparseOptions):
     kind: Literal["block-local"] = "block-local"
     block: int = Field(128, ge=1, le=MAX_LENGTH, description="positions per block")
 
-    def check(self, *, max_len: int) -> None:
+    def check(self, *, max_len: int, grid: tuple[int, int] | None = None) -> None:
         if self.block >= max_len:
             raise ValueError(
                 f"block-local block={self.block} is not smaller than max_len={max_len}; choose a block below max_len"
@@ -108,8 +108,8 @@ class LocalGlobalOptions(SlidingWindowOptions):
     global_positions: list[int] = Field([0], description="global positions, such as [0] for a [CLS] token")
     global_every: int = Field(0, ge=0, le=MAX_LENGTH, description="also make every k-th position global (0: none)")
 
-    def check(self, *, max_len: int) -> None:
-        super().check(max_len=max_len)
+    def check(self, *, max_len: int, grid: tuple[int, int] | None = None) -> None:
+        super().check(max_len=max_len, grid=grid)
         bad = [p for p in self.global_positions if not 0 <= p < max_len]
         if bad:
             raise ValueError(f"local-global global_positions {bad} are outside 0..{max_len - 1} (max_len={max_len})")
@@ -136,7 +136,7 @@ class BlockSparseOptions(_SparseOptions):
     random_blocks: int = Field(1, ge=0, le=MAX_LENGTH, description="random blocks each block also sees (fixed by seed)")
     seed: int = Field(0, description="seed of the random blocks")
 
-    def check(self, *, max_len: int) -> None:
+    def check(self, *, max_len: int, grid: tuple[int, int] | None = None) -> None:
         blocks, needed = max_len // self.block, 2 * self.window_blocks + 1 + self.global_blocks + self.random_blocks
         if blocks < needed:
             raise ValueError(
@@ -180,7 +180,7 @@ class MemoryCompressedOptions(AttentionOptions):
         3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)"
     )
 
-    def check(self, *, max_len: int) -> None:
+    def check(self, *, max_len: int, grid: tuple[int, int] | None = None) -> None:
         if self.compression >= max_len:
             raise ValueError(f"memory-compressed compression={self.compression} is not below max_len={max_len}")
 

@@ -18,7 +18,7 @@ initialisation the kind is multi-head attention.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,8 @@ class TalkingHeadsKernel(nn.Module):
     Args:
         n_heads: heads, mixed by two ``(n_heads, n_heads)`` matrices that start as the identity.
     """
+
+    category: ClassVar[str] = "kernel"
 
     def __init__(self, n_heads: int) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ import yaml
 import transformer_zoo as tz
 from transformer_zoo.core.attention import KVCache, MathAttention, MultiHeadAttention, math_kernel, sdpa_kernel
 from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.options import AttentionOptions
+from transformer_zoo.core.options import AttentionOptions, LayerSpec
 
 MASKS = {
     "none": AttentionMask(),
@@ -146,14 +146,14 @@ def test_what_a_kind_takes_is_declared_in_its_class_body_not_inferred():
         kind: Literal["own-module"] = "own-module"
         takes_scale: ClassVar[bool] = False
 
-        def build(self, **context) -> torch.nn.Module:
-            return MathAttention(context["d_model"], context["n_heads"])
+        def build(self, layer: LayerSpec) -> torch.nn.Module:
+            return MathAttention(layer.d_model, layer.n_heads)
 
     class Taking(AttentionOptions):  # overriding build changes nothing it declares: the default holds
         kind: Literal["taking"] = "taking"
 
-        def build(self, **context) -> torch.nn.Module:
-            return MathAttention(context["d_model"], context["n_heads"], scale=self.scale)
+        def build(self, layer: LayerSpec) -> torch.nn.Module:
+            return MathAttention(layer.d_model, layer.n_heads, scale=self.scale)
 
     class Inherits(Taking):
         kind: Literal["inherits"] = "inherits"
@@ -163,5 +163,5 @@ def test_what_a_kind_takes_is_declared_in_its_class_body_not_inferred():
     with pytest.raises(ValueError, match="own-module attention does not apply scale"):
         Own(scale=2.0)
     assert Own().scale is None
-    module = Inherits(scale=2.0).build(d_model=32, n_heads=2, dropout=0.0)
+    module = Inherits(scale=2.0).build(LayerSpec(d_model=32, n_heads=2))
     assert module.scale == 2.0

@@ -8,6 +8,7 @@ import torch
 import transformer_zoo as tz
 from transformer_zoo.core import builders
 from transformer_zoo.core.layers import TransformerLayer
+from transformer_zoo.core.options import LayerSpec
 from transformer_zoo.core.stack import RecurrentStack, StandardStack, StepSignal
 from transformer_zoo.registry import get_registry
 
@@ -23,15 +24,17 @@ def options(category: str, value):
 SIZES = dict(d_model=16, n_heads=2, d_ff=32, dropout=0.0)
 
 
+def spec(**fields) -> LayerSpec:
+    """A layer spec of the test's sizes, a mlp and a layer norm unless ``fields`` say otherwise."""
+    return LayerSpec(**{**SIZES, "ffn": options("ffn", "mlp"), "norm": options("norm", "layernorm"), **fields})
+
+
 def test_transformer_layer_builds_the_kinds_it_is_given():
+    described = spec(ffn=options("ffn", "gated"), norm=options("norm", "rmsnorm"), norm_placement="pre")
     layer = builders.transformer_layer(
-        **SIZES,
-        attention=options("attention", "math"),
-        ffn=options("ffn", "gated"),
-        norm=options("norm", "rmsnorm"),
-        pre_norm=True,
-        cross_attention=options("attention", "sdpa"),
+        described, options("attention", "math"), cross_attention=options("attention", "sdpa")
     )
+    assert layer.spec is described
     assert isinstance(layer, TransformerLayer) and layer.pre_norm
     assert type(layer.self_attn).__name__ == "MathAttention"
     assert type(layer.cross_attn).__name__ == "MultiHeadAttention"
@@ -40,9 +43,7 @@ def test_transformer_layer_builds_the_kinds_it_is_given():
 
 def test_a_standard_stack_receives_its_layers_built_each_with_its_attention_kind():
     stack_options = options("stack", {"layers": 3, "attention": ["sdpa", "math"]})
-    stack = builders.stack(
-        stack_options, **SIZES, ffn=options("ffn", "mlp"), norm=options("norm", "layernorm"), final_norm=True
-    )
+    stack = builders.stack(stack_options, spec(final_norm=True))
     assert isinstance(stack, StandardStack)
     assert [type(layer.self_attn).__name__ for layer in stack.layers] == [
         "MultiHeadAttention",
@@ -54,13 +55,7 @@ def test_a_standard_stack_receives_its_layers_built_each_with_its_attention_kind
 
 def test_a_recurrent_stack_shares_one_built_layer_and_takes_its_signal_as_an_argument():
     signal = StepSignal(16, 4)
-    stack = builders.stack(
-        options("stack", {"kind": "recurrent", "layers": 4}),
-        **SIZES,
-        ffn=options("ffn", "mlp"),
-        norm=options("norm", "layernorm"),
-        signal=signal,
-    )
+    stack = builders.stack(options("stack", {"kind": "recurrent", "layers": 4}), spec(), signal=signal)
     assert isinstance(stack, RecurrentStack) and stack.steps == 4 and stack.signal is signal
     x = torch.randn(2, 5, 16)
     assert stack(x).hidden.shape == (2, 5, 16)
@@ -68,13 +63,7 @@ def test_a_recurrent_stack_shares_one_built_layer_and_takes_its_signal_as_an_arg
 
 def test_a_standard_stack_refuses_a_step_signal():
     with pytest.raises(ValueError, match="'standard' stack applies distinct layers and takes no step signal"):
-        builders.stack(
-            options("stack", {"layers": 2}),
-            **SIZES,
-            ffn=options("ffn", "mlp"),
-            norm=options("norm", "layernorm"),
-            signal=StepSignal(16, 2),
-        )
+        builders.stack(options("stack", {"layers": 2}), spec(), signal=StepSignal(16, 2))
 
 
 def test_the_universal_transformer_puts_positions_in_its_step_signal_and_not_in_the_embeddings():
@@ -105,21 +94,23 @@ def test_a_family_config_is_unpacked_into_the_encoder_decoder_builder():
     torch.manual_seed(0)
     by_name = tz.build_model(config)
     torch.manual_seed(0)
-    by_hand = builders.encoder_decoder(
-        vocab_size=config.vocab_size,
+    layer = LayerSpec(
         d_model=config.d_model,
         n_heads=config.n_heads,
         d_ff=config.d_ff,
         dropout=config.dropout,
+        ffn=options("ffn", "mlp"),
+        norm=options("norm", "layernorm"),
+        norm_placement="pre",
+    )
+    by_hand = builders.encoder_decoder(
+        layer,
+        vocab_size=config.vocab_size,
         max_len=config.max_len,
         positional=options("positional", "rotary"),
-        norm=options("norm", "layernorm"),
-        ffn=options("ffn", "mlp"),
         head=options("head", "lm"),
         encoder=config.encoder,
         decoder=config.decoder,
-        pre_norm=True,
-        final_norm=True,
     )
     assert by_hand.state_dict().keys() == by_name.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(by_hand.state_dict().values(), by_name.state_dict().values()))

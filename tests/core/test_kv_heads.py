@@ -12,6 +12,7 @@ import transformer_zoo as tz
 from transformer_zoo.core.attention import MultiHeadAttention
 from transformer_zoo.core.decoding import DecodeStep, generate, greedy_decode
 from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.options import LayerSpec
 from transformer_zoo.core.stack import DecoderCache
 from transformer_zoo.registry.manager import get_registry
 
@@ -23,7 +24,7 @@ GRID = (4, 4)
 
 def build(kind: str, n_kv_heads: int | None) -> MultiHeadAttention:
     options = get_registry().component("attention", kind)(kind=kind, n_kv_heads=n_kv_heads)
-    return options.build(d_model=D, n_heads=H, dropout=0.0, grid=GRID).eval()
+    return options.build(LayerSpec(d_model=D, n_heads=H, grid=GRID)).eval()
 
 
 def repeated_kv(module: MultiHeadAttention, reference: MultiHeadAttention) -> None:

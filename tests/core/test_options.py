@@ -13,7 +13,7 @@ import transformer_zoo as tz
 from transformer_zoo.configs import merge, parse_overrides
 from transformer_zoo.core.attention import MultiHeadAttention
 from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.options import CATEGORIES, AttentionOptions
+from transformer_zoo.core.options import CATEGORIES, AttentionOptions, LayerSpec
 from transformer_zoo.registry import get_registry
 
 
@@ -248,8 +248,8 @@ def test_a_common_attention_option_is_one_edit_and_reaches_every_registered_kind
     the module of every registered kind: a kind that built its module by hand would not pass it."""
     common, init = AttentionOptions.common_arguments, MultiHeadAttention.__init__
 
-    def with_made_up(self, **call):  # the one edit
-        return {**common(self, **call), "made_up": self.kind}
+    def with_made_up(self, layer):  # the one edit
+        return {**common(self, layer), "made_up": self.kind}
 
     def taking_made_up(module, *args, made_up=None, **kwargs):
         init(module, *args, **kwargs)
@@ -259,7 +259,7 @@ def test_a_common_attention_option_is_one_edit_and_reaches_every_registered_kind
     monkeypatch.setattr(MultiHeadAttention, "__init__", taking_made_up)
     received = {}
     for kind, options in ATTENTION.items():
-        module = options(kind=kind).build(d_model=16, n_heads=2, dropout=0.0, grid=(4, 4))
+        module = options(kind=kind).build(LayerSpec(d_model=16, n_heads=2, grid=(4, 4)))
         received[kind] = getattr(module, "made_up", None)
     assert received == {kind: kind for kind in ATTENTION}
 
@@ -270,7 +270,7 @@ def test_what_a_kind_declares_is_what_its_module_does(kind):
     can be causal runs under a causal mask, one that says it cannot raises there; a self-only kind's
     module refuses an encoder's memory, the others attend to it (validation refuses both first)."""
     options = ATTENTION[kind]
-    module = options(kind=kind).build(d_model=16, n_heads=2, dropout=0.0, grid=(4, 4)).eval()
+    module = options(kind=kind).build(LayerSpec(d_model=16, n_heads=2, grid=(4, 4))).eval()
     x, memory = torch.randn(2, 16, 16), torch.randn(2, 16, 16)
     if options.takes_causal:
         assert module(x, mask=AttentionMask(causal=True))[0].shape == (2, 16, 16)

@@ -12,6 +12,7 @@ import transformer_zoo as tz
 from transformer_zoo.core.attention import attention_math
 from transformer_zoo.core.decoding import greedy_decode, static_cache_problem
 from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.options import LayerSpec
 from transformer_zoo.core.stack import DecoderCache
 from transformer_zoo.plugins.efficient import kernels
 from transformer_zoo.registry import get_registry
@@ -24,7 +25,7 @@ UNTIED = {"head": {"tie_weights": False}}  # a random tied model only repeats it
 
 def attention(kind: str, **options) -> torch.nn.Module:
     values = get_registry().component("attention", kind).model_validate({"kind": kind, **options})
-    return values.build(d_model=D_MODEL, n_heads=HEADS, dropout=0.0).eval()
+    return values.build(LayerSpec(d_model=D_MODEL, n_heads=HEADS)).eval()
 
 
 def heads(attn: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -28,7 +28,7 @@ def linear_attention(
     return (q[..., None, :] @ kv).squeeze(-2) / (q * z).sum(-1, keepdim=True).clamp_min(1e-6), None
 
 
-class LinearAttentionOptions(AttentionOptions):
+class SimpleLinearAttentionOptions(AttentionOptions):
     """Linear attention (Katharopoulos et al. 2020): elu + 1 feature maps, linear in the length."""
 
     full: ClassVar[bool] = False  # it sees every key, but its weights are not softmax attention's

@@ -36,7 +36,7 @@ from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import AttentionOptions, Variant
 from transformer_zoo.plugins.transformer import TINY, TransformerConfig
 
-from .linear import LinearAttentionOptions
+from .linear import SimpleLinearAttentionOptions
 
 
 # ---- the module ---------------------------------------------------------------------------
@@ -72,7 +72,7 @@ class CosineAttentionOptions(AttentionOptions):
     """Multi-head attention on cosine similarities with a learned temperature (QKNorm)."""
 
     # The learned temperature takes the place of ``scale``: the inherited field stays, and validation
-    # refuses any value but null (``check_scale``). The base build passes the inherited fields on.
+    # refuses any value but null (``takes_scale``). The base build passes the inherited fields on.
     takes_scale: ClassVar[bool] = False
     module: ClassVar[type[nn.Module]] = CosineAttention
     kind: Literal["cosine"] = "cosine"
@@ -95,7 +95,7 @@ COSINE_TINY = {
 # ---- the hooks ----------------------------------------------------------------------------
 @tz.hookimpl
 def tzoo_components() -> list[type[AttentionOptions]]:
-    return [CosineAttentionOptions, LinearAttentionOptions]
+    return [CosineAttentionOptions, SimpleLinearAttentionOptions]
 
 
 @tz.hookimpl
