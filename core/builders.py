@@ -132,7 +132,13 @@ def positional_modules(
     random starts its caller adds in training (:func:`~.positional.position_starts`).
     """
     positional = options.build(d_model=d_model, n_heads=n_heads, max_len=max_len + options.random_offset)
-    if not isinstance(positional, AttentionPositional):
+    if isinstance(positional, AttentionPositional) != options.in_attention:
+        raise ValueError(
+            f"{options.kind} positions ({type(options).__name__}) built a {type(positional).__name__}, but the "
+            f"options declare in_attention = {options.in_attention}: a scheme acting inside attention returns an "
+            "AttentionPositional and sets in_attention = True; one added to the embeddings does neither"
+        )
+    if not options.in_attention:
         return positional, None
     if options.random_offset:
         raise ValueError(

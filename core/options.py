@@ -266,7 +266,7 @@ class AttentionOptions(ComponentOptions):
     """Whether the kernel adds a positional bias to every query-key score (a scheme whose options
     set ``scores_bias``: ALiBi, T5's bias, Shaw's relative keys)."""
     takes_positions: ClassVar[bool] = True
-    """Whether the kind can apply an in-attention (``relative``) positional scheme at all: rotate
+    """Whether the kind can apply a positional scheme that acts inside attention (``in_attention``) at all: rotate
     its keys, or bias their scores. False for a kind that keeps running sums over keys rather than
     the keys (linear attention), which no later call could rotate."""
     takes_scale: ClassVar[bool] = True
@@ -358,7 +358,7 @@ class AttentionOptions(ComponentOptions):
                 f"{self.kind} attention does not form every query-key score, so it cannot add the bias "
                 f"{positional.kind} positions put on them; use sinusoidal, learned or rotary positions"
             )
-        if positional is not None and positional.relative and not self.takes_positions:
+        if positional is not None and positional.in_attention and not self.takes_positions:
             raise ValueError(
                 f"{self.kind} attention keeps running sums over keys, not the keys, so it cannot apply "
                 f"{positional.kind} positions to them; use sinusoidal or learned positions"
@@ -415,6 +415,11 @@ class PositionalOptions(ComponentOptions):
 
     category: ClassVar[str] = "positional"
     default_kind: ClassVar[str] = "sinusoidal"
+    in_attention: ClassVar[bool] = False
+    """Whether the scheme acts inside attention: its ``build`` returns an
+    :class:`~transformer_zoo.core.attention.AttentionPositional` (rotary, ALiBi, relative biases)
+    rather than a module added to the embeddings. Attention kinds that cannot apply one
+    (``takes_positions = False``) refuse it at validation."""
     scores_bias: ClassVar[bool] = False  # adds a bias to the attention scores (ALiBi): a kernel must take bias
     relative: ClassVar[bool] = False
     """Whether the scheme depends only on query-key distance, so shifting every position changes

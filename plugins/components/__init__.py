@@ -83,6 +83,7 @@ class RotaryOptions(PositionalOptions):
     """Rotary embeddings applied to queries and keys inside self-attention (Su et al. 2021)."""
 
     kind: Literal["rotary"] = "rotary"
+    in_attention: ClassVar[bool] = True
     relative: ClassVar[bool] = True
     base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotations")
 
@@ -94,6 +95,7 @@ class ALiBiOptions(PositionalOptions):
     """Linear distance penalties on the attention scores, one slope per head (Press et al. 2022)."""
 
     kind: Literal["alibi"] = "alibi"
+    in_attention: ClassVar[bool] = True
     scores_bias: ClassVar[bool] = True
     relative: ClassVar[bool] = True
     symmetric: bool = Field(

@@ -127,6 +127,7 @@ class T5BiasOptions(PositionalOptions):
     ones up to max_distance. One table per stack, shared by its layers, as in T5."""
 
     kind: Literal["t5-bias"] = "t5-bias"
+    in_attention: ClassVar[bool] = True
     scores_bias: ClassVar[bool] = True
     relative: ClassVar[bool] = True
 
@@ -183,6 +184,7 @@ class ShawOptions(PositionalOptions):
     One table per stack, shared by its layers and heads."""
 
     kind: Literal["shaw"] = "shaw"
+    in_attention: ClassVar[bool] = True
     scores_bias: ClassVar[bool] = True
     relative: ClassVar[bool] = True
 

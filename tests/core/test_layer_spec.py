@@ -13,6 +13,7 @@ from transformer_zoo.core import options as options_module
 from transformer_zoo.core.layers import TransformerLayer
 from transformer_zoo.core.options import AttentionOptions, LayerFields, LayerSpec
 from transformer_zoo.core.weights import build_on_meta
+from transformer_zoo.registry import get_registry
 
 
 def test_a_layer_wide_option_is_one_edit_and_reaches_every_registered_familys_layers(monkeypatch):
@@ -89,3 +90,31 @@ def test_every_layer_wide_field_is_declared_once_and_read_by_name():
 def test_capabilities_are_checked_in_one_place_for_every_family(variant, overrides, message):
     with pytest.raises(tz.ConfigError, match=message):
         tz.load_config(variant, overrides)
+
+
+def test_a_positional_kind_that_acts_inside_attention_says_so_and_building_checks_it():
+    from typing import ClassVar, Literal
+
+    from torch import nn
+
+    from transformer_zoo.core import builders
+    from transformer_zoo.core.attention import AttentionPositional
+    from transformer_zoo.core.options import PositionalOptions
+
+    class Undeclared(PositionalOptions):
+        kind: Literal["undeclared"] = "undeclared"
+
+        def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
+            return AttentionPositional()
+
+    class Declared(Undeclared):
+        kind: Literal["declared"] = "declared"
+        in_attention: ClassVar[bool] = True
+
+    with pytest.raises(ValueError, match="undeclared positions .* declare in_attention = False"):
+        builders.positional_modules(Undeclared(), d_model=16, n_heads=2, max_len=8)
+    assert builders.positional_modules(Declared(), d_model=16, n_heads=2, max_len=8)[0] is None
+    linear = get_registry().component("attention", "linear")()
+    with pytest.raises(ValueError, match="linear attention keeps running sums over keys"):
+        linear.check_use(n_heads=2, max_len=8, positional=Declared())
+    linear.check_use(n_heads=2, max_len=8, positional=Undeclared())  # added to the embeddings: any kind takes it
