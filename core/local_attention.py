@@ -36,8 +36,9 @@ from .attention import MultiHeadAttention, attention_math
 from .masks import AttentionMask
 
 NO_BIAS = (
-    "ALiBi adds a bias over all keys, which sparse and compressed attention do not compute; "
-    "use sinusoidal, learned or rotary positions with them"
+    "the positional scheme adds a bias to every query-key score, which sparse and compressed attention "
+    "do not compute; use sinusoidal, learned or rotary positions with them (a positional kind whose "
+    "scheme returns a bias declares scores_bias = True, and validation then refuses it by name)"
 )
 """The refusal of a positional bias by every kernel that does not form all the scores."""
 
@@ -227,7 +228,7 @@ class PatternKernel:
     pattern's own kernel. Asking for the weights always uses the dense reference.
 
     Takes padding and causal masks (the pattern takes the causal flag of each call); refuses a
-    positional bias (ALiBi), which no sparse computation forms.
+    positional bias on the scores (ALiBi, T5's), which no sparse computation forms.
     """
 
     pattern: AttentionPattern

@@ -33,8 +33,9 @@ made, across chunks the running sums carry the earlier keys."""
 def _no_bias(kind: str, bias: Tensor | None) -> None:
     if bias is not None:
         raise ValueError(
-            f"{kind} attention does not form every query-key score, so it cannot add a positional "
-            "bias to them (ALiBi); use sinusoidal or learned positions"
+            f"{kind} attention does not form every query-key score, so it cannot add the positional "
+            "scheme's bias to them; use sinusoidal or learned positions (a positional kind whose scheme "
+            "returns a bias declares scores_bias = True, and validation then refuses it by name)"
         )
 
 

@@ -336,3 +336,22 @@ def test_a_sparse_module_refuses_cross_attention_when_run():
     attn = MemoryCompressedAttention(16, 2)
     with pytest.raises(ValueError, match="MemoryCompressedAttention is for self-attention; keep cross_attention: sdpa"):
         attn(torch.randn(1, 4, 16), torch.randn(1, 6, 16))
+
+
+def test_a_bias_the_sparse_kernel_cannot_add_is_refused_without_naming_alibi():
+    """A scheme that returns a bias but does not declare scores_bias passes validation; the sparse
+    kernel then refuses its bias at the first call, naming what it is, not ALiBi."""
+    from transformer_zoo.core.attention import AttentionPositional
+    from transformer_zoo.core.masks import AttentionMask
+    from transformer_zoo.core.options import LayerSpec
+    from transformer_zoo.registry import get_registry
+
+    class Biased(AttentionPositional):
+        def bias(self, q_len, k_len, device, q_offset=None):
+            return torch.zeros(q_len, k_len, device=device)
+
+    options = get_registry().component("attention", "sliding-window")(window=2)
+    module = options.build(LayerSpec(d_model=16, n_heads=2, in_attention=Biased()))
+    with pytest.raises(ValueError, match="adds a bias to every query-key score") as refused:
+        module(torch.randn(1, 8, 16), mask=AttentionMask())
+    assert "ALiBi" not in str(refused.value) and "scores_bias = True" in str(refused.value)
