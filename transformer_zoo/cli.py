@@ -184,7 +184,9 @@ def _compare(args: argparse.Namespace) -> Any:
 
 
 def _reproduce(args: argparse.Namespace) -> Any:
-    from .comparing.studies import as_json, available_studies, reproduce_all, study_rows
+    from .comparing.studies.running import reproduce_all
+    from .comparing.studies.spec import available_studies, study_rows
+    from .comparing.studies.verdicts import as_json
 
     overrides = {key: value for key, value in (("seeds", args.seeds), ("steps", args.steps)) if value is not None}
     if not args.names and args.scale is None and args.out is None and args.at_once is None and not overrides:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from transformer_zoo.comparing.studies import load_study, reproduce
+from transformer_zoo.comparing.studies.running import reproduce
+from transformer_zoo.comparing.studies.spec import load_study
 
 RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "ut-length-generalisation": ["holds", "inconclusive"],

@@ -10,16 +10,9 @@ import pytest
 
 from transformer_zoo.cli import main
 from transformer_zoo.comparing.records import CompareResults, RunRecord
-from transformer_zoo.comparing.studies import (
-    Claim,
-    StudiesFailed,
-    available_studies,
-    judge,
-    load_study,
-    overall,
-    reproduce,
-    reproduce_all,
-)
+from transformer_zoo.comparing.studies.running import StudiesFailed, reproduce, reproduce_all
+from transformer_zoo.comparing.studies.spec import Claim, available_studies, load_study
+from transformer_zoo.comparing.studies.verdicts import judge, overall
 from transformer_zoo.core.errors import ConfigError, UnknownNameError
 from transformer_zoo.registry import get_registry
 
@@ -423,7 +416,7 @@ def test_cli_with_a_scale_and_no_name_runs_every_study(monkeypatch, tmp_path, ca
         called.update(names=names, out=out, scale=scale, overrides=overrides, at_once=at_once)
         return []
 
-    monkeypatch.setattr("transformer_zoo.comparing.studies.reproduce_all", fake)
+    monkeypatch.setattr("transformer_zoo.comparing.studies.running.reproduce_all", fake)
     assert main(["reproduce", "--scale", "gpu", "--out", str(tmp_path), "--json"]) == 0
     assert called == {
         "names": list(available_studies()),
@@ -463,7 +456,7 @@ def test_an_inconclusive_claim_says_how_many_seeds_would_decide_it():
 
 
 def test_the_sources_figures_stand_beside_ours_and_a_wrong_one_is_refused(tmp_path):
-    from transformer_zoo.comparing.studies import beside
+    from transformer_zoo.comparing.studies.verdicts import beside
 
     study = load_study("ut-length-generalisation")
     assert {(f.variant, f.task, f.metric) for f in study.figures} >= {
@@ -490,7 +483,8 @@ def test_the_sources_figures_stand_beside_ours_and_a_wrong_one_is_refused(tmp_pa
 
 
 def test_a_claim_whose_runs_stopped_at_the_time_cap_is_not_judged():
-    from transformer_zoo.comparing.studies import study_lines, verdict
+    from transformer_zoo.comparing.studies.pages import study_lines
+    from transformer_zoo.comparing.studies.verdicts import verdict
 
     study = load_study("multi-head")
     spec = study.spec("cpu")
@@ -517,7 +511,7 @@ def test_a_claim_whose_runs_stopped_at_the_time_cap_is_not_judged():
 
 def test_a_runs_planned_steps_come_from_its_own_plan_tuned_twins_included():
     from transformer_zoo.comparing.spec import CompareSpec
-    from transformer_zoo.comparing.studies import short_runs
+    from transformer_zoo.comparing.studies.verdicts import short_runs
 
     spec = load_study("tuned-pre-vs-post-norm").spec("cpu")
     spec = CompareSpec.model_validate({**spec.model_dump(), "variant_train": {"post-ln": {"steps": 300}}})

@@ -8,7 +8,9 @@ import json
 import pytest
 
 from transformer_zoo.comparing.records import CompareResults, RunRecord
-from transformer_zoo.comparing.studies import load_study, study_lines, verdict
+from transformer_zoo.comparing.studies.pages import study_lines
+from transformer_zoo.comparing.studies.spec import load_study
+from transformer_zoo.comparing.studies.verdicts import verdict
 from transformer_zoo.comparing.tallies import Tally, families, rank_correlation, tally, tally_lines
 from transformer_zoo.core.errors import ConfigError
 

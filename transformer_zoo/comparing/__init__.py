@@ -19,7 +19,7 @@ What lives here, in the order data flows:
 - :mod:`.scaling` (time and memory against sequence length) and :mod:`.probes` (measurements
   of trained models);
 - :mod:`.studies`: ``tzoo reproduce``, a spec plus a stated claim, judged holds, does not hold
-  or inconclusive;
+  or inconclusive (its study files, verdicts, pages and running, a module each);
 - :mod:`.attention_maps`: ``tzoo attention``, figures of a trained run's attention.
 
 What it may import: :mod:`transformer_zoo.core`, :mod:`transformer_zoo.registry`,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .records import CompareResults, RunRecord, TaskSummary
     from .runner import ComparisonFailed, ComparisonInterrupted, compare
     from .spec import CompareSpec, load_spec, plan
-    from .studies import reproduce, reproduce_all
+    from .studies.running import reproduce, reproduce_all
 
 _LAZY = {
     "CompareResults": ".records",
@@ -49,8 +49,8 @@ _LAZY = {
     "CompareSpec": ".spec",
     "load_spec": ".spec",
     "plan": ".spec",
-    "reproduce": ".studies",
-    "reproduce_all": ".studies",
+    "reproduce": ".studies.running",
+    "reproduce_all": ".studies.running",
 }
 """Where each name below is defined: imported when first read (PEP 562), so that a worker process,
 which imports :mod:`.runs` alone, starts without the runner, the studies, statistics and plots."""

@@ -72,7 +72,7 @@ def tests_table(summary: TaskSummary) -> str:
     return "\n".join(lines)
 
 
-def summary_lines(summaries: list[TaskSummary]) -> list[str]:
+def task_verdict_lines(summaries: list[TaskSummary]) -> list[str]:
     """Per task: the verdict, and what the best mean costs against the reference."""
     lines = []
     for summary in summaries:
@@ -246,7 +246,7 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         f"{results.started + ' UTC' if results.started else 'at an unknown time'}.",
         "",
     ]
-    lines += ["## Summary", "", *summary_lines(results.summaries), ""]
+    lines += ["## Summary", "", *task_verdict_lines(results.summaries), ""]
     warnings = condition_lines(results)
     if warnings:
         lines += ["Measurement conditions:", "", *warnings, ""]

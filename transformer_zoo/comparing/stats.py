@@ -66,7 +66,7 @@ class Difference:
 
 def interval(values: list[float], confidence: float = 1 - ALPHA) -> Interval:
     """The mean of ``values`` with its Student-t interval (``n - 1`` degrees of freedom)."""
-    return _on_scale(values, _same, _same, confidence)
+    return _on_scale(values, _identity, _identity, confidence)
 
 
 def log_interval(values: list[float], confidence: float = 1 - ALPHA) -> Interval:
@@ -115,7 +115,7 @@ def bounded_interval(values: list[float], bounds: tuple[float, float], confidenc
     )
 
 
-def _same(x: np.ndarray) -> np.ndarray:
+def _identity(x: np.ndarray) -> np.ndarray:
     return x
 
 

@@ -1,0 +1,95 @@
+"""A study's verdict as a markdown page (``verdict.md``), and the table of every study run
+(``reproductions.md``)."""
+
+from __future__ import annotations
+
+from ..progress import duration
+from ..records import Cell
+from ..summary import format_cell, format_number
+from ..tallies import tally_lines
+from .verdicts import StudyResult
+
+
+def study_lines(result: StudyResult) -> list[str]:
+    """A study's verdict as markdown: the claims' figures, their test and verdict."""
+    lines = [f"# {result.name}: {result.verdict}", "", f"**{result.title}** ({result.source})", ""]
+    if result.notes:
+        lines += [result.notes.strip(), ""]
+    lines += [
+        (
+            f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {duration(result.wall_seconds)}; "
+            f"{result.test}"
+            + (
+                "; a claim on one variant at two splits: the paired t-test"
+                if any(c.claim.paired for c in result.claims)
+                else ""
+            )
+            + "; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
+            f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
+            f"[{result.report}]({result.report})."
+        ),
+        "",
+        "| claim | a | b | a - b [95% CI] | p | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in result.claims:
+        cl = c.claim
+        where = f"{cl.task}, {cl.metric}" if c.probe else f"{cl.task}, {cl.split} {cl.metric}"
+        if cl.split_b and not c.probe:
+            where = f"{cl.task}, {cl.metric}: a on {cl.split}, b on {cl.split_b}" + (
+                ", paired by seed" if cl.paired else ""
+            )
+        delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.a.n))
+        p = "n/a" if c.p is None else f"{c.p:.3g}"
+        lines.append(
+            f"| {cl.statement} ({where}; {cl.relation}) | {cl.a}: {format_cell(c.a)} | {cl.b}: "
+            f"{format_cell(c.b)} | {delta} | {p} | **{c.verdict}** |"
+        )
+    lines += [
+        "",
+        *[f"- {c.claim.statement}: {c.verdict}. {c.reason[0].upper() + c.reason[1:]}." for c in result.claims],
+    ]
+    if result.short_runs:
+        lines += [
+            "",
+            f"**{len(result.short_runs)} run(s) stopped at the time cap before their steps**, so "
+            "the verdicts above compare runs trained for different numbers of steps: "
+            + "; ".join(result.short_runs)
+            + ".",
+        ]
+    if result.tally is not None and result.tallies:
+        lines += ["", *tally_lines(result.tally, result.tallies, result.test)]
+    if result.figures:
+        lines += [
+            "",
+            "The source's figures beside ours (mean [95% CI] over seeds, at this scale):",
+            "",
+            "| variant | task | metric | source | ours | where the source gives it |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {f.figure.variant} | {f.figure.task} | {f.figure.split} {f.figure.metric} | "
+            f"{format_number(f.figure.value, 3)} | {format_cell(f.ours)} | {f.figure.where} |"
+            for f in result.figures
+        ]
+    return lines
+
+
+def studies_table_lines(results: list[StudyResult]) -> list[str]:
+    """One row per study: claim | source | figures | verdict | time."""
+    lines = [
+        "| study | claim | source | our figures (mean [95% CI]; seeds, steps) | verdict | time |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        figures = "; ".join(
+            f"{c.claim.a} {format_cell(c.a)} vs {c.claim.b} {format_cell(c.b)} "
+            f"({c.claim.task} {c.claim.metric}: {c.verdict})"
+            for c in r.claims
+        )
+        short = f"; {len(r.short_runs)} run(s) stopped at the time cap" if r.short_runs else ""
+        lines.append(
+            f"| [{r.name}]({r.name}/verdict.md) | {r.title} | {r.source} | {figures}; {len(r.seeds)} seeds, "
+            f"{r.steps} steps{short} | **{r.verdict}** | {duration(r.wall_seconds)} |"
+        )
+    return lines

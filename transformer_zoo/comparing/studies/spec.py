@@ -1,0 +1,268 @@
+"""A study's file: a compare spec (:class:`~transformer_zoo.comparing.spec.CompareSpec`), the
+claims it tests, where they come from, and what changes at each scale (:data:`SCALES`: ``cpu``,
+about ten minutes on a 2-core machine; ``gpu``, every study together in about eight minutes on
+one large GPU; ``paper``, the paper's own settings, hours on one GPU). A claim names a task, a
+metric (a task's score on one split, or a probe's measurement), two variants of the spec by
+label and a relation: ``a`` is ``better`` than ``b``, ``not-worse``, ``matches`` it within a
+margin, or is ``steadier`` over seeds (:data:`RELATIONS`; how each is judged:
+:mod:`~transformer_zoo.comparing.studies.verdicts`).
+
+The built-in studies are the package's ``studies/*.yaml``; a path to a YAML file of the same
+shape runs a study of one's own.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ...configs import merge, read_config, validate
+from ...core.errors import ConfigError, UnknownNameError
+from ...core.options import Options
+from ...core.tasks import Better
+from ..probes import PROBE_OUTPUTS
+from ..spec import CompareSpec, plan
+from ..tallies import Tally
+from ..tuning import tuned_runs
+
+Scale = Literal["cpu", "gpu", "paper"]
+SCALES: dict[str, str] = {
+    "cpu": "about ten minutes a study on a 2-core CPU (the study's compare spec itself)",
+    "gpu": "every built-in study together in about eight minutes on one H100 or H200: all of them at once, each "
+    "with a few runs on the GPU, in bfloat16",
+    "paper": "the paper's own settings where it gives them: hours on one GPU",
+}
+Relation = Literal["better", "not-worse", "matches", "steadier"]
+RELATIONS: dict[str, str] = {
+    "better": "a beats b: the interval of a - b lies above 0",
+    "not-worse": "a is at least as good as b, within margin: the interval lies at or above -margin",
+    "matches": "a equals b within margin: the interval lies within [-margin, margin]",
+    "steadier": "a varies less over seeds than b (Brown-Forsythe test)",
+}
+
+
+class Claim(Options):
+    """One stated claim: ``a`` relates to ``b`` so on ``task``'s ``metric``."""
+
+    statement: str = Field(description="the claim in words, as the report prints it")
+    task: str = Field(description="the task kind, one of the spec's tasks")
+    metric: str = Field(description="a metric of the task, or a measurement of one of the spec's probes")
+    split: str = Field("test", description="the evaluation split of a task metric (a probe's is the test split)")
+    split_b: str | None = Field(
+        None,
+        description="b's split, where it is not a's: one variant at two lengths (a and b may then name the same "
+        "variant, and each seed's run is compared with itself, by a paired t-test)",
+    )
+    a: str = Field(description="the variant claimed to do better, by its label in the spec")
+    b: str = Field(description="the variant it is compared with, by its label")
+    relation: Relation = Field("better", description="; ".join(f"{k}: {v}" for k, v in RELATIONS.items()))
+    margin: float = Field(0.0, ge=0.0, description="the least difference that counts, in the metric's units")
+    direction: Better | None = Field(
+        None, description="which way the metric is better; null: as the task declares it (a probe needs it)"
+    )
+
+    @model_validator(mode="after")
+    def _margin(self) -> Claim:
+        if self.relation == "matches" and self.margin == 0:
+            raise ValueError(
+                "a 'matches' claim needs a margin > 0: no interval lies within [0, 0]; give the largest "
+                "difference that still counts as a match, in the metric's units"
+            )
+        if self.a == self.b and self.split_b in (None, self.split):
+            raise ValueError(
+                f"a and b are both {self.a!r} on split {self.split!r}; a claim compares two variants, or one "
+                "variant on two splits (give split_b)"
+            )
+        return self
+
+    @property
+    def b_split(self) -> str:
+        """The split b is scored on."""
+        return self.split_b or self.split
+
+    @property
+    def paired(self) -> bool:
+        """One variant on two splits: each seed's run against itself."""
+        return self.a == self.b
+
+
+class SourceFigure(Options):
+    """A figure the source reports for one of the study's variants, set beside ours."""
+
+    variant: str = Field(description="the variant it stands beside, by its label in the spec")
+    task: str = Field(description="the task kind")
+    metric: str = Field(description="a metric of the task")
+    split: str = Field("test", description="the evaluation split")
+    value: float = Field(description="the source's figure, in the metric's units")
+    where: str = Field(description="where the source gives it (table, row, setting)")
+
+
+class Study(Options):
+    """A study: a comparison, the claims it tests and what changes at each scale."""
+
+    name: str = Field(description="the study's name (its file's name)")
+    title: str = Field(description="the claim in a line")
+    source: str = Field(description="where the claim comes from: paper and section, or lecture")
+    notes: str = Field("", description="what the setup follows of the source, what it does not, and why")
+    compare: dict[str, Any] = Field(description="the compare spec of the cpu scale (see `tzoo compare`)")
+    scales: dict[Scale, dict[str, Any]] = Field(
+        {},
+        description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task kind "
+        "of the task options that change",
+    )
+    claims: list[Claim] = Field(min_length=1, description="the claims, each judged on its own")
+    figures: list[SourceFigure] = Field([], description="the source's own figures, reported beside ours")
+    tally: Tally | None = Field(
+        None,
+        description="also count every other variant against one reference after Holm's correction (better, not "
+        "separable, worse); with tuning compared both ways, the untuned and the tuned runs each",
+    )
+
+    def spec(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> CompareSpec:
+        """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top;
+        each claim checked against it: its variants and task are in it, its split and metric exist."""
+        if scale != "cpu" and scale not in self.scales:
+            given = ", ".join(["cpu", *self.scales])
+            raise ConfigError(
+                f"study {self.name!r} has no {scale} scale (it has: {given}); add a '{scale}' block under "
+                "its scales:, or run it at one it has"
+            )
+        data = dict(self.compare)
+        for change in (self.scales.get(scale, {}), overrides or {}):
+            change = dict(change)
+            tasks = change.pop("tasks", None)
+            data = merge(data, change)
+            if tasks is not None:
+                data["tasks"] = _merged_tasks(data.get("tasks", []), tasks, self.name)
+        if overrides and "steps" in overrides:  # every run's budget, a task's own and a tuning trial's included
+            for key in ("task_train", "variant_train"):
+                data[key] = {
+                    name: {**train, "steps": overrides["steps"]} if "steps" in train else train
+                    for name, train in data.get(key, {}).items()
+                }
+            if data.get("tune", {}).get("steps") is not None:
+                data["tune"] = {**data["tune"], "steps": overrides["steps"]}
+        spec = validate(CompareSpec, {**data, "name": self.name}, f"study {self.name!r} at the {scale} scale")
+        self.check(spec)
+        return spec
+
+    def check(self, spec: CompareSpec) -> None:
+        """Raise a ConfigError unless every claim can be judged from ``spec``'s runs."""
+        runs, skipped = planned_runs(spec)
+        ran = {(label, config.task.kind) for label, config in runs}
+        tasks = {options.kind: options for options in spec.tasks}
+        built: dict[str, Any] = {}
+        probed = {name for probe in spec.probes for name in PROBE_OUTPUTS[probe]}
+        for i, claim in enumerate(self.claims):
+            where = f"study {self.name!r}, claims.{i}"
+            if claim.task not in tasks:
+                raise ConfigError(f"{where}: task {claim.task!r} is not one of the spec's tasks {sorted(tasks)}")
+            for label in (claim.a, claim.b):
+                if (label, claim.task) not in ran:
+                    why = next(
+                        (s.reason for s in skipped if s.variant == label and s.task == claim.task),
+                        f"it is not one of the spec's variants {sorted({v for v, _ in ran})}",
+                    )
+                    raise ConfigError(f"{where}: variant {label!r} does not run {claim.task!r}: {why}")
+            task = built.setdefault(claim.task, tasks[claim.task].build())
+            if claim.metric in probed:
+                if claim.direction is None:
+                    raise ConfigError(
+                        f"{where}: {claim.metric!r} is a probe's measurement, which no task ranks; "
+                        "say which way supports the claim with direction: higher or lower"
+                    )
+                continue
+            if claim.metric not in task.metrics:
+                raise ConfigError(
+                    f"{where}: metric {claim.metric!r} is neither a metric of task {claim.task!r} "
+                    f"({', '.join(task.metrics)}) nor a measurement of the spec's probes "
+                    f"({', '.join(sorted(probed)) or 'none: add probes to the spec'})"
+                )
+            for split in {claim.split, claim.b_split}:
+                if split not in task.splits:
+                    raise ConfigError(
+                        f"{where}: split {split!r} is not one of task {claim.task!r}'s splits "
+                        f"({', '.join(task.splits)})"
+                    )
+        if self.tally is not None:
+            t, where = self.tally, f"study {self.name!r}, tally"
+            if (t.reference, t.task) not in ran:
+                raise ConfigError(
+                    f"{where}: no run of reference {t.reference!r} on task {t.task!r}; the spec runs "
+                    f"{sorted(label for label, kind in ran if kind == t.task) or 'nothing on it'}"
+                )
+            task = built.setdefault(t.task, tasks[t.task].build())
+            if t.metric not in task.metrics or t.split not in task.splits:
+                raise ConfigError(
+                    f"{where}: task {t.task!r} has metrics {', '.join(task.metrics)} on splits "
+                    f"{', '.join(task.splits)}; got {t.split} {t.metric}"
+                )
+        for i, figure in enumerate(self.figures):
+            where = f"study {self.name!r}, figures.{i}"
+            if (figure.variant, figure.task) not in ran:
+                raise ConfigError(f"{where}: no run of variant {figure.variant!r} on task {figure.task!r} in the spec")
+            task = built.setdefault(figure.task, tasks[figure.task].build())
+            if figure.metric not in task.metrics or figure.split not in task.splits:
+                raise ConfigError(
+                    f"{where}: task {figure.task!r} has metrics {', '.join(task.metrics)} on splits "
+                    f"{', '.join(task.splits)}; got {figure.split} {figure.metric}"
+                )
+
+
+def planned_runs(spec: CompareSpec) -> tuple[list[tuple[str, Any]], list[Any]]:
+    """:func:`~.spec.plan`'s runs and skipped pairs, with the tuned twins that run beside the spec's
+    own or in their place (labelled ``LABEL tuned``, planned as their variant)."""
+    runs, skipped = plan(spec)
+    return (runs if spec.tune is None else tuned_runs(spec.tune, runs, [])), skipped
+
+
+def _merged_tasks(tasks: list[Any], changes: dict[str, Any], study: str) -> list[Any]:
+    """The spec's tasks with a scale's changes merged into the task of each named kind."""
+    if not isinstance(changes, dict):
+        raise ConfigError(
+            f"study {study!r}: a scale's 'tasks' is a mapping by task kind of the options that change, "
+            f"such as {{reverse: {{train_size: 100000}}}}; got {type(changes).__name__}"
+        )
+    kinds = [task if isinstance(task, str) else task.get("kind") for task in tasks]
+    unknown = sorted(set(changes) - set(kinds))
+    if unknown:
+        raise ConfigError(f"study {study!r}: a scale changes tasks {unknown}, which are not among the spec's {kinds}")
+    return [
+        merge({"kind": task} if isinstance(task, str) else task, changes.get(kind, {}))
+        for task, kind in zip(tasks, kinds)
+    ]
+
+
+def studies_dir() -> Path:
+    return Path(str(resources.files("transformer_zoo") / "studies"))
+
+
+def available_studies() -> dict[str, Path]:
+    """The built-in studies, by name."""
+    return {path.stem: path for path in sorted(studies_dir().glob("*.yaml"))}
+
+
+def load_study(source: str | os.PathLike | dict[str, Any]) -> Study:
+    """A validated study from a built-in name, a YAML file or a mapping."""
+    if isinstance(source, (str, os.PathLike)) and not str(source).endswith((".yaml", ".yml", ".json")):
+        found = available_studies()
+        if str(source) not in found:
+            raise UnknownNameError("study (or a path to a study's YAML file)", str(source), found)
+        source = found[str(source)]
+    data = read_config(source)
+    if not isinstance(source, dict):
+        data.setdefault("name", Path(source).stem)
+    return validate(Study, data, "study")
+
+
+def study_rows() -> list[dict[str, str]]:
+    """The built-in studies, for ``tzoo reproduce`` with no name."""
+    rows = []
+    for name, path in available_studies().items():
+        study = load_study(path)
+        rows.append({"study": name, "claim": study.title, "source": study.source})
+    return rows

@@ -1,0 +1,308 @@
+"""A study's claims judged from its comparison's runs, and the study's outcome.
+
+A claim's verdict comes from the 95% interval over seeds of the difference ``a - b``, taken in
+the direction in which the metric is better:
+
+- ``better``: **holds** when the interval lies above 0 (the test rejects equal means, the
+  claimed way); **does not hold** when it lies at or below ``margin`` (an advantage, if any, is
+  smaller than the least that would count); **inconclusive** otherwise.
+- ``not-worse``: holds when the interval lies at or above ``-margin``; does not hold when it
+  lies below ``-margin``.
+- ``matches``: holds when the interval lies within ``[-margin, margin]``; does not hold when it
+  lies wholly outside.
+- ``steadier``: ``a``'s standard deviation over seeds is below ``b``'s and the Brown-Forsythe
+  test of equal spread rejects (holds), or above it and the test rejects (does not hold).
+
+A study holds when every claim holds, does not hold when one does not, and is inconclusive
+otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ...core.errors import ConfigError
+from ...core.tasks import Better
+from ..records import ALPHA, Cell, CompareResults
+from ..spec import CompareSpec
+from ..stats import TEST_NAMES, bounded_interval, difference, interval, paired_difference, seeds_needed, spread
+from ..summary import format_number
+from ..tallies import Tally, TallyResult, tally
+from .spec import Claim, Scale, SourceFigure, Study, planned_runs
+
+Verdict = Literal["holds", "does not hold", "inconclusive"]
+
+
+class ClaimResult(BaseModel):
+    """A claim's figures over seeds and its verdict."""
+
+    claim: Claim
+    a: Cell = Field(description="a's mean over seeds and its 95% interval")
+    b: Cell = Field(description="b's mean and interval")
+    difference: float = Field(description="mean(a) - mean(b)")
+    low: float | None = Field(description="the difference's 95% interval (Welch-Satterthwaite); None: one seed")
+    high: float | None
+    p: float | None = Field(description="two-sided p of the test of equal means (steadier: of equal spread)")
+    sd_a: float = Field(0.0, description="a's standard deviation over seeds")
+    sd_b: float = Field(0.0, description="b's standard deviation over seeds")
+    probe: bool = Field(False, description="the metric is a probe's measurement (of the test split)")
+    direction: Better = Field("higher", description="which way the metric is better, as the claim was judged")
+    verdict: Verdict
+    reason: str = Field(description="why the verdict, in words")
+    seeds_needed: int | None = Field(
+        None,
+        description="inconclusive: about how many seeds a side would decide the claim at the spreads seen "
+        "(stats.seeds_needed); None: decided, or no practical number would",
+    )
+
+
+class FigureResult(BaseModel):
+    """A source's figure and ours for the same variant, task and metric."""
+
+    figure: SourceFigure
+    ours: Cell = Field(description="our mean over seeds and its 95% interval")
+
+
+class StudyResult(BaseModel):
+    """A study's outcome: the contents of its ``verdict.json``."""
+
+    name: str
+    title: str
+    source: str
+    notes: str = ""
+    scale: Scale
+    seeds: list[int]
+    steps: int
+    test: str = Field(description="the test of each difference")
+    verdict: Verdict
+    claims: list[ClaimResult]
+    figures: list[FigureResult] = []
+    tally: Tally | None = Field(None, description="the study's tally as it states it")
+    tallies: list[TallyResult] = Field([], description="the tally's outcome, by family (untuned, tuned)")
+    short_runs: list[str] = Field([], description="runs that stopped before their steps when the time cap ran out")
+    wall_seconds: float = Field(description="wall time of the study's comparison")
+    report: str = Field(description="the comparison's report.md, relative to the study's folder")
+    command: str = Field(description="the command that runs the study again")
+
+
+def _values(results: CompareResults, label: str, task: str, split: str, metric: str) -> list[float]:
+    """A variant's figure on ``task`` from each of its runs: a probe's measurement, or a split's metric."""
+    return list(_by_seed(results, label, task, split, metric).values())
+
+
+def _by_seed(results: CompareResults, label: str, task: str, split: str, metric: str) -> dict[int, float]:
+    """:func:`_values` by the seed of each run."""
+    found = {}
+    for run in results.runs:
+        if run.variant == label and run.task == task:
+            value = run.probes.get(metric, run.metrics.get(split, {}).get(metric))
+            if value is not None:
+                found[run.seed] = value
+    return found
+
+
+def _cell(results: CompareResults, metric: str, values: list[float]) -> Cell:
+    """The mean and 95% interval of ``values``, within the metric's bounds where the task declares them."""
+    bounds = next((r.bounds[metric] for r in results.runs if metric in r.bounds), None)
+    return Cell(**(interval(values) if bounds is None else bounded_interval(values, bounds)).__dict__)
+
+
+def judge(claim: Claim, results: CompareResults, stopped: list[str] = ()) -> ClaimResult:
+    """A claim's verdict from the comparison's runs (see the module's docstring for the rules).
+
+    Args:
+        stopped: the claim's runs that stopped at the time cap before their steps: then the claim
+            is not judged (inconclusive, the measured verdict in its reason), since a and b did not
+            train alike.
+    """
+    by_seed = [
+        _by_seed(results, label, claim.task, split, claim.metric)
+        for label, split in ((claim.a, claim.split), (claim.b, claim.b_split))
+    ]
+    if claim.paired:  # the seeds scored on both splits, each against itself
+        by_seed = [{seed: side[seed] for seed in sorted(by_seed[0].keys() & by_seed[1].keys())} for side in by_seed]
+    a, b = (list(side.values()) for side in by_seed)
+    if not a or not b:
+        missing, split = (claim.a, claim.split) if not a else (claim.b, claim.b_split)
+        raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {split} {claim.metric}")
+    direction = claim.direction or next(
+        (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher"
+    )
+    cells = {"a": _cell(results, claim.metric, a), "b": _cell(results, claim.metric, b)}
+    diff = paired_difference(a, b) if claim.paired else difference(a, b, results.spec.get("test", "welch"))
+    sd = spread(a, b)
+    probe = any(claim.metric in run.probes for run in results.runs)
+    figures = dict(
+        a=cells["a"],
+        b=cells["b"],
+        difference=diff.difference,
+        low=diff.low,
+        high=diff.high,
+        sd_a=sd.sd_a,
+        sd_b=sd.sd_b,
+        probe=probe,
+        direction=direction,
+    )
+    needed, p = None, diff.p
+    if claim.relation == "steadier":
+        (verdict, reason), p = _steadier(sd, claim, min(len(a), len(b))), sd.p
+    else:
+        verdict, reason = _by_interval(claim, diff.low, diff.high, direction, diff.difference)
+    if stopped:
+        verdict, reason = _not_judged(verdict, reason, len(stopped))
+    elif verdict == "inconclusive" and diff.low is not None and claim.relation != "steadier":
+        sides = (sd.sd_a, sd.sd_b)
+        if claim.paired:  # the interval is of the per-seed differences: half their variance on each side
+            sides = (statistics.stdev(x - y for x, y in zip(a, b)) / math.sqrt(2),) * 2
+        needed = seeds_needed(*sides, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
+        reason += (
+            f"; at these spreads about {needed} seeds a side would decide it"
+            if needed
+            else "; at these spreads no practical number of seeds would decide it (the mean lies at or near the boundary)"
+        )
+    return ClaimResult(claim=claim, p=p, verdict=verdict, reason=reason, seeds_needed=needed, **figures)
+
+
+def _not_judged(verdict: Verdict, reason: str, stopped: int) -> tuple[Verdict, str]:
+    """The verdict of a claim with ``stopped`` runs cut short by the time cap: inconclusive."""
+    capped = f"{stopped} of its runs stopped at the time cap before their steps"
+    if verdict == "inconclusive":
+        return verdict, f"{reason}; and {capped}: give the runs more time"
+    return "inconclusive", (
+        f"not judged: {capped}, so a and b did not train alike (as measured, {verdict}: {reason}); give the runs more time"
+    )
+
+
+def _gap(claim: Claim, gain: float) -> float:
+    """How far the mean gain of a over b lies from the boundary the claim's verdict turns on."""
+    m = claim.margin
+    if claim.relation == "better":
+        return max(gain, m - gain)  # above 0: holds; at or below the margin: does not hold
+    if claim.relation == "not-worse":
+        return abs(gain + m)
+    return abs(m - abs(gain))  # matches
+
+
+def beside(figure: SourceFigure, results: CompareResults) -> FigureResult | None:
+    """The source's figure and ours; None when no run of the variant recorded it."""
+    ours = _values(results, figure.variant, figure.task, figure.split, figure.metric)
+    return FigureResult(figure=figure, ours=_cell(results, figure.metric, ours)) if ours else None
+
+
+def _by_interval(
+    claim: Claim, low: float | None, high: float | None, direction: str, mean: float
+) -> tuple[Verdict, str]:
+    if low is None or high is None:
+        return "inconclusive", "one seed a side gives no interval: run two or more seeds"
+    sign = 1.0 if direction == "higher" else -1.0
+    lo, hi = sorted((sign * low, sign * high))  # the gain of a over b, the way the metric is better
+    gain = (
+        f"the gain of a over b ({direction} is better) is {format_number(sign * mean, 4)} "
+        f"[{format_number(lo, 4)}, {format_number(hi, 4)}]"
+    )
+    m = claim.margin
+    if claim.relation == "better":
+        if lo > 0:
+            return "holds", f"{gain}: the interval lies above 0"
+        if hi <= m:
+            return "does not hold", f"{gain}: the interval lies at or below {_margin(m)}"
+        return "inconclusive", f"{gain}: the interval spans 0{'' if m == 0 else f' and {m:g}'}"
+    if claim.relation == "not-worse":
+        if lo >= -m:
+            return "holds", f"{gain}: the interval lies at or above {_margin(-m)}"
+        if hi < -m:
+            return "does not hold", f"{gain}: the interval lies below {_margin(-m)}"
+        return "inconclusive", f"{gain}: the interval spans {_margin(-m)}"
+    if -m <= lo and hi <= m:
+        return "holds", f"{gain}: the interval lies within the margin ±{m:g}"
+    if lo > m or hi < -m:
+        return "does not hold", f"{gain}: the interval lies outside the margin ±{m:g}"
+    return "inconclusive", f"{gain}: the interval reaches beyond the margin ±{m:g}"
+
+
+def _margin(value: float) -> str:
+    return "0" if value == 0 else f"{value:g} (the margin)"
+
+
+def _steadier(sd: Any, claim: Claim, seeds: int) -> tuple[Verdict, str]:
+    text = f"standard deviation over seeds: a {sd.sd_a:.4g}, b {sd.sd_b:.4g}"
+    if seeds < 2:
+        return "inconclusive", "one seed a side gives no spread: run two or more seeds"
+    if sd.p is None:
+        if sd.sd_a == sd.sd_b:
+            return "does not hold", f"{text}: equal, so a is not steadier"
+        return "inconclusive", f"{text}: too few seeds to test the spread"
+    tested = f"{text}, Brown-Forsythe p = {sd.p:.3g}"
+    if sd.p < ALPHA:
+        return (
+            ("holds", f"{tested}: a's is smaller")
+            if sd.sd_a < sd.sd_b
+            else ("does not hold", f"{tested}: a's is larger")
+        )
+    return "inconclusive", f"{tested}: not separable at alpha = {ALPHA}"
+
+
+def overall(verdicts: list[str]) -> Verdict:
+    """A study's verdict from its claims'."""
+    if all(v == "holds" for v in verdicts):
+        return "holds"
+    return "does not hold" if "does not hold" in verdicts else "inconclusive"
+
+
+def verdict(
+    study: Study, spec: CompareSpec, results: CompareResults, scale: Scale, wall_seconds: float, rerun: str
+) -> StudyResult:
+    """The study's outcome from its comparison's results: each claim judged, the source's figures
+    beside ours, and the runs that stopped short of their steps (a time cap)."""
+    short = short_runs(spec, results)
+    claims = [
+        judge(
+            claim, results, [text for label, task, text in short if task == claim.task and label in (claim.a, claim.b)]
+        )
+        for claim in study.claims
+    ]
+    figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
+    labels = list(dict.fromkeys(label for label, _ in planned_runs(spec)[0]))
+    tallies = [] if study.tally is None else tally(study.tally, results, labels)
+    return StudyResult(
+        name=study.name,
+        title=study.title,
+        source=study.source,
+        notes=study.notes,
+        scale=scale,
+        seeds=spec.seeds,
+        steps=spec.steps,
+        test=TEST_NAMES[spec.test],
+        verdict=overall([c.verdict for c in claims]),
+        claims=claims,
+        figures=figures,
+        tally=study.tally,
+        tallies=tallies,
+        short_runs=[text for _, _, text in short],
+        wall_seconds=wall_seconds,
+        report="report.md",
+        command=rerun,
+    )
+
+
+def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, str, str]]:
+    """The runs that stopped before their steps (the spec's ``seconds`` ran out): their variant,
+    task, and ``variant on task, seed S: N of M steps``, M from the run's own plan (a task's or a
+    variant's budget, and a tuned twin's, its variant's)."""
+    planned = {(label, config.task.kind): config.steps for label, config in planned_runs(spec)[0]}
+    short = []
+    for run in results.runs:
+        steps = planned.get((run.variant, run.task), spec.steps)
+        if run.steps < steps:
+            short.append(
+                (run.variant, run.task, f"{run.variant} on {run.task}, seed {run.seed}: {run.steps} of {steps} steps")
+            )
+    return short
+
+
+def as_json(results: list[StudyResult]) -> list[dict[str, Any]]:
+    return [r.model_dump(mode="json") for r in results]
