@@ -41,8 +41,7 @@ from transformer_zoo.core.positional import add_positions, position_starts
 from transformer_zoo.core.stack import StackOutput
 from transformer_zoo.registry import hookimpl
 
-from .hf import is_bert, load_bert
-from .hf_save import save_hf
+from .hf import is_bert, load_bert, save_bert
 
 
 # ---- modules --------------------------------------------------------------------------------
@@ -390,7 +389,7 @@ BERT_IMPORTER = Importer(
     load=load_bert,
     family="bert",
     format="hf",
-    save=save_hf,
+    save=save_bert,
 )
 
 

@@ -20,8 +20,7 @@ from transformer_zoo.core.model import Importer
 from transformer_zoo.core.options import MAX_VOCAB, HeadField, Variant
 from transformer_zoo.registry import hookimpl
 
-from .hf import is_marian, load_marian
-from .hf_save import save_marian
+from .hf import is_marian, load_marian, save_marian
 
 
 class TransformerConfig(EncoderDecoderConfig):
