@@ -141,7 +141,9 @@ def _attention(args: argparse.Namespace) -> Any:
     ]
 
 
-def _trials(text: str) -> int | str:
+def _tune(text: str) -> Any:
+    """``--tune``: off, or a number of trials as a :class:`~transformer_zoo.comparing.tuning.TuneSpec`
+    of that many (whose other settings the spec's own ``tune:`` section replaces, where it has one)."""
     if text == "off":
         return text
     try:
@@ -150,7 +152,14 @@ def _trials(text: str) -> int | str:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is neither a number of trials (1 or more) nor off")
-    return value
+    from pydantic import ValidationError
+
+    from .comparing.tuning import TuneSpec
+
+    try:
+        return TuneSpec(trials=value)
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} trials: {exc.errors()[0]['msg']}") from None
 
 
 def _compare(args: argparse.Namespace) -> Any:
@@ -169,12 +178,13 @@ def _compare(args: argparse.Namespace) -> Any:
     }
     if args.address is not None:
         given.setdefault("executor", "ray")
-    if args.tune == "off":
-        given["tune"] = None
-    elif args.tune is not None:
-        given["tune"] = {**(spec.tune.model_dump(mode="json") if spec.tune else {}), "trials": args.tune}
     if given:
         spec = load_spec({**spec.model_dump(mode="json"), **given})
+    if args.tune == "off":
+        spec = spec.model_copy(update={"tune": None})
+    elif args.tune is not None:  # the spec's own search, if it has one, with the trials asked for
+        tune = args.tune if spec.tune is None else spec.tune.model_copy(update={"trials": args.tune.trials})
+        spec = spec.model_copy(update={"tune": tune})
     out = args.out or Path("reports") / spec.name
     with job():  # one process, or one of torchrun's
         results = compare(spec, out, rerun=args.rerun)
@@ -406,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rerun", action="store_true", help="train every run again, ignoring finished runs in the cache")
     p.add_argument(
         "--tune",
-        type=_trials,
+        type=_tune,
         metavar="TRIALS|off",
         help="tune every variant with this many trials before comparing (the spec's tune: section, or the "
         "learning rate on a log scale; the [tune] extra), or off: compare at the spec's own settings",

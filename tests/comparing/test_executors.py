@@ -345,11 +345,18 @@ def test_a_run_job_and_a_trial_job_are_picklable_and_a_trial_is_named_by_its_num
     import pickle
 
     from transformer_zoo.comparing.runs import Job
-    from transformer_zoo.comparing.tuning import TrialJob
+    from transformer_zoo.comparing.tuning import TrialJob, TuneSpec
 
     run = RunJob(name="r", config={}, run_dir="r", invocation="now", probes=("attention",), tags={"seed": "0"})
     trial = TrialJob(
-        name="t", config={}, run_dir="t", invocation="now", journal="j.log", study="s", number=3, tune={"rungs": 2}
+        name="t",
+        config={},
+        run_dir="t",
+        invocation="now",
+        journal="j.log",
+        study="s",
+        number=3,
+        tune=TuneSpec(rungs=2),
     )
     for job in (run, trial):
         assert isinstance(job, Job) and pickle.loads(pickle.dumps(job)) == job

@@ -234,6 +234,17 @@ def test_a_model_path_a_variant_lacks_is_refused_before_anything_trains(presence
     assert not (tmp_path / "tuning" / "trials").exists()
 
 
+def test_tune_on_the_command_line_is_a_tune_spec_as_the_spec_and_the_trials_hold_it():
+    import dataclasses
+
+    from transformer_zoo.cli import build_parser
+    from transformer_zoo.comparing.tuning import TrialJob, TuneSpec
+
+    assert build_parser().parse_args(["compare", "--tune", "3"]).tune == TuneSpec(trials=3)
+    assert build_parser().parse_args(["compare", "--tune", "off"]).tune == "off"
+    assert {f.name: f.type for f in dataclasses.fields(TrialJob)}["tune"] == "TuneSpec"
+
+
 def test_tune_on_the_command_line_sets_the_trials_or_turns_tuning_off(presence, tmp_path, capsys):
     from transformer_zoo.cli import main
 

@@ -283,7 +283,6 @@ def run_tuning(tuning: Tuning, executor: Executor, parallel: int, invocation: st
     """Every study's trials, round by round, through ``executor`` (``parallel`` new trials of each
     study a round); returns what each found. The Optuna trials stay here: a job names its trial by
     study and number, and the study is told its result here."""
-    tune = tuning.spec.model_dump(mode="json")
     total = tuning.spec.per_study * len(tuning.studies)
     for batch in tuning.rounds(parallel):
         trials: dict[str, tuple[tuple[str, str], Any]] = {}  # by run folder: the pair and Optuna's trial
@@ -298,7 +297,7 @@ def run_tuning(tuning: Tuning, executor: Executor, parallel: int, invocation: st
                 journal=tuning.journal,
                 study=tuning.names[pair],
                 number=trial.number,
-                tune=tune,
+                tune=tuning.spec,
             )
             trials[job.run_dir] = (pair, trial)
             jobs.append(job)

@@ -214,13 +214,13 @@ class TrialJob(Job):
         journal: the studies' journal file.
         study: the name of its study there.
         number: the trial's number in its study.
-        tune: the spec's ``tune`` section, as JSON data.
+        tune: the spec's ``tune`` section.
     """
 
     journal: str
     study: str
     number: int
-    tune: dict[str, Any]
+    tune: TuneSpec
 
     def execute(self, where: str = "") -> TrialResult:
         _, _, config, task = start_job(self, where)
@@ -240,7 +240,7 @@ def execute_trial(job: TrialJob, config: TrainConfig, task: Any) -> TrialResult:
     pruned = False
     with trainer.lock():
         trainer.setup(resume=True)
-        for rung in rung_steps(config.steps, job.tune["rungs"]):
+        for rung in rung_steps(config.steps, job.tune.rungs):
             if rung <= trainer.reached and rung != config.steps:
                 continue
             left = None  # one time budget for the whole trial, not one per rung
@@ -251,7 +251,7 @@ def execute_trial(job: TrialJob, config: TrainConfig, task: Any) -> TrialResult:
             if reached.summary is not None or reached.step < rung:  # the last step, or the time ran out
                 break
             trial.report(scores[rung], rung)
-            if job.tune["prune"] and trial.should_prune():
+            if job.tune.prune and trial.should_prune():
                 pruned = True
                 break
     metric = f"{VALIDATION}_{task.metric}"
@@ -273,10 +273,9 @@ def _storage(optuna: Any, journal: str) -> Any:
     return optuna.storages.JournalStorage(backend)
 
 
-def _study(optuna: Any, storage: Any, name: str, tune: dict[str, Any], direction: str | None = None) -> Any:
-    """The study ``name`` in ``storage``, with the spec's sampler and pruner (created when
+def _study(optuna: Any, storage: Any, name: str, spec: TuneSpec, direction: str | None = None) -> Any:
+    """The study ``name`` in ``storage``, with ``spec``'s sampler and pruner (created when
     ``direction`` is given and it does not exist yet)."""
-    spec = TuneSpec.model_validate(tune)
 
     def tpe(seed: int) -> Any:
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(spec.startup_trials, 1))
@@ -338,7 +337,7 @@ class Tuning:
                 self.optuna,
                 self.storage,
                 self.names[pair],
-                spec.model_dump(mode="json"),
+                spec,
                 "maximize" if metrics[pair[1]][1] == "higher" else "minimize",
             )
             for pair in self.base
