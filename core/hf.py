@@ -410,9 +410,15 @@ def _fill_group(
         placement.problems += [
             f"{name} differs from {first_name}, but the config ties them ({', '.join(group)} are one tensor)"
             for _, name, tensor, _ in copies[1:]
-            if not (tensor.is_meta or first.is_meta or torch.equal(tensor, first))
+            if not _copies_agree(tensor, first)
         ]
         placement.tensors[group[0]] = first
+
+
+def _copies_agree(copy: Tensor, first: Tensor) -> bool:
+    """Whether two copies of one tensor in a checkpoint hold the same values; copies read from a
+    header (on the ``meta`` device) hold none, and agree."""
+    return copy.is_meta or first.is_meta or torch.equal(copy, first)
 
 
 def _missing(spec: HFMap, matched: tuple[Weight, re.Match[str]] | None, ours: str, lead: str) -> str:
