@@ -197,3 +197,12 @@ def test_a_cached_record_this_version_cannot_read_is_trained_again(tmp_path, cap
     again = compare(spec, tmp_path)
     assert [r.reused for r in again.runs] == [False] and again.runs[0].metrics == first.runs[0].metrics
     assert "better" in json.loads(path.read_text()), "the record is written again, whole"
+
+
+def test_a_run_folder_whose_files_do_not_read_as_json_is_a_run_to_train(tmp_path):
+    from transformer_zoo.comparing.runs import ATTEMPTS, finished_record, started_where
+
+    (tmp_path / RECORD).write_text('{"variant": ')
+    assert finished_record(tmp_path) is None, "a torn record is trained again"
+    (tmp_path / ATTEMPTS).write_text("{")
+    assert started_where(tmp_path, "x") == (0, ""), "a file being replaced as it is read: no start seen yet"

@@ -87,3 +87,24 @@ def test_a_folder_of_another_config_is_refused(tmp_path):
     saver.save(2, model, optimizers, schedulers, [])
     with pytest.raises(RunFolderError, match=r"trained with another config \(seed: 0 -> 1\)"):
         Checkpointer(tiny(1)[0], tmp_path).resumable()
+
+
+def test_one_reader_reads_the_run_sides_json_and_names_a_file_that_is_not_json(tmp_path):
+    from transformer_zoo.training.run_folder import CheckpointError, read_json
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"step": 3, "loss": float("nan")}))  # as json.dumps writes it, NaN included
+    assert read_json(good)["step"] == 3
+    torn, garbage = tmp_path / "torn.json", tmp_path / "garbage.json"
+    torn.write_text('{"step": 3')
+    garbage.write_bytes(b"\xff\x00")
+    for path, message in (
+        (tmp_path / "missing.json", "is missing"),
+        (torn, "is not readable JSON"),
+        (garbage, "is not readable JSON"),
+    ):
+        with pytest.raises(RunFolderError, match=message) as caught:
+            read_json(path)
+        assert str(caught.value).startswith(str(path))
+    with pytest.raises(CheckpointError, match="torn.json is not readable JSON"):
+        read_json(torn, CheckpointError)

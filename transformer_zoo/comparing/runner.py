@@ -40,7 +40,7 @@ from ..training import distributed
 from ..training.config import TrainConfig, model_config_for
 from ..training.interrupts import TrainingInterrupted
 from ..training.placement import resolve_device
-from ..training.run_folder import check_folder
+from ..training.run_folder import RunFolderError, check_folder, read_json
 from .cache import RunCache, run_key
 from .executors import (
     Executor,
@@ -123,8 +123,11 @@ def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_d
     }
     path = out_dir / "scaling.json"
     if path.is_file():
-        saved = json.loads(path.read_text())
-        if saved.get("key") == key:
+        try:
+            saved = read_json(path)
+        except RunFolderError:  # a damaged file: measured again, and written whole
+            saved = {}
+        if isinstance(saved, dict) and saved.get("key") == key:
             return [ScalingPoint.model_validate(p) for p in saved["points"]]
     points = measure_scaling(models, task, spec.scaling, device, progress=sys.stderr.isatty())  # no bar in a log
     text = json.dumps({"key": key, "points": [p.model_dump() for p in points]})

@@ -28,6 +28,7 @@ from ..core.files import atomic_write
 from ..training import distributed
 from ..training.config import TrainConfig
 from ..training.placement import resolve_device
+from ..training.run_folder import RunFolderError, read_json
 from ..training.step import Stepper
 from ..training.trainer import train
 from .probes import run_probes
@@ -104,15 +105,15 @@ def available_cores() -> int:
 
 def finished_record(run_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The record of a finished run folder, or None: also for a record that is no
-    :class:`RunRecord` (one written before records carried a field they must have now), whose run
-    is then trained again."""
+    :class:`RunRecord` (one written before records carried a field they must have now, or one
+    that does not read as JSON), whose run is then trained again."""
     path = Path(run_dir) / RECORD
     if not path.is_file():
         return None
-    record = json.loads(path.read_text())
     try:
+        record = read_json(path)
         RunRecord.model_validate(record)
-    except ValidationError:
+    except (RunFolderError, ValidationError):
         return None
     return record
 
@@ -130,9 +131,11 @@ def started_where(run_dir: str | os.PathLike, invocation: str) -> tuple[int, str
         OSError: the folder cannot be read (a shared file system gone, say).
     """
     try:
-        seen = json.loads((Path(run_dir) / ATTEMPTS).read_text())
-    except (FileNotFoundError, ValueError):
-        return 0, ""
+        seen = read_json(Path(run_dir) / ATTEMPTS)
+    except RunFolderError as exc:
+        if isinstance(exc.__cause__, OSError) and not isinstance(exc.__cause__, FileNotFoundError):
+            raise exc.__cause__ from None
+        return 0, ""  # not started yet, or the file is being replaced as it is read
     if seen.get("invocation") != invocation:
         return 0, ""
     return seen.get("attempts", 0), seen.get("where", "")
@@ -145,8 +148,8 @@ def count_attempt(run_dir: Path, invocation: str, where: str = "") -> tuple[int,
     started."""
     now = time.time()
     try:
-        seen = json.loads((run_dir / ATTEMPTS).read_text())
-    except (OSError, ValueError):
+        seen = read_json(run_dir / ATTEMPTS)
+    except RunFolderError:
         seen = {}
     if seen.get("invocation") != invocation:
         seen = {"attempts": 0, "first_started": now}

@@ -229,8 +229,8 @@ def _written_step(folder: Path) -> int | None:
     if not all((folder / name).is_file() for name in FILES):
         return None
     try:
-        step = json.loads((folder / "state.json").read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
+        step = read_json(folder / "state.json").get("step")
+    except (RunFolderError, AttributeError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
@@ -263,7 +263,7 @@ def read_state(folder: Path, steps: int) -> dict[str, Any]:
         CheckpointError: it is missing, unreadable, or a value is missing or of the wrong kind.
     """
     path = folder / "state.json"
-    state = _read_json(path)
+    state = read_json(path, CheckpointError)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds {type(state).__name__}, not a mapping of step, rng and history")
     missing = [key for key in ("step", "rng", "history") if key not in state]
@@ -294,13 +294,22 @@ def _is_bytes(value: Any, size: int | None) -> bool:
     )
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: str | os.PathLike, error: type[RunFolderError] = RunFolderError) -> Any:
+    """The JSON value in ``path``: the one reader of the JSON files the run side writes (a
+    checkpoint's ``state.json``, ``plugins.json``, a run's record and attempts, a comparison's
+    measurements, a study's verdict), all read alike, as :func:`json.dumps` writes them.
+
+    Raises:
+        error: naming the file: it is missing, cannot be read, or is not JSON (a truncated
+            write, bytes that are not UTF-8, a syntax error); its ``__cause__`` is the
+            ``OSError`` or ``ValueError`` underneath.
+    """
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON ({_reason(exc)})") from None
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise error(f"{path} is missing") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise error(f"{path} is not readable JSON ({_reason(exc)})") from exc
 
 
 def _reason(exc: BaseException) -> str:
@@ -317,7 +326,7 @@ def check_weights(folder: Path, model: torch.nn.Module) -> None:
     Raises:
         CheckpointError: naming the file, and the tensor that does not fit.
     """
-    _read_json(folder / "config.json")
+    read_json(folder / "config.json", CheckpointError)
     path = folder / "model.safetensors"
     try:
         with safetensors.safe_open(str(path), framework="pt") as f:
@@ -435,7 +444,7 @@ def read_plugins(run_dir: Path) -> dict[str, str] | None:
     """The run folder's :data:`PLUGINS` record; None when there is none (a run saved before it
     was kept) or it is unreadable (it only ever adds a hint to an error)."""
     try:
-        record = json.loads((run_dir / PLUGINS).read_text())
-    except (OSError, ValueError):
+        record = read_json(run_dir / PLUGINS)
+    except RunFolderError:
         return None
     return record if isinstance(record, dict) else None

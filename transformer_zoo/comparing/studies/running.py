@@ -14,6 +14,7 @@ from typing import Any
 from ...core.errors import ConfigError, ZooError
 from ...core.files import atomic_write
 from ...registry import get_registry
+from ...training.run_folder import read_json
 from ..progress import duration
 from ..runner import ComparisonInterrupted, compare
 from .pages import studies_table_lines, study_lines
@@ -112,7 +113,7 @@ def reproduce_all(
         carry = list(dict.fromkeys([*(plugins or []), *carried]))
         results = _side_by_side(studies, out_dir, scale, overrides, carry, at_once, failed)
     wall = time.perf_counter() - started
-    done = [StudyResult.model_validate_json(p.read_text()) for p in sorted(out_dir.glob("*/verdict.json"))]
+    done = [StudyResult.model_validate(read_json(p)) for p in sorted(out_dir.glob("*/verdict.json"))]
     ran = f"This call ran {len(results)} of {len(studies)} studies, {at_once} at a time, in {duration(wall)} of wall time."
     page = "\n".join(
         [
@@ -181,7 +182,7 @@ def _side_by_side(
                 process.join()
                 verdict = out_dir / study.name / "verdict.json"
                 if process.exitcode == 0 and verdict.is_file():
-                    result = StudyResult.model_validate_json(verdict.read_text())
+                    result = StudyResult.model_validate(read_json(verdict))
                     results.append(result)
                     say(f"{study.name}: {result.verdict} ({duration(result.wall_seconds)})")
                 else:
