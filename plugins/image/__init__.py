@@ -9,7 +9,7 @@ only, are beside this file in :mod:`.kernels`.
 
 A Hugging Face ``transformers`` ViT folder (``ViTForImageClassification``) loads into the patch
 encoder (:mod:`.hf`), and a patch encoder with ``positional: learned`` saves as one
-(``save_pretrained(folder, format="hf")``, :mod:`.hf_save`).
+(``save_pretrained(folder, format="hf")``), both through the name map in :mod:`.hf`.
 
 Presets, sized for 8x8 digits: ``vit-tiny`` (2x2 patches, full attention), ``image-transformer-tiny``
 (every pixel a token, ``local-2d`` attention) and ``sagan-classifier-tiny`` (two convolution

@@ -6,7 +6,7 @@ and label-smoothed cross-entropy (epsilon 0.1). The warm-up then inverse-square-
 learning-rate schedule (eq. 3) is training's ``schedule: inverse-sqrt`` with
 ``lr = (d_model * warmup_steps) ** -0.5``. Everything is composed from the core; this file
 holds only the paper's defaults and presets, and the importer of Hugging Face ``MarianMTModel``
-folders (:mod:`.hf`, read; :mod:`.hf_save`, ``save_pretrained(format="hf")``).
+folders, which ``save_pretrained(format="hf")`` also writes (:mod:`.hf`, a name map on the bridge).
 """
 
 from __future__ import annotations
