@@ -140,11 +140,20 @@ class BatchNormOptions(NormOptions):
 
 
 # ---- feed-forward -------------------------------------------------------------------------
-class MLPOptions(FFNOptions):
+Activation = Literal["relu", "gelu", "silu"]
+"""The non-linearities of the feed-forward kinds (:data:`~transformer_zoo.core.layers.ACTIVATIONS`)."""
+
+
+class _ActivatedOptions(FFNOptions):
+    """What the feed-forward kinds share: a non-linearity (ReLU unless a kind says otherwise)."""
+
+    activation: Activation = Field("relu", description="non-linearity")
+
+
+class MLPOptions(_ActivatedOptions):
     """Two linear maps with an activation between (Vaswani et al. 2017, eq. 2)."""
 
     kind: Literal["mlp"] = "mlp"
-    activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity")
     inner_dropout: bool = Field(
         True, description="dropout between the two projections (nn.Transformer has it, BERT not)"
     )
@@ -153,17 +162,17 @@ class MLPOptions(FFNOptions):
         return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout if self.inner_dropout else 0.0)
 
 
-class GatedOptions(FFNOptions):
+class GatedOptions(_ActivatedOptions):
     """Gated linear unit FFN: GEGLU with gelu, SwiGLU with silu (Shazeer 2020)."""
 
     kind: Literal["gated"] = "gated"
-    activation: Literal["relu", "gelu", "silu"] = Field("silu", description="non-linearity on the gate")
+    activation: Activation = Field("silu", description="non-linearity on the gate (SwiGLU by default)")
 
     def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
         return GatedFeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
 
 
-class MoEOptions(FFNOptions):
+class MoEOptions(_ActivatedOptions):
     """Mixture of experts: a router sends each token to its top-k of ``experts`` MLPs, each within a
     capacity (Switch Transformer, Fedus et al. 2021, with top-1; Shazeer et al. 2017 and GShard,
     Lepikhin et al. 2020, with top-2). Its load-balancing loss joins the model's loss; the stacks
@@ -183,7 +192,6 @@ class MoEOptions(FFNOptions):
         ge=0.0,
         description="alpha of the load-balancing loss alpha * experts * sum_i f_i P_i added to the model's loss",
     )
-    activation: Literal["relu", "gelu", "silu"] = Field("relu", description="non-linearity of the experts")
 
     @model_validator(mode="after")
     def _enough_experts(self) -> MoEOptions:
