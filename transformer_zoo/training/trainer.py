@@ -73,12 +73,8 @@ class Trainer:
         placement, checkpointer, stepper: the trainer's parts (the stepper from :meth:`attach` on).
         task: the task (given, or built by :meth:`setup`).
         model: the model trained (sharded in place under ``parallel: fsdp``).
-        phases: the model's training phases, stepped in turn on every batch.
-        optimizers, schedulers: each phase's AdamW and learning-rate schedule, by phase name.
         start: the first step of the latest :meth:`run_until` (the checkpoint's step when resuming).
         reached: the last step taken.
-        saved: the step of the run folder's checkpoint (None: it has none).
-        resumed_from: the checkpoint's step when resuming; None for a run from scratch.
         history: the learning curve so far.
         step_flops: FLOPs of one step over the global batch, counted on the first step this trainer takes.
     """
@@ -118,27 +114,6 @@ class Trainer:
         self.step_flops: float | None = None
         self.name, self.tags, self.trackers = name, tags or {}, Trackers([])  # opened by run_until
         self._started = time.perf_counter()
-
-    # the parts' state, under the names a trainer has always given it
-    @property
-    def phases(self) -> list:
-        return [] if self.stepper is None else self.stepper.phases
-
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {} if self.stepper is None else self.stepper.optimizers
-
-    @property
-    def schedulers(self) -> dict[str, Any]:
-        return {} if self.stepper is None else self.stepper.schedulers
-
-    @property
-    def saved(self) -> int | None:
-        return self.checkpointer.saved
-
-    @property
-    def resumed_from(self) -> int | None:
-        return self.checkpointer.resumed_from
 
     # ---- setup ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -204,15 +179,6 @@ class Trainer:
         self.stepper = Stepper(self.config, self.task, model, self.placement)
         return self
 
-    def load_checkpoint(self, checkpoint: Path) -> None:
-        """Continue from ``checkpoint`` (:meth:`~transformer_zoo.training.checkpointing.Checkpointer.load`):
-        its weights (into the model, before :meth:`attach`), step, learning curve and random state.
-
-        Raises:
-            CheckpointError: a file of it does not read or does not fit the model.
-        """
-        self.resumed(self.checkpointer.load(checkpoint, self.model))
-
     def resumed(self, state: dict[str, Any]) -> None:
         """Take the step and learning curve of a checkpoint's ``state.json``."""
         self.start = self.reached = state["step"]
@@ -225,7 +191,9 @@ class Trainer:
             CheckpointError: the checkpoint holds the optimizers of other phases, or states that
                 do not fit them.
         """
-        self.checkpointer.load_optimizer_states(checkpoint, self.start, self.model, self.optimizers, self.schedulers)
+        self.checkpointer.load_optimizer_states(
+            checkpoint, self.start, self.model, self.stepper.optimizers, self.stepper.schedulers
+        )
 
     # ---- a step, evaluate, save ---------------------------------------------------------------
     def batch(self, step: int) -> dict[str, torch.Tensor]:
@@ -280,7 +248,7 @@ class Trainer:
             TrainingDiverged: a weight or an optimizer state is not finite; nothing is written,
                 and the run folder keeps its checkpoint.
         """
-        self.checkpointer.save(step, self.model, self.optimizers, self.schedulers, self.history)
+        self.checkpointer.save(step, self.model, self.stepper.optimizers, self.stepper.schedulers, self.history)
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, stop_after: int | None = None) -> dict[str, Any]:
@@ -351,39 +319,46 @@ class Trainer:
 
     def stop(self, done: int) -> None:
         """Save step ``done`` (unless its checkpoint is written) and raise :class:`TrainingInterrupted`."""
-        if self.run_dir is not None and self.saved != done:
+        if self.run_dir is not None and self.checkpointer.saved != done:
             self.save(done)
         raise self.interrupted()
 
     def interrupted(self) -> TrainingInterrupted:
         """The interruption of this run, saying where it stopped, what is saved and how to resume."""
         where = f"at step {self.reached} of {self.config.steps}" if self.model is not None else "before training began"
+        step = self.checkpointer.saved
         if self.run_dir is None:
             saved = "; nothing is saved (the trainer has no run folder)"
-        elif self.saved is None:
+        elif step is None:
             saved = "; no checkpoint is saved: the next run starts from step 0"
         else:
-            kept = "saved" if self.saved == self.reached else "without saving it; kept"
+            kept = "saved" if step == self.reached else "without saving it; kept"
             saved = (
-                f", {kept}: the checkpoint of step {self.saved} in {self.run_dir / CHECKPOINT}; run the same "
-                f"command again to resume from step {self.saved}"
+                f", {kept}: the checkpoint of step {step} in {self.run_dir / CHECKPOINT}; run the same "
+                f"command again to resume from step {step}"
             )
         return TrainingInterrupted(
-            f"interrupted {where}{saved}", self.reached if self.model is not None else None, self.saved
+            f"interrupted {where}{saved}", self.reached if self.model is not None else None, step
         )
 
     def after_step(self, done: int, losses: dict[str, float]) -> float:
         """The learning curve, evaluation and checkpoint due after step ``done``; returns the
         headline loss (the first phase's; the global batch's where recorded)."""
-        config, first = self.config, self.phases[0].name
+        config, first = self.config, self.stepper.phases[0].name
         loss = losses[first]
         if done % config.log_every == 0 or done == config.steps:
             loss = self.placement.mean(loss)  # the global batch's
-            several = len(self.phases) > 1
+            several = len(self.stepper.phases) > 1
             phase_losses = {f"loss_{name}": value for name, value in losses.items()} if several else {}
             norms = {f"grad_norm_{name}" if several else "grad_norm": self.stepper.grad_norm(name) for name in losses}
             self.history.append(
-                {"step": done, "loss": loss, **phase_losses, "lr": self.schedulers[first].get_last_lr()[0], **norms}
+                {
+                    "step": done,
+                    "loss": loss,
+                    **phase_losses,
+                    "lr": self.stepper.schedulers[first].get_last_lr()[0],
+                    **norms,
+                }
             )
             self.track(self.history[-1])
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
@@ -423,7 +398,7 @@ class Trainer:
             "train_tokens_per_second": self.tokens / max(elapsed, 1e-9),
             **flop_rates(self.step_flops, end - self.start, elapsed, peak, placement.here.size),
             "history": self.history,
-            "resumed_from": self.resumed_from,  # the checkpoint's step this invocation began at; None: from scratch
+            "resumed_from": self.checkpointer.resumed_from,  # the checkpoint's step this invocation began at; None: from scratch
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         model.save_pretrained(self.run_dir / "model")
