@@ -141,6 +141,26 @@ def test_bench_lists_the_benchmarks_and_runs_one_with_a_json_record(tmp_path, ca
     assert "no benchmark 'nope'; benchmarks: transformer, bert" in capsys.readouterr().err
 
 
+def test_bench_loads_the_checkouts_benchmarks_and_never_a_folder_of_the_working_directory(
+    tmp_path, monkeypatch, capsys
+):
+    from pathlib import Path
+
+    checkout = Path(__file__).resolve().parent.parent
+    marker = tmp_path / "imported"
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\nBENCHMARKS = {{}}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path, str(checkout)])  # as python -m puts the folder first
+    for name in [name for name in sys.modules if name == "benchmarks" or name.startswith("benchmarks.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["bench", "--json"]) == 0
+    listed = [row["benchmark"] for row in json.loads(capsys.readouterr().out)]
+    assert not marker.exists(), "the working folder's benchmarks/ was imported"
+    assert "transformer" in listed
+    assert Path(sys.modules["benchmarks"].__file__) == checkout / "benchmarks" / "__init__.py"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 def test_a_benchmark_asked_for_cuda_without_it_says_so(capsys):
     assert main(["bench", "decoding", "--device", "cuda", "--new-tokens", "2", "--d-model", "8", "--layers", "1"]) == 2

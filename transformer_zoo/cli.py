@@ -221,20 +221,33 @@ def _bench(args: argparse.Namespace) -> Any:
 
 
 def _benchmarks() -> Any:
-    """The ``benchmarks`` package of a checkout: beside this package's source (an editable
-    install) or in the working folder. A wheel does not carry it."""
-    import importlib
+    """The ``benchmarks`` package of this checkout: the folder beside this package's source (an
+    editable install), loaded from there by its path, never from the working folder or the import
+    path, so a ``benchmarks/`` folder elsewhere is never imported. A wheel does not carry it."""
+    import importlib.util
 
-    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
-        if (root / "benchmarks" / "__init__.py").is_file():
-            if str(root) not in sys.path:
-                sys.path.insert(0, str(root))
-            return importlib.import_module("benchmarks")
-    raise ZooError(
-        "the benchmarks are not part of the installed package; they live in the benchmarks/ folder of "
-        "a checkout of transformer-zoo: install it with pip install -e . and run tzoo bench from there "
-        "(or python -m benchmarks NAME in its root)"
-    )
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    init = folder / "__init__.py"
+    if not init.is_file():
+        raise ZooError(
+            "the benchmarks are not part of the installed package; they live in the benchmarks/ folder of "
+            "a checkout of transformer-zoo: install it with pip install -e . (tzoo bench then finds them from any "
+            "folder), or run python -m benchmarks NAME in its root"
+        )
+    loaded = sys.modules.get("benchmarks")
+    if loaded is not None and Path(getattr(loaded, "__file__", None) or "").resolve() == init:
+        return loaded
+    for name in [name for name in sys.modules if name == "benchmarks" or name.startswith("benchmarks.")]:
+        del sys.modules[name]  # another folder's, which this one replaces with its submodules
+    spec = importlib.util.spec_from_file_location("benchmarks", init, submodule_search_locations=[str(folder)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmarks"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["benchmarks"]
+        raise
+    return module
 
 
 def _plain(text: str) -> str:
