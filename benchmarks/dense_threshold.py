@@ -16,8 +16,8 @@ import math
 
 import torch
 
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.core.local_attention import DENSE_UP_TO, PatternKernel
-from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.plugins.image.kernels import Local2dPattern
 from transformer_zoo.plugins.local_global.kernels import Pattern
 

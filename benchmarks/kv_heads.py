@@ -18,8 +18,8 @@ import argparse
 import torch
 
 import transformer_zoo as tz
+from transformer_zoo.core.cache import DecoderCache
 from transformer_zoo.core.decoding import DecodeStep, greedy_decode
-from transformer_zoo.core.stack import DecoderCache
 
 from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, write_json
 

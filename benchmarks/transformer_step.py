@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import transformer_zoo as tz
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask
 
 from .common import add_device_options, autocast, bench_parser, device_name, device_of, paired_medians, write_json
 

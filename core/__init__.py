@@ -1,9 +1,12 @@
 """The core: the interfaces and building blocks every family composes.
 
-What lives here: the options models and their validation (:mod:`.options`), the attention module
-and the kernels more than one family uses (:mod:`.attention`, :mod:`.local_attention`), positions,
-norms, feed-forwards, stacks and heads, the base :class:`~.model.EncoderDecoder` and its config,
-masks, decoding, the task contract (:mod:`.tasks`), weights on disk (:mod:`.weights`) and errors.
+What lives here: the options models and configs (:mod:`.options`, validated by
+:mod:`.validation`; the builders they unpack into, :mod:`.builders`), the inputs and positions
+(:mod:`.embedding`, :mod:`.relative`), attention and its kernels (:mod:`.attention`,
+:mod:`.local_attention`), layers and stacks (:mod:`.layers`, :mod:`.recurrent`, :mod:`.moe`),
+the base :class:`~.model.EncoderDecoder` and its heads (:mod:`.model`, :mod:`.heads`), decoding
+and its caches (:mod:`.decoding`, :mod:`.cache`), the task contract (:mod:`.tasks`), folders on
+disk (:mod:`.weights`, :mod:`.hf`) and errors.
 
 What it may import: nothing else of the package. The registry, the plugins, training and
 comparing build on it; a kernel that one family alone uses lives beside that family's plugin.

@@ -1,4 +1,4 @@
-"""Multi-head attention (Vaswani et al. 2017, section 3.2), its kernels and its key/value cache.
+"""Multi-head attention (Vaswani et al. 2017, section 3.2), its kernels and its mask description.
 
 One module, :class:`MultiHeadAttention`, does what every attention kind shares: the query, key
 and value projections, the key/value cache of incremental decoding, the in-attention positions
@@ -14,19 +14,22 @@ parameters (talking-heads attention's head mixing), which the module registers a
 written-out formula. Every kernel divides the scores by ``sqrt(d_k)``; a module given another
 ``scale`` multiplies its queries by ``scale * sqrt(d_k)`` first, so any kernel computes
 ``softmax(scale * Q K^T) V`` (``scale=1.0``: the unscaled dot products that section 3.2.1 of
-the paper argues against at large ``d_k``).
+the paper argues against at large ``d_k``). Kernels receive an :class:`AttentionMask`, a
+description (padding, causal, explicit) rather than a dense matrix, so that each can pick its
+fastest computation; the key/value caches of decoding are in :mod:`.cache`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .masks import AttentionMask
+from .errors import InputTypeError
 
 
 class Kernel(Protocol):
@@ -35,7 +38,7 @@ class Kernel(Protocol):
     Args:
         q: queries ``(B, H, Tq, Dh)``; k, v: keys and values ``(B, H, Tk, Dh)``. With a cache,
             ``Tq < Tk`` and the queries are the last ``Tq`` positions (end-aligned).
-        mask: which keys each query may see (:class:`~transformer_zoo.core.masks.AttentionMask`):
+        mask: which keys each query may see (:class:`~transformer_zoo.core.attention.AttentionMask`):
             padding, causal, and an explicit mask some kinds set.
         bias: float, broadcastable to ``(B, H, Tq, Tk)``, added to the scores before the softmax
             (ALiBi); None without one. A kernel that never forms the scores raises a ValueError
@@ -59,6 +62,21 @@ class Kernel(Protocol):
         dropout_p: float,
         need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]: ...
+
+
+class Cache(Protocol):
+    """What attention reads and extends of a key/value cache (:class:`~.cache.KVCache` is one)."""
+
+    key: Tensor | None
+    value: Tensor | None
+    state: dict[str, Tensor]  # what a kind keeps between decoding steps, batch first
+
+    @property
+    def start(self) -> int | Tensor: ...  # the position of the first new query
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]: ...  # every key and value so far
+
+    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask: ...  # the keys the new queries see
 
 
 def apply_weights(weights: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -124,97 +142,6 @@ def sdpa_kernel(
     if bias is not None:
         dense = bias if dense is None else bias.masked_fill(~dense, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=dense, dropout_p=dropout_p), None
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, for one attention module.
-
-    Self-attention appends the new tokens' keys and values at every step; cross-attention
-    stores the projected encoder memory once and reuses it. ``state`` holds whatever else a kind
-    keeps between decoding steps (its ``kernel_inputs`` hook reads and writes it, by names of its
-    choosing): tensors with the batch first, so that :meth:`reorder` can select their rows too.
-
-    Args:
-        in_place: :meth:`reorder` writes the selected rows into the tensors it holds rather than
-            replacing them, so that their addresses stay fixed (a decoding step captured as a
-            CUDA graph reads them there).
-    """
-
-    def __init__(self, *, in_place: bool = False) -> None:
-        self.key: Tensor | None = None  # (B, H, T, Dh)
-        self.value: Tensor | None = None
-        self.state: dict[str, Tensor] = {}
-        self.in_place = in_place
-
-    def __len__(self) -> int:
-        return 0 if self.key is None else self.key.size(-2)
-
-    @property
-    def start(self) -> int | Tensor:
-        """The position of the next token's key: the number of keys held."""
-        return len(self)
-
-    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        if self.key is not None:
-            key = torch.cat([self.key, key], dim=-2)
-            value = torch.cat([self.value, value], dim=-2)
-        self.key, self.value = key, value
-        return key, value
-
-    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask:
-        """The mask of a self-attention call over what :meth:`append` returned: unchanged here
-        (the keys are exactly those seen so far, end-aligned with the queries)."""
-        return mask
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (beam search)."""
-
-        def select(tensor: Tensor) -> Tensor:
-            return tensor.copy_(tensor.index_select(0, index)) if self.in_place else tensor.index_select(0, index)
-
-        if self.key is not None:
-            self.key, self.value = select(self.key), select(self.value)
-        self.state = {name: select(tensor) for name, tensor in self.state.items()}
-
-
-class StaticKVCache(KVCache):
-    """Self-attention keys and values in buffers preallocated to ``capacity`` positions.
-
-    A step writes its keys at ``position`` (a 0-d long tensor on the device, shared by the
-    layers of one decoder and advanced by the model after each step) and attends over the whole
-    buffer, masked to the keys written so far (:meth:`visible`). Every shape and address is the
-    same at every step, so a step can be captured as a CUDA graph and replayed
-    (:class:`~transformer_zoo.core.decoding.DecodeStep`). Calls take no padding mask.
-    """
-
-    def __init__(self, capacity: int, position: Tensor) -> None:
-        super().__init__(in_place=True)
-        self.capacity = capacity
-        self.position = position
-
-    @property
-    def start(self) -> Tensor:
-        return self.position
-
-    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        if self.key is None:
-            shape = (*key.shape[:2], self.capacity, key.size(-1))
-            self.key, self.value = key.new_zeros(shape), value.new_zeros(shape)
-        index = self.position + torch.arange(key.size(-2), device=key.device)
-        self.key.index_copy_(2, index, key)
-        self.value.index_copy_(2, index, value)
-        return self.key, self.value
-
-    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask:
-        """Query ``i`` (at ``position + i``) sees the keys at or before it: the causal mask over
-        the buffer, which also hides the slots not written yet."""
-        if mask.padding is not None or mask.explicit is not None:
-            raise ValueError(
-                "a static key/value cache takes no padding or explicit mask; decode with the "
-                "dynamic cache (static_cache=False)"
-            )
-        q_pos = self.position + torch.arange(q_len, device=self.position.device)
-        return AttentionMask(explicit=torch.arange(self.capacity, device=q_pos.device)[None, :] <= q_pos[:, None])
 
 
 class AttentionPositional(nn.Module):
@@ -382,7 +309,7 @@ class MultiHeadAttention(nn.Module):
         return F.linear(x, self.in_proj.weight[rows], bias)
 
     def project(
-        self, x: Tensor, memory: Tensor | None = None, cache: KVCache | None = None
+        self, x: Tensor, memory: Tensor | None = None, cache: Cache | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Queries ``(B, H, T, Dh)``, keys and values ``(B, n_kv_heads, T, Dh)`` of every key so far,
         and the positional bias.
@@ -425,7 +352,7 @@ class MultiHeadAttention(nn.Module):
         return q, k, v, bias
 
     def kernel_inputs(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, cache: KVCache | None
+        self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, cache: Cache | None
     ) -> tuple[Tensor, Tensor, Tensor, AttentionMask, Tensor | None]:
         """What the kernel receives: the one place a kind changes queries, keys or values.
 
@@ -446,7 +373,7 @@ class MultiHeadAttention(nn.Module):
         memory: Tensor | None = None,
         *,
         mask: AttentionMask | None = None,
-        cache: KVCache | None = None,
+        cache: Cache | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` ``(B, Tq, D)`` to itself, or to ``memory`` ``(B, Tk, D)``.
@@ -475,3 +402,55 @@ class MathAttention(MultiHeadAttention):
 
     def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
         super().__init__(d_model, n_heads, kernel=math_kernel, **kwargs)
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """What a query may attend to: the keys allowed by all of the parts that are set.
+
+    Positions are aligned at the end. A call has ``q_len`` queries and ``k_len`` keys; with a
+    key/value cache ``q_len < k_len`` (the keys of earlier calls come first), and query ``i``
+    sits at key position ``k_len - q_len + i``. ``causal`` and every sparse pattern use these
+    positions, so a decoding step sees exactly what it would see in the whole sequence.
+
+    Attributes:
+        padding: ``(batch, k_len)`` bool, True for a real key, False for padding; or None. A
+            padded key is never attended to; a query whose keys are all padding gets zeros.
+        causal: whether a query may see only keys at its own position or earlier.
+        explicit: bool, broadcastable to ``(batch, heads, q_len, k_len)``, True where a query may
+            attend; for rules neither of the above describes, such as memory-compressed
+            attention's summaries (a kind's ``kernel_inputs`` hook sets it). None for most calls.
+    """
+
+    padding: Tensor | None = None
+    causal: bool = False
+    explicit: Tensor | None = None
+
+    def dense(self, q_len: int, k_len: int, device: torch.device | None = None) -> Tensor | None:
+        """The explicit mask, broadcastable to ``(batch, heads, q_len, k_len)``; True = may attend.
+        None when nothing is masked."""
+        mask = None
+        if self.causal:
+            q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+            mask = q_pos >= torch.arange(k_len, device=device)[None, :]  # (Tq, Tk)
+        if self.padding is not None:
+            pad = self.padding[:, None, None, :].to(device=device, dtype=torch.bool)  # (B, 1, 1, Tk)
+            mask = pad if mask is None else pad & mask
+        if self.explicit is not None:
+            explicit = self.explicit.to(device=device, dtype=torch.bool)
+            mask = explicit if mask is None else explicit & mask
+        return mask
+
+
+def as_padding_mask(mask: Tensor | None, ids: Tensor, name: str) -> Tensor | None:
+    """Check a user-given ``(batch, seq)`` mask (1/True = real token) against its ids."""
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor of shape (batch, seq), got {type(mask).__name__}")
+    if mask.shape != ids.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)} but its token ids have shape "
+            f"{tuple(ids.shape)}; expected the same (batch, seq) shape, 1 for real tokens and 0 for padding"
+        )
+    return mask.to(torch.bool)

@@ -1,28 +1,46 @@
-"""The config of the base encoder-decoder, shared by every family built on it.
+"""The base encoder-decoder's config, and the builders it unpacks into.
 
-A family subclasses :class:`EncoderDecoderConfig`, sets ``family`` and its paper's defaults;
-``build()`` describes the layers once (:meth:`~transformer_zoo.core.options.VariantConfig.layer_spec`)
-and unpacks the rest into :func:`~transformer_zoo.core.builders.encoder_decoder`, which returns an
-:class:`~transformer_zoo.core.model.EncoderDecoder`. Leave out ``decoder`` for an encoder-only
-model and ``encoder`` for a decoder-only one.
+A family subclasses :class:`EncoderDecoderConfig` with its paper's defaults. ``build()``
+describes the layers once (``layer_spec()``, a :class:`~transformer_zoo.core.options.LayerSpec`)
+and unpacks the rest into :func:`build_encoder_decoder`; leave out ``decoder`` for an
+encoder-only model, ``encoder`` for a decoder-only one. The builders (:func:`build_encoder_decoder`,
+:func:`positional_modules`, :func:`build_stack`, :func:`build_layer`) take the spec, options of
+the chosen kinds and plain sizes, and return modules; nothing in them reads a config or calls
+back into one (data flows one way: config, builder, modules).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import (
+    Field,
+    model_validator,
+)
+from torch import nn
 
-from . import builders
+from .attention import AttentionPositional
+from .embedding import Embeddings
+from .layers import TransformerLayer
 from .model import EncoderDecoder
 from .options import (
+    AttentionOptions,
+    HeadField,
+    HeadOptions,
+    LayerFields,
+    LayerSpec,
+    PositionalField,
+    PositionalOptions,
+    StackField,
+    StackOptions,
+    VariantConfig,
+)
+from .recurrent import StepSignal
+from .validation import (
     MAX_LENGTH,
     MAX_VOCAB,
-    HeadField,
-    LayerFields,
-    PositionalField,
-    StackField,
-    VariantConfig,
 )
 
 
@@ -87,7 +105,7 @@ class EncoderDecoderConfig(VariantConfig, LayerFields):
         return (self.tgt_vocab_size or self.vocab_size) if self.decoder is not None else self.vocab_size
 
     def build(self) -> EncoderDecoder:
-        return builders.encoder_decoder(
+        return build_encoder_decoder(
             self.layer_spec(),
             vocab_size=self.vocab_size,
             tgt_vocab_size=self.tgt_vocab_size,
@@ -101,3 +119,176 @@ class EncoderDecoderConfig(VariantConfig, LayerFields):
             decoder=self.decoder,
             positions_per_step=self.positions_per_step,
         )
+
+
+def build_encoder_decoder(
+    layer: LayerSpec,
+    *,
+    vocab_size: int,
+    max_len: int,
+    positional: PositionalOptions,
+    head: HeadOptions,
+    encoder: StackOptions | None = None,
+    decoder: StackOptions | None = None,
+    tgt_vocab_size: int | None = None,
+    pad_id: int = 0,
+    share_embeddings: bool = True,
+    scale_embeddings: bool = True,
+    positions_per_step: bool = False,
+) -> EncoderDecoder:
+    """The base encoder-decoder, every layer as ``layer`` describes: leave out ``decoder`` for an
+    encoder-only model, ``encoder`` for a decoder-only one.
+
+    Args:
+        share_embeddings: the decoder reuses the encoder's token table (and a tied head reads it).
+        scale_embeddings: embeddings start at N(0, 1/d_model) and are multiplied by sqrt(d_model).
+        positions_per_step: a recurrent stack adds additive positions at every step, in its step
+            signal (the Universal Transformer's ``P^t``), instead of the embeddings adding them once.
+    """
+    d_model = layer.d_model
+    sides = dict(
+        positional=positional, max_len=max_len, scale_embeddings=scale_embeddings, positions_per_step=positions_per_step
+    )
+    src_embed = built_encoder = tgt_embed = built_decoder = None
+    if encoder is not None:
+        token = token_embedding(vocab_size, d_model, scaled=scale_embeddings)
+        src_embed, built_encoder = build_side(encoder, layer, token, cross=False, **sides)
+    if decoder is not None:
+        shared = src_embed is not None and share_embeddings
+        token = (
+            src_embed.token
+            if shared
+            else token_embedding(tgt_vocab_size or vocab_size, d_model, scaled=scale_embeddings)
+        )
+        tgt_embed, built_decoder = build_side(decoder, layer, token, cross=encoder is not None, **sides)
+    output_vocab = (tgt_vocab_size or vocab_size) if decoder is not None else vocab_size
+    built_head = head.build(
+        d_model=d_model,
+        vocab_size=output_vocab,
+        embedding=(tgt_embed or src_embed).token,
+        pad_id=pad_id,
+        dropout=layer.dropout,
+    )
+    return EncoderDecoder(
+        head=built_head, encoder=built_encoder, src_embed=src_embed, decoder=built_decoder, tgt_embed=tgt_embed
+    )
+
+
+def token_embedding(vocab_size: int, d_model: int, *, scaled: bool) -> nn.Embedding:
+    """A token table; ``scaled``: drawn from N(0, 1/d_model), for embeddings multiplied by sqrt(d_model)."""
+    token = nn.Embedding(vocab_size, d_model)
+    if scaled:
+        # as in the reference implementation (tensor2tensor): scaled by sqrt(d_model) the inputs have unit
+        # variance, and a tied output layer starts with logits of unit scale
+        nn.init.normal_(token.weight, std=d_model**-0.5)
+    return token
+
+
+def build_side(
+    options: StackOptions,
+    layer: LayerSpec,
+    token: nn.Embedding,
+    *,
+    cross: bool,
+    positional: PositionalOptions,
+    max_len: int,
+    scale_embeddings: bool,
+    positions_per_step: bool,
+) -> tuple[Embeddings, nn.Module]:
+    """The embeddings and the stack of one side (encoder or decoder), its layers as ``layer``
+    describes with this side's in-attention positions."""
+    d_model = layer.d_model
+    additive, in_attention = positional_modules(positional, d_model=d_model, n_heads=layer.n_heads, max_len=max_len)
+    signal, random_offset = None, positional.random_offset
+    if options.recurrent and positions_per_step:
+        signal = StepSignal(d_model, options.layers, positional=additive, random_offset=random_offset)
+        additive = None
+    embed = Embeddings(
+        token,
+        positional=additive,
+        scale=math.sqrt(d_model) if scale_embeddings else 1.0,
+        dropout=layer.dropout,
+        random_offset=random_offset,
+    )
+    return embed, build_stack(options, replace(layer, in_attention=in_attention), cross=cross, signal=signal)
+
+
+def positional_modules(
+    options: PositionalOptions, *, d_model: int, n_heads: int, max_len: int
+) -> tuple[nn.Module | None, AttentionPositional | None]:
+    """The scheme ``options`` describe, built: ``(additive module, None)`` for one added to the
+    embeddings (sinusoidal, learned), ``(None, scheme)`` for one acting inside attention (rotary, ALiBi).
+
+    An additive module is built for ``max_len + options.random_offset`` positions, room for the
+    random starts its caller adds in training (:func:`~.embedding.position_starts`).
+    """
+    positional = options.build(d_model=d_model, n_heads=n_heads, max_len=max_len + options.random_offset)
+    if isinstance(positional, AttentionPositional) != options.in_attention:
+        raise ValueError(
+            f"{options.kind} positions ({type(options).__name__}) built a {type(positional).__name__}, but the "
+            f"options declare in_attention = {options.in_attention}: a scheme acting inside attention returns an "
+            "AttentionPositional and sets in_attention = True; one added to the embeddings does neither"
+        )
+    if not options.in_attention:
+        return positional, None
+    if options.random_offset:
+        raise ValueError(
+            f"random_offset shifts additive positions, but {options.kind} positions act inside attention; "
+            f"remove random_offset, or use sinusoidal or learned positions"
+        )
+    return None, positional
+
+
+def build_layer(
+    layer: LayerSpec,
+    attention: AttentionOptions,
+    *,
+    cross_attention: AttentionOptions | None = None,
+    rezero: bool = False,
+) -> TransformerLayer:
+    """A layer as ``layer`` describes, with self-attention of kind ``attention`` and, when
+    ``cross_attention`` is given, attention to an encoder memory (without the in-attention positions).
+
+    Args:
+        rezero: ReZero residuals (Bachlechner et al. 2020): each branch scaled by a learned
+            ``alpha`` starting at 0, and no norms (the spec's norm and placement are then unused).
+    """
+    if layer.ffn is None or layer.norm is None:
+        raise ValueError("a layer needs its feed-forward and norm kinds: give the LayerSpec ffn and norm")
+    norms = 2 if cross_attention is None else 3
+    return TransformerLayer(
+        attention.build(layer),
+        layer.ffn.build(d_model=layer.d_model, d_ff=layer.d_ff, dropout=layer.dropout),
+        [nn.Identity() if rezero else layer.norm.build(d_model=layer.d_model) for _ in range(norms)],
+        cross_attn=None if cross_attention is None else cross_attention.build(replace(layer, in_attention=None)),
+        dropout=layer.dropout,
+        pre_norm=layer.pre_norm,
+        rezero=rezero,
+        spec=layer,
+    )
+
+
+def build_stack(
+    options: StackOptions, layer: LayerSpec, *, cross: bool = False, signal: nn.Module | None = None
+) -> nn.Module:
+    """The stack ``options`` describe, given its layers built as ``layer`` describes: layer ``i``
+    takes the stack's ``i``-th attention kind (and its cross-attention kind when ``cross``), and a
+    norm follows the last layer when ``layer.uses_final_norm``.
+
+    Args:
+        signal: what a recurrent stack adds before each step (:class:`~.recurrent.StepSignal`); None
+            for the default, the step index alone. Only recurrent kinds take one.
+    """
+    if signal is not None and not options.recurrent:
+        raise ValueError(f"a {options.kind!r} stack applies distinct layers and takes no step signal")
+    layers = [
+        build_layer(
+            layer,
+            options.attention_at(i),
+            cross_attention=options.cross_attention if cross else None,
+            rezero=options.rezero,
+        )
+        for i in range(options.layer_count)
+    ]
+    final_norm = layer.norm.build(d_model=layer.d_model) if layer.uses_final_norm else None
+    return options.build(layers=layers, final_norm=final_norm, d_model=layer.d_model, signal=signal)

@@ -1,8 +1,8 @@
 """Autoregressive decoding on the key/value cache.
 
-Two caches: the dynamic one (:class:`~transformer_zoo.core.stack.DecoderCache`), which grows by
+Two caches: the dynamic one (:class:`~transformer_zoo.core.cache.DecoderCache`), which grows by
 the new tokens' keys at every step, for the CPU and for export; and the static one
-(:class:`~transformer_zoo.core.stack.StaticDecoderCache`), preallocated to the longest sequence,
+(:class:`~transformer_zoo.core.cache.StaticDecoderCache`), preallocated to the longest sequence,
 whose one-token step :class:`DecodeStep` captures as a CUDA graph: a step of a small model is a
 few hundred kernels whose launches, not their arithmetic, take the time on a GPU, and a graph
 launches them all at once.
@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention, math_kernel, sdpa_kernel
-from .inputs import BOS, check_count, check_token_ids
-from .positional import LearnedPositional, RotaryPositional, SinusoidalPositional
-from .stack import DecoderCache, StaticDecoderCache
+from .cache import DecoderCache, StaticDecoderCache
+from .embedding import BOS, LearnedPositional, SinusoidalPositional, check_token_ids
+from .relative import RotaryPositional
 
 Model = nn.Module
 """What decodes: an :class:`~transformer_zoo.core.model.EncoderDecoder` (``encode``, ``decode``,
@@ -614,3 +614,9 @@ def beam_search(
     greedy = torch.nn.functional.pad(greedy, (0, length - greedy.size(1)), value=pad_id)
     use_greedy = greedy_scores > beam_scores + 1e-6
     return torch.where(use_greedy[:, None], greedy, beam_tokens), torch.where(use_greedy, greedy_scores, beam_scores)
+
+
+def check_count(value: object, name: str, minimum: int) -> None:
+    """Raise a ValueError unless ``value`` is an integer (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}")

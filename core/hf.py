@@ -38,8 +38,8 @@ from torch import Tensor
 
 from . import weights
 from .errors import ConfigError
-from .model import ZooModel, write_folder
-from .weights import TensorInfo, WeightsError
+from .model import ZooModel
+from .weights import TensorInfo, WeightsError, write_folder
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"

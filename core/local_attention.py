@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .attention import MultiHeadAttention, attention_math
-from .masks import AttentionMask
+from .attention import AttentionMask, MultiHeadAttention, attention_math
 
 NO_BIAS = (
     "the positional scheme adds a bias to every query-key score, which sparse and compressed attention "

@@ -1,59 +1,30 @@
 """The base encoder-decoder, from which encoder-only and decoder-only models are configured.
 
-``EncoderDecoder`` composes embeddings, an encoder stack, a decoder stack and a head; it owns
-no attention, norm or positional logic of its own. Leave out the decoder for an encoder-only
-model (BERT), the encoder for a decoder-only one (a language model).
+``EncoderDecoder`` composes embeddings, an encoder stack, a decoder stack and a head (the
+language-model head, :class:`LMHead`, is here; the others in :mod:`.heads`); it owns no
+attention, norm or positional logic of its own. Leave out the decoder for an encoder-only model
+(BERT), the encoder for a decoder-only one (a language model).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-import safetensors.torch
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import AttentionMask, as_padding_mask
+from .cache import DecoderCache
 from .decoding import generate
-from .files import atomic_write
-from .inputs import check_tensor, check_token_ids
-from .masks import AttentionMask, as_padding_mask
-from .positional import draw_starts
-from .stack import DecoderCache, StackOutput
-
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-FORMAT = 1
-"""The version of the folder layout ``save_pretrained`` writes, saved as ``config.json``'s
-``format``: a config of a newer format is refused (it was saved by a newer transformer-zoo), and
-one without ``format`` (written by hand) is read as this format."""
-
-
-@dataclass(frozen=True)
-class Phase:
-    """One optimizer of a training step: the parameters it updates and its own settings.
-
-    Most models train all their parameters on one loss (one phase, ``model``). A GAN has two,
-    each with its own optimizer, run in turn on every step: the discriminator, then the
-    generator. The task's ``loss(model, batch, phase)`` gives each phase's loss.
-
-    Attributes:
-        name: passed to the task's loss, and used in checkpoints and learning curves.
-        parameters: what this phase's optimizer updates; the others are frozen during its step.
-        lr_scale: the phase's learning rate as a multiple of the run's ``lr``.
-        betas: Adam's betas; None: the optimizer's defaults.
-        weight_decay: None: the run's ``weight_decay``.
-    """
-
-    name: str
-    parameters: tuple[nn.Parameter, ...]
-    lr_scale: float = 1.0
-    betas: tuple[float, float] | None = None
-    weight_decay: float | None = None
+from .embedding import check_tensor, check_token_ids, draw_starts
+from .layers import StackOutput
+from .tasks import Phase
+from .weights import save_folder
 
 
 class ZooModel(nn.Module):
@@ -62,7 +33,9 @@ class ZooModel(nn.Module):
     category: ClassVar[str] = "model"
 
     config: Any = None  # the validated config, set by ``transformer_zoo.build_model``
-    exporters: dict[str, Callable[..., Path]] = {}  # noqa: RUF012 - replaced, never changed: by format, the savers of its family (build_model)
+    exporters: dict[
+        str, Callable[..., Path]
+    ] = {}  # replaced, never changed: by format, the savers of its family (build_model)
 
     def phases(self) -> list[Phase]:
         """The optimizers of a training step, in the order they step: by default one, over
@@ -85,91 +58,14 @@ class ZooModel(nn.Module):
         """Generate token ids, as Hugging Face's ``model.generate``: greedy, beam search
         (``num_beams``) or sampling (``do_sample``, ``temperature``, ``top_k``, ``top_p``,
         ``min_p``, ``seed``). See :func:`~transformer_zoo.core.decoding.generate` for every
-        option; a model without a decoder says it cannot.
-
-        >>> import torch, transformer_zoo as tz
-        >>> model = tz.build_model("transformer-tiny", dropout=0.0).eval()
-        >>> model.generate(torch.randint(3, 1000, (2, 7)), max_new_tokens=5).shape
-        torch.Size([2, 6])
-        """
+        option, and the README's first example; a model without a decoder says it cannot."""
         return generate(self, input_ids, attention_mask, **options)
 
     def save_pretrained(self, directory: str | os.PathLike, *, format: str = "zoo", **options: Any) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (created if needed).
-
-        Each file is written atomically; load with ``transformer_zoo.from_pretrained``.
-        ``format="zoo"``, the zoo's own layout, keeps every option of the config; ``config.json``
-        holds the config's fields and ``format``, the layout's version (:data:`FORMAT`). Another
-        format is written by the plugin that reads it (an :class:`Importer` with ``save``): the
-        bert, transformer and ViT families' ``"hf"``, which ``transformers`` loads; ``options``
-        go to it (bert's ``architecture``).
-        """
-        if self.config is None:
-            raise ValueError(
-                f"this {type(self).__name__} has no config: it was built by hand; build it with "
-                "transformer_zoo.build_model(...) to be able to save and reload it"
-            )
-        if format != "zoo":
-            save = self.exporters.get(format)
-            if save is None:
-                family = getattr(self.config, "family", "") or type(self).__name__
-                known = ", ".join(repr(name) for name in ["zoo", *self.exporters])
-                raise ValueError(
-                    f"format={format!r}: a {family} model saves as {known} (a plugin's importer with save= adds a "
-                    "format to the family it writes)"
-                )
-            return save(self, directory, **options)
-        if options:
-            raise ValueError(
-                f"{', '.join(f'{key}=' for key in options)}: options of another format; format='zoo' takes none"
-            )
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_model(self, str(p)))
-        text = json.dumps({"format": FORMAT, **self.config.model_dump(mode="json")}, indent=2) + "\n"
-        atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
-        return directory
-
-
-def write_folder(directory: str | os.PathLike, tensors: dict[str, Tensor], config: dict[str, Any]) -> Path:
-    """Write ``tensors`` as ``model.safetensors`` and ``config`` as ``config.json`` into
-    ``directory`` (created if needed), each atomically: the layout of ``transformers``'
-    ``save_pretrained``, whose loader needs the safetensors metadata ``format: pt``. The
-    importers that also write their format (:class:`Importer`'s ``save``) end with it."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt"}
-    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_file(tensors, str(p), metadata=metadata))
-    text = json.dumps(config, indent=2) + "\n"
-    atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
-    return directory
-
-
-@dataclass(frozen=True)
-class Importer:
-    """A checkpoint format a plugin can read into a zoo model (offered by ``tzoo_importers``).
-
-    An importer may also write the format: ``save`` is then what ``save_pretrained(directory,
-    format=FORMAT, **options)`` calls for a model of ``family``.
-
-    Attributes:
-        name: a unique name, such as ``hf-bert``.
-        description: what folders it reads, for messages.
-        matches: whether a folder's parsed ``config.json`` is in this format.
-        load: ``(directory, config) -> ZooModel``, the model in eval mode with every weight placed.
-        family: the family whose models ``save`` writes.
-        format: the name ``save_pretrained`` gives the format, such as ``hf``.
-        save: ``(model, directory, **options) -> directory``; it refuses, with a ConfigError
-            naming the field, a model the format cannot express.
-    """
-
-    name: str
-    description: str
-    matches: Callable[[dict[str, Any]], bool]
-    load: Callable[[Path, dict[str, Any]], ZooModel]
-    family: str | None = None
-    format: str | None = None
-    save: Callable[..., Path] | None = None
+        """Write ``config.json`` and ``model.safetensors`` into ``directory``, in the zoo's own
+        layout or another ``format`` a plugin writes (:func:`~.weights.save_folder`); load with
+        ``transformer_zoo.from_pretrained``."""
+        return save_folder(self, directory, format=format, **options)
 
 
 @dataclass
@@ -303,7 +199,7 @@ class EncoderDecoder(ZooModel):
         """Encode ``src`` ids ``(B, S)``; ``src_mask`` ``(B, S)`` is 1 for real tokens, 0 for padding.
 
         ``starts``: in training with random position offsets, the batch's starts
-        (:func:`~.positional.draw_starts`), which :meth:`forward` gives the encoder and the decoder
+        (:func:`~.embedding.draw_starts`), which :meth:`forward` gives the encoder and the decoder
         alike; None: the encoder draws its own.
         """
         if self.encoder is None:
@@ -438,3 +334,59 @@ class EncoderDecoder(ZooModel):
         return self.labelled(
             ModelOutput.of(logits, {"encoder": enc, "decoder": dec}, need_weights=need_weights), labels
         )
+
+
+def token_loss(logits: Tensor, targets: Tensor, ignore_index: int, label_smoothing: float = 0.0) -> Tensor:
+    """Mean cross-entropy of ``logits`` ``(..., V)`` over the targets that are not ``ignore_index``;
+    0 (with a zero gradient) when every target is ignored, where a plain mean would be 0/0 (a
+    masked-LM batch, or one process's slice of it, may hold no masked token). Targets may be of
+    any integer dtype, as ids may."""
+    targets = targets.flatten().long()
+    total = F.cross_entropy(
+        logits.flatten(0, -2), targets, ignore_index=ignore_index, label_smoothing=label_smoothing, reduction="sum"
+    )
+    return total / (targets != ignore_index).sum().clamp(min=1)
+
+
+class LMHead(nn.Module):
+    """Next-token logits ``(B, T, V)``: the seq2seq generator and the language-model head.
+
+    Args:
+        d_model: input width.
+        vocab_size: output classes.
+        tied_embedding: an embedding whose weight the projection shares (Press & Wolf 2017).
+        bias: whether the projection has a bias.
+        label_smoothing: epsilon of label-smoothed cross-entropy (Szegedy et al. 2016).
+        ignore_index: target id that does not count in the loss (padding).
+    """
+
+    category: ClassVar[str] = "head"
+
+    def __init__(
+        self,
+        d_model: int,
+        vocab_size: int,
+        *,
+        tied_embedding: nn.Embedding | None = None,
+        bias: bool = False,
+        label_smoothing: float = 0.0,
+        ignore_index: int = -100,
+    ) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size, bias=bias)
+        if tied_embedding is not None:
+            if tied_embedding.weight.shape != self.proj.weight.shape:
+                raise ValueError(
+                    f"cannot tie the output projection {tuple(self.proj.weight.shape)} to an embedding of "
+                    f"shape {tuple(tied_embedding.weight.shape)}; vocabulary sizes and widths must match"
+                )
+            self.proj.weight = tied_embedding.weight
+        self.label_smoothing = label_smoothing
+        self.ignore_index = ignore_index
+
+    def forward(self, hidden: Tensor, mask: Tensor | None = None) -> Tensor:
+        return self.proj(hidden)
+
+    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy over the non-ignored targets ``(B, T)`` (see :func:`token_loss`)."""
+        return token_loss(logits, targets, self.ignore_index, self.label_smoothing)

@@ -5,20 +5,30 @@ model outputs it needs (``objective``), and its scores with the way each is bett
 (``metrics``). For a model config it says why the model cannot do it (``unfit_reason``) and
 which config values it fixes (``model_overrides``: vocabulary size, head, image size); a
 variant that cannot do the task is refused with the reason before any training starts.
+:class:`TaskOptions` is the base of task kinds' options; :class:`Phase` is one optimizer of a
+training step, as a model's ``phases()`` gives them and a task's loss receives them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import torch
+from pydantic import (
+    Field,
+)
 from torch import Tensor, nn
 
 from .decoding import beam_search, greedy_decode
-from .inputs import BOS, CLS, EOS, PAD
+from .embedding import BOS, CLS, EOS, PAD
+from .validation import (
+    ComponentField,
+    ComponentOptions,
+)
 
 if TYPE_CHECKING:
     import datasets
@@ -38,19 +48,6 @@ def objective_reason(config: Any, objective: str) -> str | None:
     ``objective``; None when it is made for it, or says nothing of what it is for."""
     made_for = getattr(config, "objective", objective)
     return None if made_for == objective else f"the model is for {made_for}, and this task is {objective}"
-
-
-def declared_metrics() -> dict[str, Better]:
-    """Every metric that a task class defined so far declares, with its direction (the first
-    declaration of a name wins): for scores recorded without their task's directions."""
-    found: dict[str, Better] = {}
-    pending: list[type[Task]] = [Task]
-    while pending:
-        cls = pending.pop(0)
-        for name, better in vars(cls).get("metrics", {}).items():
-            found.setdefault(name, better)
-        pending += cls.__subclasses__()
-    return found
 
 
 def _quoted(keys: Any) -> str:
@@ -529,3 +526,46 @@ def _token_scores(task: Task, model: nn.Module, split: str, batch_size: int, **c
     model.train(was_training)
     count = max(count, 1.0)
     return {"perplexity": math.exp(min(nll / count, 50.0)), "token_accuracy": right / count}
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One optimizer of a training step: the parameters it updates and its own settings.
+
+    Most models train all their parameters on one loss (one phase, ``model``). A GAN has two,
+    each with its own optimizer, run in turn on every step: the discriminator, then the
+    generator. The task's ``loss(model, batch, phase)`` gives each phase's loss.
+
+    Attributes:
+        name: passed to the task's loss, and used in checkpoints and learning curves.
+        parameters: what this phase's optimizer updates; the others are frozen during its step.
+        lr_scale: the phase's learning rate as a multiple of the run's ``lr``.
+        betas: Adam's betas; None: the optimizer's defaults.
+        weight_decay: None: the run's ``weight_decay``.
+    """
+
+    name: str
+    parameters: tuple[nn.Parameter, ...]
+    lr_scale: float = 1.0
+    betas: tuple[float, float] | None = None
+    weight_decay: float | None = None
+
+
+class TaskOptions(ComponentOptions):
+    """Task kinds. ``build()`` returns a :class:`~transformer_zoo.core.tasks.Task`: its data,
+    what it needs from a model, and how it is scored."""
+
+    category: ClassVar[str] = "task"
+    default_kind: ClassVar[str] = "reverse"
+
+    seed: int = Field(0, description="seed of the generated data and of its split")
+
+    def build(self, **context: Any) -> Any:
+        raise NotImplementedError
+
+    def with_assets(self, directory: Path) -> TaskOptions:
+        """These options, reading what ``Task.save_assets`` wrote into ``directory`` (if anything)."""
+        return self
+
+
+TaskField = Annotated[TaskOptions, ComponentField("task")]

@@ -7,6 +7,9 @@ safetensors header (the tensor names, shapes and dtypes), compare it with a mode
 ``meta`` device (which holds no memory), and keep every path inside the folder, so that each of
 these is refused with a message naming the file, before the model is built for real.
 
+Writing is here too: :func:`save_folder` (``model.save_pretrained``), :func:`write_folder` for
+another library's layout, and :class:`Importer`, a format a plugin reads (and may write).
+
 Symlinks: the folder itself may be a link. A file in it (or named by a shard index) is followed
 through links, and must then lie inside the folder; the one exception is the Hugging Face hub
 cache, whose ``snapshots/<revision>/`` folders hold links into the ``blobs/`` folder of the same
@@ -19,15 +22,17 @@ import json
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import safetensors.torch
 import torch
 from safetensors import SafetensorError
-from torch import nn
+from torch import Tensor, nn
 
 from .errors import ConfigError
+from .files import atomic_write
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 MAX_LISTED = 20  # problems named in one message; the rest are counted
@@ -345,3 +350,94 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         return safetensors.torch.load_file(str(path))
     except (SafetensorError, OSError) as error:
         raise WeightsError(f"{str(path)!r} is not a readable safetensors file: {error}") from None
+
+
+def save_folder(model: nn.Module, directory: str | os.PathLike, *, format: str = "zoo", **options: Any) -> Path:
+    """Write ``model``'s ``config.json`` and ``model.safetensors`` into ``directory`` (created if
+    needed): what ``model.save_pretrained`` does.
+
+    Each file is written atomically; load with ``transformer_zoo.from_pretrained``.
+    ``format="zoo"``, the zoo's own layout, keeps every option of the config; ``config.json``
+    holds the config's fields and ``format``, the layout's version (:data:`FORMAT`). Another
+    format is written by the plugin that reads it (an :class:`Importer` with ``save``): the
+    bert, transformer and ViT families' ``"hf"``, which ``transformers`` loads; ``options``
+    go to it (bert's ``architecture``).
+    """
+    if model.config is None:
+        raise ValueError(
+            f"this {type(model).__name__} has no config: it was built by hand; build it with "
+            "transformer_zoo.build_model(...) to be able to save and reload it"
+        )
+    if format != "zoo":
+        save = model.exporters.get(format)
+        if save is None:
+            family = getattr(model.config, "family", "") or type(model).__name__
+            known = ", ".join(repr(name) for name in ["zoo", *model.exporters])
+            raise ValueError(
+                f"format={format!r}: a {family} model saves as {known} (a plugin's importer with save= adds a "
+                "format to the family it writes)"
+            )
+        return save(model, directory, **options)
+    if options:
+        raise ValueError(
+            f"{', '.join(f'{key}=' for key in options)}: options of another format; format='zoo' takes none"
+        )
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_model(model, str(p)))
+    text = json.dumps({"format": FORMAT, **model.config.model_dump(mode="json")}, indent=2) + "\n"
+    atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
+    return directory
+
+
+def write_folder(directory: str | os.PathLike, tensors: dict[str, Tensor], config: dict[str, Any]) -> Path:
+    """Write ``tensors`` as ``model.safetensors`` and ``config`` as ``config.json`` into
+    ``directory`` (created if needed), each atomically: the layout of ``transformers``'
+    ``save_pretrained``, whose loader needs the safetensors metadata ``format: pt``. The
+    importers that also write their format (:class:`Importer`'s ``save``) end with it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    metadata = {"format": "pt"}
+    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_file(tensors, str(p), metadata=metadata))
+    text = json.dumps(config, indent=2) + "\n"
+    atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
+    return directory
+
+
+@dataclass(frozen=True)
+class Importer:
+    """A checkpoint format a plugin can read into a zoo model (offered by ``tzoo_importers``).
+
+    An importer may also write the format: ``save`` is then what ``save_pretrained(directory,
+    format=FORMAT, **options)`` calls for a model of ``family``.
+
+    Attributes:
+        name: a unique name, such as ``hf-bert``.
+        description: what folders it reads, for messages.
+        matches: whether a folder's parsed ``config.json`` is in this format.
+        load: ``(directory, config) -> nn.Module``, the model in eval mode with every weight placed.
+        family: the family whose models ``save`` writes.
+        format: the name ``save_pretrained`` gives the format, such as ``hf``.
+        save: ``(model, directory, **options) -> directory``; it refuses, with a ConfigError
+            naming the field, a model the format cannot express.
+    """
+
+    name: str
+    description: str
+    matches: Callable[[dict[str, Any]], bool]
+    load: Callable[[Path, dict[str, Any]], nn.Module]
+    family: str | None = None
+    format: str | None = None
+    save: Callable[..., Path] | None = None
+
+
+CONFIG_NAME = "config.json"
+
+
+WEIGHTS_NAME = "model.safetensors"
+
+
+FORMAT = 1
+"""The version of the folder layout ``save_pretrained`` writes, saved as ``config.json``'s
+``format``: a config of a newer format is refused (it was saved by a newer transformer-zoo), and
+one without ``format`` (written by hand) is read as this format."""

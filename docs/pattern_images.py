@@ -10,9 +10,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from transformer_zoo.plugins.local_global.kernels import Pattern  # noqa: E402
+from transformer_zoo.plugins.local_global.kernels import Pattern
 
 LENGTH = 64
 PATTERNS = {

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pluggy
 
-from ..core.model import Importer
-from ..core.options import ComponentOptions, TaskOptions, Variant
+from ..core.options import Variant
+from ..core.tasks import TaskOptions
 from ..core.tracking import TrackedRun, Tracker
+from ..core.validation import ComponentOptions
+from ..core.weights import Importer
 
 PROJECT = "transformer_zoo"
 

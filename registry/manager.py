@@ -26,15 +26,10 @@ from ..core.errors import (
     UnknownNameError,
     ZooError,
 )
-from ..core.model import Importer
-from ..core.options import (
-    CATEGORIES,
-    ComponentOptions,
-    Variant,
-    VariantConfig,
-    use_kinds,
-)
+from ..core.options import CATEGORIES, Variant, VariantConfig
 from ..core.tracking import TrackedRun, Tracker
+from ..core.validation import ComponentOptions, use_kinds
+from ..core.weights import Importer
 from . import hookspecs
 
 ENTRY_POINT_GROUP = "transformer_zoo"
@@ -55,6 +50,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.image": "transformer_zoo.plugins.image",
     "tzoo.relative": "transformer_zoo.plugins.relative",
     "tzoo.talking-heads": "transformer_zoo.plugins.talking_heads",
+    "tzoo.moe": "transformer_zoo.plugins.moe",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 LOAD_HINT = (

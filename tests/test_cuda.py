@@ -27,7 +27,7 @@ from transformer_zoo.training.step import trains_only
 from transformer_zoo.training.trainer import train
 
 sys.path.insert(0, str(Path(__file__).parent / "training"))  # the torchrun helpers live beside their tests
-from test_distributed import curve, torchrun  # noqa: E402
+from test_distributed import curve, torchrun
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")
@@ -224,7 +224,7 @@ def test_graphed_beam_search_equals_the_dynamic_cache(positional, monkeypatch):
 def test_a_graphed_step_under_bf16_autocast_replays_what_it_computes_as_written():
     """The captured step (autocast's weight cache off while capturing) against the same static
     cache stepped as written: the same kernels, so the same logits, bit for bit."""
-    from transformer_zoo.core.stack import StaticDecoderCache
+    from transformer_zoo.core.cache import StaticDecoderCache
 
     model = (
         tz.build_model(

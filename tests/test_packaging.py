@@ -119,6 +119,12 @@ def test_the_wheel_carries_its_data_and_licence(wheel):
         assert path in names, f"{path} is missing from the wheel"
     assert any(n.startswith("transformer_zoo/studies/") and n.endswith(".yaml") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    folders = {"transformer_zoo": "transformer_zoo", "core": "transformer_zoo/core"}
+    folders |= {"registry": "transformer_zoo/registry", "plugins": "transformer_zoo/plugins"}
+    for folder, installed in folders.items():  # every module of every package, sub-packages too
+        for module in (ROOT / folder).rglob("*.py"):
+            path = f"{installed}/{module.relative_to(ROOT / folder).as_posix()}"
+            assert path in names, f"{path} is missing from the wheel (is its package in pyproject.toml?)"
     metadata = _metadata(wheel)
     assert "License-Expression: Apache-2.0" in metadata
 

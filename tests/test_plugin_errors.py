@@ -15,8 +15,8 @@ from torch import nn
 import transformer_zoo as tz
 from transformer_zoo.core.attention import AttentionPositional, MultiHeadAttention
 from transformer_zoo.core.errors import PluginLoadError
-from transformer_zoo.core.options import NormOptions, PositionalOptions, TaskOptions
-from transformer_zoo.core.tasks import ClassificationTask, LanguageModelTask, Seq2SeqTask
+from transformer_zoo.core.options import NormOptions, PositionalOptions
+from transformer_zoo.core.tasks import ClassificationTask, LanguageModelTask, Seq2SeqTask, TaskOptions
 from transformer_zoo.registry import get_registry, hookimpl
 
 

@@ -23,8 +23,9 @@ from .configs import (
 )
 from .core import weights
 from .core.errors import ConfigError, naming
-from .core.model import CONFIG_NAME, FORMAT, WEIGHTS_NAME, ZooModel
+from .core.model import ZooModel
 from .core.options import CATEGORIES, VariantConfig
+from .core.weights import CONFIG_NAME, FORMAT, WEIGHTS_NAME
 from .registry import Registry, get_registry
 
 

@@ -95,7 +95,7 @@ def _schema(args: argparse.Namespace) -> Any:
         families.setdefault(registry.variant(name).config, []).append(name)
     branches = []
     for config, names in families.items():
-        from .core.model import FORMAT
+        from .core.weights import FORMAT
 
         schema = config.model_json_schema()
         schema["properties"]["variant"] = {**schema["properties"]["variant"], "enum": names}

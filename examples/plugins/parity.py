@@ -9,8 +9,7 @@ import numpy as np
 from pydantic import Field
 
 import transformer_zoo as tz
-from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import ClassificationTask
+from transformer_zoo.core.tasks import ClassificationTask, TaskOptions
 
 
 class ParityOptions(TaskOptions):

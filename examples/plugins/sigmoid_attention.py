@@ -8,8 +8,7 @@ import torch
 from torch import Tensor
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import Kernel, apply_weights
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, Kernel, apply_weights
 from transformer_zoo.core.options import AttentionOptions
 
 

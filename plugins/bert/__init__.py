@@ -19,29 +19,16 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from transformer_zoo.core import builders
-from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.heads import LMHead
-from transformer_zoo.core.inputs import check_tensor, check_token_ids
-from transformer_zoo.core.layers import ACTIVATIONS
-from transformer_zoo.core.masks import AttentionMask, as_padding_mask
-from transformer_zoo.core.model import EncoderDecoder, Importer, ModelOutput
-from transformer_zoo.core.options import (
-    MAX_LENGTH,
-    MAX_VOCAB,
-    MAX_WIDTH,
-    FFNField,
-    HeadField,
-    NormField,
-    PositionalField,
-    StackField,
-    Variant,
-)
-from transformer_zoo.core.positional import add_positions, position_starts
-from transformer_zoo.core.stack import StackOutput
+from transformer_zoo.core.attention import AttentionMask, as_padding_mask
+from transformer_zoo.core.config import EncoderDecoderConfig, build_stack, positional_modules
+from transformer_zoo.core.embedding import add_positions, check_tensor, check_token_ids, position_starts
+from transformer_zoo.core.layers import ACTIVATIONS, StackOutput
+from transformer_zoo.core.model import EncoderDecoder, LMHead, ModelOutput
+from transformer_zoo.core.options import FFNField, HeadField, NormField, PositionalField, StackField, Variant
+from transformer_zoo.core.validation import MAX_LENGTH, MAX_VOCAB, MAX_WIDTH
 from transformer_zoo.registry import hookimpl
 
-from .hf import is_bert, load_bert, save_bert
+from .hf import BERT_IMPORTER
 
 
 # ---- modules --------------------------------------------------------------------------------
@@ -55,7 +42,7 @@ class BertEmbeddings(nn.Module):
             when positions act inside attention.
         norm: the embedding layer norm.
         random_offset: in training, each sequence's positions start at a random offset in
-            ``[0, random_offset)`` (:func:`~transformer_zoo.core.positional.position_starts`); 0: off.
+            ``[0, random_offset)`` (:func:`~transformer_zoo.core.embedding.position_starts`); 0: off.
     """
 
     category: ClassVar[str] = "embedding"
@@ -294,7 +281,7 @@ class BertConfig(EncoderDecoderConfig):
 
     def build(self) -> Bert:
         token = nn.Embedding(self.vocab_size, self.d_model, padding_idx=self.pad_id)
-        additive, in_attention = builders.positional_modules(
+        additive, in_attention = positional_modules(
             self.positional, d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len
         )
         embed = BertEmbeddings(
@@ -305,7 +292,7 @@ class BertConfig(EncoderDecoderConfig):
             dropout=self.dropout,
             random_offset=self.positional.random_offset,
         )
-        encoder = builders.stack(self.encoder, self.layer_spec(in_attention=in_attention, final_norm=False))
+        encoder = build_stack(self.encoder, self.layer_spec(in_attention=in_attention, final_norm=False))
         model = Bert(
             embed=embed,
             encoder=encoder,
@@ -380,17 +367,6 @@ def tzoo_variants():
             description="tiny: 2 layers, d 128, 2 heads",
         ),
     ]
-
-
-BERT_IMPORTER = Importer(
-    name="hf-bert",
-    description="a Hugging Face transformers BERT folder (config.json with model_type bert)",
-    matches=is_bert,
-    load=load_bert,
-    family="bert",
-    format="hf",
-    save=save_bert,
-)
 
 
 @hookimpl

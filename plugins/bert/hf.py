@@ -28,6 +28,7 @@ from transformer_zoo.core.hf import (
     write_hf_folder,
 )
 from transformer_zoo.core.model import ZooModel
+from transformer_zoo.core.weights import Importer
 
 HEADS = {  # architectures -> our head config
     "BertModel": lambda hf: {"kind": "lm", "bias": True},
@@ -218,3 +219,14 @@ def save_bert(model: ZooModel, directory: str | Path, architecture: str | None =
             the encoder and pooler alone.
     """
     return write_hf_folder(BERT, model, directory, validate=load_config, architecture=architecture)
+
+
+BERT_IMPORTER = Importer(
+    name="hf-bert",
+    description="a Hugging Face transformers BERT folder (config.json with model_type bert)",
+    matches=is_bert,
+    load=load_bert,
+    family="bert",
+    format="hf",
+    save=save_bert,
+)

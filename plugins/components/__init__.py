@@ -2,24 +2,22 @@
 
 Papers: Vaswani et al. 2017 (scaled dot-product attention, sinusoids, post-norm), Ba et al.
 2016 (layer norm), Zhang & Sennrich 2019 (RMS norm), Ioffe & Szegedy 2015 (batch norm),
-Shazeer 2020 (gated FFNs), Su et al. 2021 (rotary), Press et al. 2022 (ALiBi); mixtures of
-experts: Shazeer et al. 2017, Lepikhin et al. 2020 (GShard), Fedus et al. 2021 (Switch Transformer).
+Shazeer 2020 (gated FFNs), Su et al. 2021 (rotary), Press et al. 2022 (ALiBi).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 from torch import nn
 
 from transformer_zoo.core.attention import MathAttention
-from transformer_zoo.core.builders import recurrent_stack
-from transformer_zoo.core.heads import LMHead, SequenceClassificationHead, TokenClassificationHead
-from transformer_zoo.core.layers import FeedForward, GatedFeedForward, MixtureOfExperts, TokenBatchNorm
+from transformer_zoo.core.embedding import LearnedPositional, SinusoidalPositional
+from transformer_zoo.core.heads import SequenceClassificationHead, TokenClassificationHead
+from transformer_zoo.core.layers import FeedForward, GatedFeedForward, StandardStack, TokenBatchNorm
+from transformer_zoo.core.model import LMHead
 from transformer_zoo.core.options import (
-    MAX_EXPERTS,
-    MAX_VOCAB,
     AttentionOptions,
     FFNOptions,
     HeadOptions,
@@ -27,13 +25,8 @@ from transformer_zoo.core.options import (
     PositionalOptions,
     StackOptions,
 )
-from transformer_zoo.core.positional import (
-    ALiBiPositional,
-    LearnedPositional,
-    RotaryPositional,
-    SinusoidalPositional,
-)
-from transformer_zoo.core.stack import StandardStack
+from transformer_zoo.core.relative import ALiBiPositional, RotaryPositional
+from transformer_zoo.core.validation import MAX_VOCAB
 from transformer_zoo.registry import hookimpl
 
 
@@ -144,13 +137,14 @@ Activation = Literal["relu", "gelu", "silu"]
 """The non-linearities of the feed-forward kinds (:data:`~transformer_zoo.core.layers.ACTIVATIONS`)."""
 
 
-class _ActivatedOptions(FFNOptions):
-    """What the feed-forward kinds share: a non-linearity (ReLU unless a kind says otherwise)."""
+class ActivationOptions(FFNOptions):
+    """Base of the feed-forward kinds with a non-linearity (ReLU unless a kind says otherwise):
+    ``mlp``, ``gated`` and the experts of ``moe`` (:mod:`transformer_zoo.plugins.moe`)."""
 
     activation: Activation = Field("relu", description="non-linearity")
 
 
-class MLPOptions(_ActivatedOptions):
+class MLPOptions(ActivationOptions):
     """Two linear maps with an activation between (Vaswani et al. 2017, eq. 2)."""
 
     kind: Literal["mlp"] = "mlp"
@@ -162,7 +156,7 @@ class MLPOptions(_ActivatedOptions):
         return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout if self.inner_dropout else 0.0)
 
 
-class GatedOptions(_ActivatedOptions):
+class GatedOptions(ActivationOptions):
     """Gated linear unit FFN: GEGLU with gelu, SwiGLU with silu (Shazeer 2020)."""
 
     kind: Literal["gated"] = "gated"
@@ -170,44 +164,6 @@ class GatedOptions(_ActivatedOptions):
 
     def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
         return GatedFeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
-
-
-class MoEOptions(_ActivatedOptions):
-    """Mixture of experts: a router sends each token to its top-k of ``experts`` MLPs, each within a
-    capacity (Switch Transformer, Fedus et al. 2021, with top-1; Shazeer et al. 2017 and GShard,
-    Lepikhin et al. 2020, with top-2). Its load-balancing loss joins the model's loss; the stacks
-    report each layer's routing in the output's extras (``moe_tokens``, ``moe_dropped``, ``moe_capacity``)."""
-
-    kind: Literal["moe"] = "moe"
-    experts: int = Field(8, ge=1, le=MAX_EXPERTS, description="number of experts, each an MLP of width d_ff")
-    top_k: int = Field(1, ge=1, le=2, description="experts per token: 1 (Switch) or 2 (GShard)")
-    capacity_factor: float = Field(
-        1.25,
-        gt=0.0,
-        description="expert capacity ceil(capacity_factor * tokens * top_k / "
-        "experts); assignments past it are dropped (the token passes through the residual)",
-    )
-    aux_loss_weight: float = Field(
-        0.01,
-        ge=0.0,
-        description="alpha of the load-balancing loss alpha * experts * sum_i f_i P_i added to the model's loss",
-    )
-
-    @model_validator(mode="after")
-    def _enough_experts(self) -> MoEOptions:
-        if self.top_k > self.experts:
-            raise ValueError(f"top_k={self.top_k} needs at least {self.top_k} experts, got experts={self.experts}")
-        return self
-
-    def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
-        experts = [FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout) for _ in range(self.experts)]
-        return MixtureOfExperts(
-            experts,
-            d_model=d_model,
-            top_k=self.top_k,
-            capacity_factor=self.capacity_factor,
-            aux_loss_weight=self.aux_loss_weight,
-        )
 
 
 # ---- stacks -------------------------------------------------------------------------------
@@ -220,46 +176,6 @@ class StandardOptions(StackOptions):
         self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int, signal: nn.Module | None = None
     ) -> nn.Module:
         return StandardStack(layers, final_norm=final_norm)
-
-
-class RecurrentOptions(StackOptions):
-    """One shared layer applied up to ``layers`` times, with optional adaptive computation time
-    (Dehghani et al. 2018; Graves 2016)."""
-
-    kind: Literal["recurrent"] = "recurrent"
-    recurrent: ClassVar[bool] = True
-    act: bool = Field(True, description="adaptive computation time: each position decides how many steps it takes")
-    threshold: float = Field(
-        0.99,
-        gt=0.0,
-        lt=1.0,
-        description="ACT halts a position when its summed halting probability would pass this (1 - epsilon)",
-    )
-    ponder_weight: float = Field(0.01, ge=0.0, description="weight of the ponder cost (steps taken) in the loss")
-    halting_bias: float = Field(1.0, description="initial bias of the halting unit (higher: halt sooner at first)")
-
-    @field_validator("attention")
-    @classmethod
-    def _one_kind(cls, attention):
-        if isinstance(attention, list) and len(attention) > 1:
-            raise ValueError("a recurrent stack shares one layer: give one attention kind, not a list")
-        return attention
-
-    def build(
-        self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int, signal: nn.Module | None = None
-    ) -> nn.Module:
-        (layer,) = layers
-        return recurrent_stack(
-            layer,
-            steps=self.layers,
-            d_model=d_model,
-            signal=signal,
-            act=self.act,
-            threshold=self.threshold,
-            ponder_weight=self.ponder_weight,
-            halting_bias=self.halting_bias,
-            final_norm=final_norm,
-        )
 
 
 # ---- heads --------------------------------------------------------------------------------
@@ -323,9 +239,7 @@ def tzoo_components():
         BatchNormOptions,
         MLPOptions,
         GatedOptions,
-        MoEOptions,
         StandardOptions,
-        RecurrentOptions,
         LMOptions,
         SequenceClassificationOptions,
         TokenClassificationOptions,

@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.options import MAX_LENGTH, MAX_WIDTH, AttentionOptions
+from transformer_zoo.core.options import AttentionOptions
+from transformer_zoo.core.validation import MAX_LENGTH, MAX_WIDTH
 from transformer_zoo.registry import hookimpl
 
 from .kernels import EluFeatures, FeatureMapAttention, LinformerAttention, PositiveRandomFeatures

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import AttentionPositional, KVCache, MultiHeadAttention, apply_weights
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, AttentionPositional, MultiHeadAttention, apply_weights
+from transformer_zoo.core.cache import KVCache
 
 CHUNK = 64
 """Queries per chunk of causal linear attention: within a chunk the ``CHUNK x CHUNK`` weights are

@@ -24,22 +24,13 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from transformer_zoo.core import builders
+from transformer_zoo.core.attention import AttentionMask
+from transformer_zoo.core.config import build_stack
 from transformer_zoo.core.heads import SequenceClassificationHead
-from transformer_zoo.core.inputs import check_image
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
-from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.model import Importer, ModelOutput, ZooModel
-from transformer_zoo.core.options import (
-    MAX_IMAGE_SIDE,
-    MAX_WIDTH,
-    AttentionOptions,
-    FFNField,
-    LayerFields,
-    StackField,
-    Variant,
-    Width,
-)
+from transformer_zoo.core.model import ModelOutput, ZooModel
+from transformer_zoo.core.options import AttentionOptions, FFNField, LayerFields, StackField, Variant
+from transformer_zoo.core.validation import MAX_IMAGE_SIDE, MAX_WIDTH, Width
 from transformer_zoo.registry import hookimpl
 
 from .blocks import (
@@ -49,9 +40,9 @@ from .blocks import (
     SelfAttention2d,
     Sinusoidal2d,
 )
-from .config import ImageConfig, Side
+from .config import ImageConfig, Side, check_image
 from .gan import SaganGanConfig
-from .hf import is_vit, load_vit, save_vit
+from .hf import VIT_IMPORTER
 from .kernels import Local2dPattern
 
 Pair = tuple[int, int]
@@ -208,7 +199,7 @@ class ImageEncoderConfig(ImageConfig, LayerFields):
         kind = {"learned-2d": Learned2d, "sinusoidal-2d": Sinusoidal2d, "learned": LearnedPositions}[self.positional]
         positional = kind(self.grid, self.d_model, leading=int(self.pooling == "cls"))
         patches = PatchEmbedding(self.image_size, self.channels, self.patch, self.d_model)
-        encoder = builders.stack(self.encoder, self.layer_spec(grid=self.grid))
+        encoder = build_stack(self.encoder, self.layer_spec(grid=self.grid))
         return ImageEncoder(
             patches=patches,
             positional=positional,
@@ -356,17 +347,6 @@ def tzoo_variants():
             description="class-conditional SAGAN for 8x8 images: spectral norm, hinge loss, attention in G and D",
         ),
     ]
-
-
-VIT_IMPORTER = Importer(
-    name="hf-vit",
-    description="a Hugging Face transformers ViT folder (config.json with model_type vit: ViTForImageClassification)",
-    matches=is_vit,
-    load=load_vit,
-    family=ImageConfig.family,
-    format="hf",
-    save=save_vit,
-)
 
 
 @hookimpl

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_zoo.core.inputs import check_image
+from .config import check_image
 
 
 # ---- SAGAN ----------------------------------------------------------------------------------

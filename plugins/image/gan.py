@@ -30,12 +30,13 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations, parametrize
 
-from transformer_zoo.core.inputs import check_float_dtype, check_image, check_not_empty, check_tensor
-from transformer_zoo.core.model import ModelOutput, Phase, ZooModel
-from transformer_zoo.core.options import MAX_WIDTH, Width
+from transformer_zoo.core.embedding import check_not_empty, check_tensor
+from transformer_zoo.core.model import ModelOutput, ZooModel
+from transformer_zoo.core.tasks import Phase
+from transformer_zoo.core.validation import MAX_WIDTH, Width
 
 from .blocks import SelfAttention2d
-from .config import ImageConfig
+from .config import ImageConfig, check_float_dtype, check_image
 
 
 class ConditionalBatchNorm2d(nn.Module):

@@ -30,6 +30,7 @@ from transformer_zoo.core.hf import (
     write_hf_folder,
 )
 from transformer_zoo.core.model import ZooModel
+from transformer_zoo.core.weights import Importer
 
 from .blocks import PatchEmbedding
 
@@ -195,3 +196,14 @@ def save_vit(model: ZooModel, directory: str | Path, **options: Any) -> Path:
     (:func:`~transformer_zoo.core.hf.write_hf_folder`); it takes no ``options``, and refuses the
     family's SAGAN models."""
     return write_hf_folder(VIT, model, directory, validate=load_config, **options)
+
+
+VIT_IMPORTER = Importer(
+    name="hf-vit",
+    description="a Hugging Face transformers ViT folder (config.json with model_type vit: ViTForImageClassification)",
+    matches=is_vit,
+    load=load_vit,
+    family="image-attention",
+    format="hf",
+    save=save_vit,
+)

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.core.local_attention import AttentionPattern
-from transformer_zoo.core.masks import AttentionMask
 
 
 @dataclass(frozen=True)

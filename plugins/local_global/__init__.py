@@ -29,11 +29,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.attention import Kernel, math_kernel
+from transformer_zoo.core.attention import AttentionMask, Kernel, math_kernel
 from transformer_zoo.core.config import EncoderDecoderConfig
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
-from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.options import MAX_LENGTH, AttentionOptions, HeadField, PositionalField, StackField, Variant
+from transformer_zoo.core.options import AttentionOptions, HeadField, PositionalField, StackField, Variant
+from transformer_zoo.core.validation import MAX_LENGTH
 from transformer_zoo.registry import hookimpl
 
 from .kernels import MemoryCompressedAttention, Pattern

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import Kernel, KVCache, MultiHeadAttention, attention_math, math_kernel
+from transformer_zoo.core.attention import AttentionMask, Kernel, MultiHeadAttention, attention_math, math_kernel
+from transformer_zoo.core.cache import KVCache
 from transformer_zoo.core.local_attention import NO_BIAS, AttentionPattern, attend_masked
-from transformer_zoo.core.masks import AttentionMask
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from transformer_zoo.core.attention import AttentionPositional
-from transformer_zoo.core.options import MAX_LENGTH, PositionalOptions
+from transformer_zoo.core.options import PositionalOptions
+from transformer_zoo.core.validation import MAX_LENGTH
 from transformer_zoo.registry import hookimpl
 
 

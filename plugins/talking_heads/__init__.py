@@ -23,8 +23,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import apply_weights
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, apply_weights
 from transformer_zoo.core.options import AttentionOptions
 from transformer_zoo.registry import hookimpl
 

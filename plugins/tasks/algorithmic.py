@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from transformer_zoo.core.inputs import BOS, EOS, PAD
-from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
-from transformer_zoo.core.tasks import Seq2SeqTask
+from transformer_zoo.core.embedding import BOS, EOS, PAD
+from transformer_zoo.core.tasks import Seq2SeqTask, TaskOptions
+from transformer_zoo.core.validation import MAX_EXAMPLES, MAX_LENGTH
 
 if TYPE_CHECKING:
     import datasets

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from transformer_zoo.core.errors import ConfigError, optional
-from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH
 from transformer_zoo.core.tasks import ClassificationTask, Task
+from transformer_zoo.core.validation import MAX_EXAMPLES, MAX_LENGTH
 
 from .text import (
     Tokenized,

@@ -20,8 +20,7 @@ import safetensors.numpy
 import torch
 from pydantic import Field
 
-from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import ClassificationTask, model_reads, objective_reason
+from transformer_zoo.core.tasks import ClassificationTask, TaskOptions, model_reads, objective_reason
 
 if TYPE_CHECKING:
     import datasets

@@ -37,8 +37,7 @@ import torch.nn.functional as F
 from pydantic import field_validator
 from torch import Tensor, nn
 
-from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import Better, Task, objective_reason
+from transformer_zoo.core.tasks import Better, Task, TaskOptions, objective_reason
 
 from .digits import DigitsOptions
 

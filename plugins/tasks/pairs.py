@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from transformer_zoo.core.inputs import CLS, PAD
-from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
-from transformer_zoo.core.tasks import ClassificationTask
+from transformer_zoo.core.embedding import CLS, PAD
+from transformer_zoo.core.tasks import ClassificationTask, TaskOptions
+from transformer_zoo.core.validation import MAX_EXAMPLES, MAX_LENGTH
 
 if TYPE_CHECKING:
     import datasets

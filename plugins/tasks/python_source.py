@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from transformer_zoo.core.inputs import EOS
-from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
-from transformer_zoo.core.tasks import LanguageModelTask
+from transformer_zoo.core.embedding import EOS
+from transformer_zoo.core.tasks import LanguageModelTask, TaskOptions
+from transformer_zoo.core.validation import MAX_EXAMPLES, MAX_LENGTH
 
 if TYPE_CHECKING:
     import datasets

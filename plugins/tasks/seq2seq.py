@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from transformer_zoo.core.errors import ConfigError, optional
-from transformer_zoo.core.options import MAX_BEAM
 from transformer_zoo.core.tasks import Better, Seq2SeqTask
+from transformer_zoo.core.validation import MAX_BEAM
 
 from .datasets import DatasetOptions, DatasetTask
 from .text import check_patterns, resolve_files

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from transformer_zoo.core.errors import ConfigError, optional
-from transformer_zoo.core.options import MAX_EXAMPLES, MAX_LENGTH, TaskOptions
-from transformer_zoo.core.tasks import MaskedLMTask, Task
+from transformer_zoo.core.tasks import MaskedLMTask, Task, TaskOptions
+from transformer_zoo.core.validation import MAX_EXAMPLES, MAX_LENGTH
 
 if TYPE_CHECKING:
     import datasets

@@ -16,11 +16,11 @@ from typing import ClassVar
 from pydantic import Field
 
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.model import Importer
-from transformer_zoo.core.options import MAX_VOCAB, HeadField, Variant
+from transformer_zoo.core.options import HeadField, Variant
+from transformer_zoo.core.validation import MAX_VOCAB
 from transformer_zoo.registry import hookimpl
 
-from .hf import is_marian, load_marian, save_marian
+from .hf import MARIAN_IMPORTER
 
 
 class TransformerConfig(EncoderDecoderConfig):
@@ -63,17 +63,6 @@ def tzoo_variants():
             description="tiny: d 64, 4 heads, 2+2 layers, for CPUs and tests",
         ),
     ]
-
-
-MARIAN_IMPORTER = Importer(
-    name="hf-marian",
-    description="a Hugging Face transformers MarianMTModel folder (config.json with model_type marian)",
-    matches=is_marian,
-    load=load_marian,
-    family="transformer",
-    format="hf",
-    save=save_marian,
-)
 
 
 @hookimpl

@@ -31,10 +31,10 @@ from typing import Any
 from torch import Tensor
 
 from transformer_zoo.api import build_checked, load_config
+from transformer_zoo.core.embedding import BOS, EOS, sinusoid_table
 from transformer_zoo.core.hf import ConfigField, HFMap, Weight, read_hf_folder, write_hf_folder
-from transformer_zoo.core.inputs import BOS, EOS
 from transformer_zoo.core.model import ZooModel
-from transformer_zoo.core.positional import sinusoid_table
+from transformer_zoo.core.weights import Importer
 
 DEFAULTS: dict[str, Any] = {  # transformers' MarianConfig defaults, for the fields the functions below read
     "dropout": 0.1,
@@ -274,3 +274,14 @@ def save_marian(
         decoder_start_token_id=decoder_start_token_id,
         eos_token_id=eos_token_id,
     )
+
+
+MARIAN_IMPORTER = Importer(
+    name="hf-marian",
+    description="a Hugging Face transformers MarianMTModel folder (config.json with model_type marian)",
+    matches=is_marian,
+    load=load_marian,
+    family="transformer",
+    format="hf",
+    save=save_marian,
+)

@@ -6,19 +6,64 @@ transition function) is applied recurrently over depth, with the same parameters
 step. Before each step the position and the step index are added as sinusoids (the
 coordinate embedding ``P^t``). With adaptive computation time (Graves 2016) each position
 has a halting unit and stops when it is done; its ponder time ``N + R`` is exposed after
-every forward pass and its mean, weighted, is added to the loss. Everything is the core's
-``recurrent`` stack; this file holds the paper's defaults and the presets.
+every forward pass and its mean, weighted, is added to the loss. The stack is the core's
+:class:`~transformer_zoo.core.recurrent.RecurrentStack`; this file holds its options (the
+``recurrent`` stack kind, which any family can use), the paper's defaults and the presets.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from torch import nn
 
 from transformer_zoo.core.config import EncoderDecoderConfig
-from transformer_zoo.core.options import MAX_VOCAB, HeadField, StackField, Variant
+from transformer_zoo.core.options import HeadField, StackField, StackOptions, Variant
+from transformer_zoo.core.recurrent import recurrent_stack
+from transformer_zoo.core.validation import MAX_VOCAB
 from transformer_zoo.registry import hookimpl
+
+
+class RecurrentOptions(StackOptions):
+    """One shared layer applied up to ``layers`` times, with optional adaptive computation time
+    (Dehghani et al. 2018; Graves 2016)."""
+
+    kind: Literal["recurrent"] = "recurrent"
+    recurrent: ClassVar[bool] = True
+    act: bool = Field(True, description="adaptive computation time: each position decides how many steps it takes")
+    threshold: float = Field(
+        0.99,
+        gt=0.0,
+        lt=1.0,
+        description="ACT halts a position when its summed halting probability would pass this (1 - epsilon)",
+    )
+    ponder_weight: float = Field(0.01, ge=0.0, description="weight of the ponder cost (steps taken) in the loss")
+    halting_bias: float = Field(1.0, description="initial bias of the halting unit (higher: halt sooner at first)")
+
+    @field_validator("attention")
+    @classmethod
+    def _one_kind(cls, attention):
+        if isinstance(attention, list) and len(attention) > 1:
+            raise ValueError("a recurrent stack shares one layer: give one attention kind, not a list")
+        return attention
+
+    def build(
+        self, *, layers: list[nn.Module], final_norm: nn.Module | None, d_model: int, signal: nn.Module | None = None
+    ) -> nn.Module:
+        (layer,) = layers
+        return recurrent_stack(
+            layer,
+            steps=self.layers,
+            d_model=d_model,
+            signal=signal,
+            act=self.act,
+            threshold=self.threshold,
+            ponder_weight=self.ponder_weight,
+            halting_bias=self.halting_bias,
+            final_norm=final_norm,
+        )
+
 
 RECURRENT = {"kind": "recurrent", "layers": 6, "act": True}
 
@@ -54,6 +99,11 @@ TINY = dict(
     decoder={**RECURRENT, "layers": 4},
 )
 ENCODER_ONLY = dict(decoder=None, head={"kind": "sequence-classification", "num_classes": 2})
+
+
+@hookimpl
+def tzoo_components():
+    return [RecurrentOptions]
 
 
 @hookimpl

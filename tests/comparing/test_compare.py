@@ -354,8 +354,7 @@ def test_a_task_of_its_own_with_a_lower_is_better_metric_is_read_that_way(tmp_pa
     """A task plugin declares its inputs and metrics; the summary, the report and the plot follow
     its directions with no library file naming them."""
     from transformer_zoo.comparing import plots
-    from transformer_zoo.core.options import TaskOptions
-    from transformer_zoo.core.tasks import ClassificationTask
+    from transformer_zoo.core.tasks import ClassificationTask, TaskOptions
     from transformer_zoo.registry import hookimpl
 
     class ParityErrors(TaskOptions):

@@ -16,8 +16,7 @@ from transformer_zoo.comparing import runner, tuning
 from transformer_zoo.comparing.runner import ComparisonInterrupted, compare
 from transformer_zoo.comparing.spec import load_spec
 from transformer_zoo.comparing.tuning import rung_steps, with_values
-from transformer_zoo.core.options import TaskOptions
-from transformer_zoo.core.tasks import ClassificationTask
+from transformer_zoo.core.tasks import ClassificationTask, TaskOptions
 from transformer_zoo.registry import get_registry, hookimpl
 from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.holdout import carve, held_out
@@ -51,7 +50,7 @@ class PresenceTask(ClassificationTask):
         READS.append((PHASE[0], split))
         return self._rows(split)
 
-    @functools.cache  # noqa: B019 - the task lives as long as the test
+    @functools.cache  # the task lives as long as the test
     def _rows(self, split: str):
         import datasets
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import KVCache, MathAttention, MultiHeadAttention, attention_math
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, MathAttention, MultiHeadAttention, attention_math
+from transformer_zoo.core.cache import KVCache
 
 
 def test_attention_math_is_the_papers_formula():

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import KVCache, MathAttention, MultiHeadAttention, math_kernel, sdpa_kernel
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, MathAttention, MultiHeadAttention, math_kernel, sdpa_kernel
+from transformer_zoo.core.cache import KVCache
 from transformer_zoo.core.options import AttentionOptions, LayerSpec
 
 MASKS = {

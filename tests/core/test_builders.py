@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core import builders
-from transformer_zoo.core.layers import TransformerLayer
+from transformer_zoo.core.config import build_encoder_decoder, build_layer, build_stack
+from transformer_zoo.core.layers import StandardStack, TransformerLayer
 from transformer_zoo.core.options import LayerSpec
-from transformer_zoo.core.stack import RecurrentStack, StandardStack, StepSignal
+from transformer_zoo.core.recurrent import RecurrentStack, StepSignal
 from transformer_zoo.registry import get_registry
 
 
@@ -31,9 +31,7 @@ def spec(**fields) -> LayerSpec:
 
 def test_transformer_layer_builds_the_kinds_it_is_given():
     described = spec(ffn=options("ffn", "gated"), norm=options("norm", "rmsnorm"), norm_placement="pre")
-    layer = builders.transformer_layer(
-        described, options("attention", "math"), cross_attention=options("attention", "sdpa")
-    )
+    layer = build_layer(described, options("attention", "math"), cross_attention=options("attention", "sdpa"))
     assert layer.spec is described
     assert isinstance(layer, TransformerLayer) and layer.pre_norm
     assert type(layer.self_attn).__name__ == "MathAttention"
@@ -43,7 +41,7 @@ def test_transformer_layer_builds_the_kinds_it_is_given():
 
 def test_a_standard_stack_receives_its_layers_built_each_with_its_attention_kind():
     stack_options = options("stack", {"layers": 3, "attention": ["sdpa", "math"]})
-    stack = builders.stack(stack_options, spec(final_norm=True))
+    stack = build_stack(stack_options, spec(final_norm=True))
     assert isinstance(stack, StandardStack)
     assert [type(layer.self_attn).__name__ for layer in stack.layers] == [
         "MultiHeadAttention",
@@ -55,7 +53,7 @@ def test_a_standard_stack_receives_its_layers_built_each_with_its_attention_kind
 
 def test_a_recurrent_stack_shares_one_built_layer_and_takes_its_signal_as_an_argument():
     signal = StepSignal(16, 4)
-    stack = builders.stack(options("stack", {"kind": "recurrent", "layers": 4}), spec(), signal=signal)
+    stack = build_stack(options("stack", {"kind": "recurrent", "layers": 4}), spec(), signal=signal)
     assert isinstance(stack, RecurrentStack) and stack.steps == 4 and stack.signal is signal
     x = torch.randn(2, 5, 16)
     assert stack(x).hidden.shape == (2, 5, 16)
@@ -63,7 +61,7 @@ def test_a_recurrent_stack_shares_one_built_layer_and_takes_its_signal_as_an_arg
 
 def test_a_standard_stack_refuses_a_step_signal():
     with pytest.raises(ValueError, match="'standard' stack applies distinct layers and takes no step signal"):
-        builders.stack(options("stack", {"layers": 2}), spec(), signal=StepSignal(16, 2))
+        build_stack(options("stack", {"layers": 2}), spec(), signal=StepSignal(16, 2))
 
 
 def test_the_universal_transformer_puts_positions_in_its_step_signal_and_not_in_the_embeddings():
@@ -103,7 +101,7 @@ def test_a_family_config_is_unpacked_into_the_encoder_decoder_builder():
         norm=options("norm", "layernorm"),
         norm_placement="pre",
     )
-    by_hand = builders.encoder_decoder(
+    by_hand = build_encoder_decoder(
         layer,
         vocab_size=config.vocab_size,
         max_len=config.max_len,

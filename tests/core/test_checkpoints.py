@@ -44,12 +44,14 @@ def test_a_sagan_folder_with_scalar_gammas_is_refused_by_name(tmp_path):
     safetensors.torch.save_file(
         {k: v.reshape(()) if k.endswith(".gamma") else v for k, v in state.items()}, str(folder / "model.safetensors")
     )
-    with pytest.raises(tz.ConfigError, match=r"(?s)model\.safetensors.*shape mismatch attention\.0\.gamma: file \[\], model \[1\]"):
+    with pytest.raises(
+        tz.ConfigError, match=r"(?s)model\.safetensors.*shape mismatch attention\.0\.gamma: file \[\], model \[1\]"
+    ):
         tz.from_pretrained(folder)
 
 
 def test_a_saved_config_names_its_format_and_a_newer_format_is_refused(tmp_path):
-    from transformer_zoo.core.model import FORMAT
+    from transformer_zoo.core.weights import FORMAT
 
     folder = tz.build_model("transformer-tiny").save_pretrained(tmp_path / "model")
     saved = json.loads((folder / "config.json").read_text())

@@ -15,7 +15,8 @@ import pytest
 
 import transformer_zoo as tz
 from transformer_zoo import api, cli
-from transformer_zoo.core.options import CATEGORIES, MAX_LAYERS, Options, VariantConfig
+from transformer_zoo.core.options import CATEGORIES, VariantConfig
+from transformer_zoo.core.validation import MAX_LAYERS, Options
 from transformer_zoo.registry import get_registry
 from transformer_zoo.training.config import TrainConfig, load_train_config
 

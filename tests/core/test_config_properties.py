@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 import transformer_zoo as tz
 from transformer_zoo import api
-from transformer_zoo.core.options import CATEGORIES, ComponentField
+from transformer_zoo.core.options import CATEGORIES
+from transformer_zoo.core.validation import ComponentField
 from transformer_zoo.registry import get_registry
 from transformer_zoo.training.config import TrainConfig, load_train_config
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import transformer_zoo as tz
+from transformer_zoo.core.cache import DecoderCache, StaticDecoderCache
 from transformer_zoo.core.decoding import DecodeStep, greedy_decode
-from transformer_zoo.core.stack import DecoderCache, StaticDecoderCache
 
 SMALL = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.decoding import beam_search, greedy_decode
-from transformer_zoo.core.inputs import check_count, check_token_ids
+from transformer_zoo.core.decoding import beam_search, check_count, greedy_decode
+from transformer_zoo.core.embedding import check_token_ids
 
 TOKEN_MODELS = [name for name in tz.list_variants("*tiny") if tz.load_config(name).inputs == "tokens"]
 IMAGE_MODELS = [name for name in tz.list_variants("*tiny") if tz.load_config(name).inputs == "image"]

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import MultiHeadAttention
+from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention
+from transformer_zoo.core.cache import DecoderCache
 from transformer_zoo.core.decoding import DecodeStep, generate, greedy_decode
-from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import LayerSpec
-from transformer_zoo.core.stack import DecoderCache
 from transformer_zoo.registry.manager import get_registry
 
 D, H, DH = 32, 4, 8

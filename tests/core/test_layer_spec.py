@@ -97,8 +97,8 @@ def test_a_positional_kind_that_acts_inside_attention_says_so_and_building_check
 
     from torch import nn
 
-    from transformer_zoo.core import builders
     from transformer_zoo.core.attention import AttentionPositional
+    from transformer_zoo.core.config import positional_modules
     from transformer_zoo.core.options import PositionalOptions
 
     class Undeclared(PositionalOptions):
@@ -112,8 +112,8 @@ def test_a_positional_kind_that_acts_inside_attention_says_so_and_building_check
         in_attention: ClassVar[bool] = True
 
     with pytest.raises(ValueError, match="undeclared positions .* declare in_attention = False"):
-        builders.positional_modules(Undeclared(), d_model=16, n_heads=2, max_len=8)
-    assert builders.positional_modules(Declared(), d_model=16, n_heads=2, max_len=8)[0] is None
+        positional_modules(Undeclared(), d_model=16, n_heads=2, max_len=8)
+    assert positional_modules(Declared(), d_model=16, n_heads=2, max_len=8)[0] is None
     linear = get_registry().component("attention", "linear")()
     with pytest.raises(ValueError, match="linear attention keeps running sums over keys"):
         linear.check_use(n_heads=2, max_len=8, positional=Declared())

@@ -129,7 +129,7 @@ def test_bad_inputs_say_what_was_expected(call, message):
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_token_loss_is_the_mean_over_counted_targets_and_zero_when_none_count(smoothing):
-    from transformer_zoo.core.heads import token_loss
+    from transformer_zoo.core.model import token_loss
 
     logits = torch.randn(3, 5, 7, requires_grad=True)
     targets = torch.randint(0, 7, (3, 5))

@@ -12,9 +12,10 @@ import torch
 from torch import nn
 
 import transformer_zoo as tz
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.layers import FeedForward, MixtureOfExperts, TransformerLayer
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.layers import FeedForward, TransformerLayer
+from transformer_zoo.core.moe import MixtureOfExperts
 from transformer_zoo.registry import get_registry
 from transformer_zoo.training.config import load_train_config, model_config_for
 from transformer_zoo.training.step import Stepper

@@ -11,8 +11,7 @@ from pydantic import ValidationError
 
 import transformer_zoo as tz
 from transformer_zoo.configs import merge, parse_overrides
-from transformer_zoo.core.attention import MultiHeadAttention
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention
 from transformer_zoo.core.options import CATEGORIES, AttentionOptions, LayerSpec
 from transformer_zoo.registry import get_registry
 

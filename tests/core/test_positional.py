@@ -9,17 +9,11 @@ import torch
 
 import transformer_zoo as tz
 from transformer_zoo.core import embedding as embedding_module
-from transformer_zoo.core import stack as stack_module
+from transformer_zoo.core import layers as stack_module
 from transformer_zoo.core.decoding import greedy_decode
+from transformer_zoo.core.embedding import LearnedPositional, SinusoidalPositional, add_positions, sinusoid_table
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.positional import (
-    ALiBiPositional,
-    LearnedPositional,
-    RotaryPositional,
-    SinusoidalPositional,
-    add_positions,
-    sinusoid_table,
-)
+from transformer_zoo.core.relative import ALiBiPositional, RotaryPositional
 
 
 def test_sinusoid_table_matches_section_3_5():

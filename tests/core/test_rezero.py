@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import transformer_zoo as tz
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.core.layers import TransformerLayer
-from transformer_zoo.core.masks import AttentionMask
 
 STACKED = [
     "transformer-tiny",

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from transformer_zoo.core.tasks import ClassificationTask, LanguageModelTask, Task, declared_metrics, mask_tokens
+from transformer_zoo.core.tasks import ClassificationTask, LanguageModelTask, Task, mask_tokens
 
 SPECIAL = (0, 1, 2, 4)  # pad, bos, eos, unk
 MASK = 3
@@ -78,8 +78,8 @@ class Sounds(Task):
 def test_a_task_declares_its_inputs_and_its_metrics_with_their_directions():
     assert ClassificationTask().metric == "accuracy" and LanguageModelTask().metric == "perplexity"
     assert Sounds().metric == "word_error_rate"
-    declared = declared_metrics()
-    assert declared["perplexity"] == declared["word_error_rate"] == "lower" and declared["accuracy"] == "higher"
+    assert LanguageModelTask.metrics["perplexity"] == Sounds.metrics["word_error_rate"] == "lower"
+    assert ClassificationTask.metrics["accuracy"] == "higher"
 
 
 def test_one_fitness_check_refuses_a_model_that_reads_none_of_the_inputs():

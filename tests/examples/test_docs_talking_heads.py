@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.registry import get_registry
 
 DOC = Path(__file__).parents[2] / "docs" / "writing-a-plugin.md"

@@ -245,7 +245,7 @@ def test_build_train_save_and_reload_without_importing_the_plugin(site: Path, tm
 MASKS_AND_CACHE = """
 import torch, transformer_zoo as tz
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.stack import DecoderCache
+from transformer_zoo.core.cache import DecoderCache
 
 torch.manual_seed(0)
 model = tz.build_model("cosine-transformer-tiny", dropout=0.0).eval()
@@ -361,8 +361,8 @@ def test_the_new_kind_is_validated_like_a_built_in_one(site: Path, tmp_path: Pat
 LINEAR = """
 import torch, torch.nn.functional as F, transformer_zoo as tz
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.stack import DecoderCache
+from transformer_zoo.core.attention import AttentionMask
+from transformer_zoo.core.cache import DecoderCache
 
 registry = tz.get_registry()
 assert registry.provider("attention", "simple-linear") == "example"

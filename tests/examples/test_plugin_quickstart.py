@@ -22,8 +22,8 @@ import pytest
 import torch
 
 import transformer_zoo as tz
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.registry import get_registry
 from transformer_zoo.training.config import load_train_config
 from transformer_zoo.training.trainer import train

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import attention_math
+from transformer_zoo.core.attention import AttentionMask, attention_math
+from transformer_zoo.core.cache import DecoderCache
 from transformer_zoo.core.decoding import greedy_decode, static_cache_problem
-from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.core.options import LayerSpec
-from transformer_zoo.core.stack import DecoderCache
 from transformer_zoo.plugins.efficient import kernels
 from transformer_zoo.registry import get_registry
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import transformer_zoo as tz
-from transformer_zoo.core.inputs import BOS, EOS, PAD
+from transformer_zoo.core.embedding import BOS, EOS, PAD
 from transformer_zoo.plugins.tasks.algorithmic import FIRST_SYMBOL
 from transformer_zoo.registry import get_registry
 
@@ -121,7 +121,7 @@ def test_listops_refuses_impossible_lengths():
 
 
 def test_classification_collate_and_model_fit():
-    from transformer_zoo.core.inputs import CLS
+    from transformer_zoo.core.embedding import CLS
     from transformer_zoo.training.config import load_train_config, model_config_for
 
     task = make("listops")

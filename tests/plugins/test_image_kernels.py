@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.core.local_attention import DENSE_UP_TO, PatternKernel, flex_attention_kernel
-from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.plugins.image.kernels import Local2dPattern, local_2d_attention
 
 

@@ -341,8 +341,7 @@ def test_a_sparse_module_refuses_cross_attention_when_run():
 def test_a_bias_the_sparse_kernel_cannot_add_is_refused_without_naming_alibi():
     """A scheme that returns a bias but does not declare scores_bias passes validation; the sparse
     kernel then refuses its bias at the first call, naming what it is, not ALiBi."""
-    from transformer_zoo.core.attention import AttentionPositional
-    from transformer_zoo.core.masks import AttentionMask
+    from transformer_zoo.core.attention import AttentionMask, AttentionPositional
     from transformer_zoo.core.options import LayerSpec
     from transformer_zoo.registry import get_registry
 

@@ -13,8 +13,8 @@ import torch
 
 import transformer_zoo as tz
 from transformer_zoo.core.decoding import generate
+from transformer_zoo.core.embedding import sinusoid_table
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.positional import sinusoid_table
 from transformer_zoo.core.weights import WeightsError
 
 transformers = pytest.importorskip("transformers")

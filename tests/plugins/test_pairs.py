@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import transformer_zoo as tz
-from transformer_zoo.core.inputs import CLS, PAD
+from transformer_zoo.core.embedding import CLS, PAD
 from transformer_zoo.plugins.tasks.pairs import FIRST_SYMBOL
 from transformer_zoo.registry import get_registry
 from transformer_zoo.training.config import load_train_config, model_config_for

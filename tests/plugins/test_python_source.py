@@ -9,8 +9,8 @@ import re
 
 import pytest
 
+from transformer_zoo.core.embedding import EOS
 from transformer_zoo.core.errors import ConfigError
-from transformer_zoo.core.inputs import EOS
 from transformer_zoo.registry import get_registry
 from transformer_zoo.training import load_train_config
 from transformer_zoo.training.config import model_config_for

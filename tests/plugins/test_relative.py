@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import MultiHeadAttention, math_kernel
+from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention, math_kernel
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.plugins.relative import ShawRelativeKeys, T5RelativeBias, relative_position_bucket
 
 SMALL = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, dropout=0.0)

@@ -138,7 +138,7 @@ def test_a_step_updates_the_discriminator_then_the_generator_each_with_its_own_o
 
 
 def test_phases_must_train_every_parameter_exactly_once(tmp_path, monkeypatch):
-    from transformer_zoo.core.model import Phase
+    from transformer_zoo.core.tasks import Phase
     from transformer_zoo.plugins.image.gan import SaganGan
 
     monkeypatch.setattr(SaganGan, "phases", lambda self: [Phase("generator", tuple(self.generator.parameters()))])

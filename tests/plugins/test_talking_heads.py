@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import MultiHeadAttention
+from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.masks import AttentionMask
 from transformer_zoo.plugins.relative import T5RelativeBias
 from transformer_zoo.plugins.talking_heads import TalkingHeadsKernel
 

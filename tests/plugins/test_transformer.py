@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import transformer_zoo as tz
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.training.config import load_train_config, lr_factor
 
 D, H, FF, LAYERS, VOCAB = 32, 4, 64, 2, 50

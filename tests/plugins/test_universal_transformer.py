@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import transformer_zoo as tz
+from transformer_zoo.core.attention import AttentionMask
+from transformer_zoo.core.cache import DecoderCache
 from transformer_zoo.core.decoding import greedy_decode
-from transformer_zoo.core.masks import AttentionMask
-from transformer_zoo.core.stack import DecoderCache
 
 SMALL = dict(vocab_size=60, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 

@@ -22,11 +22,11 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import torch
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-from ..training.trainer import load_run  # noqa: E402
+from ..training.trainer import load_run
 
 DPI = 110
 MAX_LABELLED = 24  # longer sequences are ticked by position: more strings would overlap in a 2.6-inch cell

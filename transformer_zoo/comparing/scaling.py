@@ -26,7 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..api import load_config
-from ..core.options import Options, VariantConfig
+from ..core.options import VariantConfig
+from ..core.validation import Options
 from ..registry import get_registry
 from .records import MODES, ScalingPoint
 

@@ -15,7 +15,8 @@ from pydantic import Field, model_validator
 from ..api import build_model, load_config
 from ..configs import read_config, validate
 from ..core.errors import ConfigError, UnknownNameError, ZooError, naming
-from ..core.options import Options, TaskField
+from ..core.tasks import TaskField
+from ..core.validation import Options
 from ..training.config import TrainConfig, model_config_for
 from .probes import PROBE_NAMES, ProbeName
 from .records import Skipped, TestKind

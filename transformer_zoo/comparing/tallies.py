@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from scipy import stats as _scipy
 
-from ..core.options import Options
+from ..core.validation import Options
 from .records import ALPHA, Cell, CompareResults
 from .stats import bounded_interval, difference, holm, interval
 from .summary import format_cell, format_number

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..api import load_config
 from ..core.errors import ConfigError, optional
-from ..core.options import Options
+from ..core.validation import Options
 from ..training.config import TrainConfig
 from ..training.holdout import VALIDATION
 from ..training.trainer import Trainer

@@ -15,7 +15,9 @@ from pydantic import Field
 from ..api import load_config
 from ..configs import merge, parse_overrides, read_config, validate
 from ..core.errors import ConfigError, ZooError, naming
-from ..core.options import Options, TaskField, VariantConfig
+from ..core.options import VariantConfig
+from ..core.tasks import TaskField
+from ..core.validation import Options
 from .run_folder import differences
 
 MAX_COUNT = 2**31 - 1  # steps, batch sizes and cadences: far beyond any run, and within every index type

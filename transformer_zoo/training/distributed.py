@@ -88,13 +88,13 @@ def replicate(model: nn.Module, device: torch.device) -> Replica:
 
 def fully_shard(model: nn.Module, device: torch.device, here: World) -> None:
     """Shard ``model`` in place over the processes. Each layer of a
-    :class:`~transformer_zoo.core.stack.StandardStack` is a unit, gathered for its own forward
+    :class:`~transformer_zoo.core.layers.StandardStack` is a unit, gathered for its own forward
     and backward; the rest (embeddings, heads, a recurrent stack's shared layer, which ACT may
     apply a different number of times in each process) is the root's unit, gathered once."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard as shard_module
 
-    from ..core.stack import StandardStack
+    from ..core.layers import StandardStack
 
     mesh = init_device_mesh(device.type, (here.size,))
     for stack in [m for m in model.modules() if isinstance(m, StandardStack)]:

@@ -51,7 +51,7 @@ class _HeldOut:
             )
         return self._parts()[split]
 
-    @functools.cache  # noqa: B019 - one carve per task object, which lives as long as its run
+    @functools.cache  # one carve per task object, which lives as long as its run
     def _parts(self) -> dict[str, datasets.Dataset]:
         full = self.source.dataset("train")  # the task's own, which caches its data for every trial
         kept, held = carve(len(full), *self.holdout)

@@ -4,8 +4,7 @@ from typing import ClassVar, Literal
 
 from torch import Tensor, nn
 
-from transformer_zoo.core.attention import Kernel, apply_weights
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, Kernel, apply_weights
 from transformer_zoo.core.options import AttentionOptions
 
 

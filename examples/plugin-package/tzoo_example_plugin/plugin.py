@@ -31,8 +31,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 import transformer_zoo as tz
-from transformer_zoo.core.attention import KVCache, MultiHeadAttention, math_kernel
-from transformer_zoo.core.masks import AttentionMask
+from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention, math_kernel
+from transformer_zoo.core.cache import KVCache
 from transformer_zoo.core.options import AttentionOptions, Variant
 from transformer_zoo.plugins.transformer import TINY, TransformerConfig
 

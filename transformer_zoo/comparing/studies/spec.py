@@ -22,8 +22,8 @@ from pydantic import Field, model_validator
 
 from ...configs import merge, read_config, validate
 from ...core.errors import ConfigError, UnknownNameError
-from ...core.options import Options
 from ...core.tasks import Better
+from ...core.validation import Options
 from ..probes import PROBE_OUTPUTS
 from ..spec import CompareSpec, plan
 from ..tallies import Tally

@@ -1,160 +1,73 @@
-"""Stacks: how layers are composed into an encoder or a decoder.
-
-A stack takes ``(B, T, D)`` and returns a :class:`StackOutput`. The ``standard`` stack runs
-N distinct layers; other kinds (a shared layer applied T times, with adaptive computation
-time) implement the same call. After each layer application a stack gathers the routing of
-the mixtures of experts it ran (:func:`~.layers.routings`) into its auxiliary loss and extras
-(:func:`routing_outputs`).
-"""
+"""The recurrent stack: one shared layer applied step after step (Dehghani et al. 2018, the
+Universal Transformer), with its step signal and optional adaptive computation time (Graves 2016)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from .attention import KVCache, StaticKVCache
-from .layers import Routing, TransformerLayer, apply_norm, real_positions, routings
-from .masks import AttentionMask
-from .positional import add_positions, position_starts, sinusoid_table
+from .attention import AttentionMask, MultiHeadAttention
+from .cache import KVCache
+from .embedding import add_positions, position_starts, sinusoid_table
+from .layers import StackOutput, TransformerLayer, apply_norm, real_positions
+from .moe import Routing, routing_outputs, routings
+
+if TYPE_CHECKING:
+    from .cache import DecoderCache
 
 
-class DecoderCache:
-    """Per-layer key/value caches of an incremental decoder, plus how many tokens it has seen.
+def gathers(layer: TransformerLayer) -> bool:
+    """Whether :func:`forward_at` computes what ``layer.forward`` does at the positions it is
+    given: the self-attention is a plain :class:`MultiHeadAttention` (no in-attention
+    positions, no hook that changes keys, not self-only), and no norm or feed-forward mixes
+    positions (``takes_padding``: batch norm, a mixture of experts)."""
+    attn = layer.self_attn
+    plain = (
+        isinstance(attn, MultiHeadAttention)
+        and attn.positional is None
+        and not attn.self_only
+        and type(attn).kernel_inputs is MultiHeadAttention.kernel_inputs
+        and type(attn).forward is MultiHeadAttention.forward
+    )
+    mixing = [m for m in (*layer.norms, layer.ffn) if getattr(m, "takes_padding", False)]
+    return plain and not mixing
 
-    A stack asks for the cache of its i-th layer application with :meth:`layer`; a stack that
-    applies one layer T times simply asks for T of them. The caches grow with every step (see
-    :class:`StaticDecoderCache` for preallocated ones).
+
+def forward_at(
+    layer: TransformerLayer,
+    x: Tensor,
+    index: Tensor,
+    memory: Tensor | None = None,
+    *,
+    self_mask: AttentionMask | None = None,
+    memory_mask: AttentionMask | None = None,
+    cross_cache: KVCache | None = None,
+) -> Tensor:
+    """``layer``'s output ``(B, Q, D)`` at positions ``index`` ``(B, Q)`` of ``x`` ``(B, T, D)``
+    only: those positions' queries attend to every key of ``x``, as in ``layer.forward``, and
+    only they go through the feed-forward network (for a layer that :func:`gathers`). What lets
+    adaptive computation time send only the running positions through the shared layer.
+
+    ``cross_cache`` keeps the encoder memory's keys and values between calls on one memory.
     """
+    keys = x
+    x = x.gather(1, index.unsqueeze(-1).expand(-1, -1, x.size(-1)))
+    mask = self_mask or AttentionMask()
+    explicit = None
+    if mask.causal:  # a query sees the keys at or before its own position
+        explicit = (index.unsqueeze(-1) >= torch.arange(keys.size(1), device=x.device)).unsqueeze(1)
+    mask = AttentionMask(padding=mask.padding, explicit=explicit)
+    context = keys if layer.alpha is None and not layer.pre_norm else layer.norms[0](keys)
 
-    def __init__(self) -> None:
-        self.layers: list[tuple[KVCache, KVCache]] = []
-        self.offset = 0
+    def attend(h: Tensor) -> Tensor:
+        return layer.self_attn(h, context, mask=mask)[0]
 
-    def layer(self, index: int) -> tuple[KVCache, KVCache]:
-        while len(self.layers) <= index:
-            self.layers.append((KVCache(), KVCache()))
-        return self.layers[index]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by every layer's keys, values and state (self- and cross-attention)."""
-        return sum(
-            t.nbytes
-            for caches in self.layers
-            for cache in caches
-            for t in (cache.key, cache.value, *cache.state.values())
-            if t is not None
-        )
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` of every cache (beam search)."""
-        for self_cache, cross_cache in self.layers:
-            self_cache.reorder(index)
-            cross_cache.reorder(index)
-
-
-class StaticDecoderCache(DecoderCache):
-    """A decoder cache whose self-attention caches are preallocated to ``capacity`` positions
-    (:class:`~transformer_zoo.core.attention.StaticKVCache`) and whose ``offset`` is a 0-d
-    tensor on ``device``, advanced in place: a decoding step has the same shapes and addresses
-    every time, and reads no value back to the host, so it can be captured as a CUDA graph.
-    Reordering (beam search) writes the selected rows in place too.
-    """
-
-    def __init__(self, capacity: int, device: torch.device | str) -> None:
-        self.capacity = capacity
-        self.position = torch.zeros((), dtype=torch.long, device=device)
-        super().__init__()
-
-    @property
-    def offset(self) -> Tensor:
-        return self.position
-
-    @offset.setter
-    def offset(self, value: int | Tensor) -> None:
-        if value is not self.position:  # ``offset += n`` has already added in place
-            self.position.copy_(torch.as_tensor(value))
-
-    def layer(self, index: int) -> tuple[KVCache, KVCache]:
-        while len(self.layers) <= index:
-            self.layers.append((StaticKVCache(self.capacity, self.position), KVCache(in_place=True)))
-        return self.layers[index]
-
-
-@dataclass
-class StackOutput:
-    """What a stack returns.
-
-    Attributes:
-        hidden: ``(B, T, D)``.
-        attentions: per layer application, the weights by block name (``self``, ``cross``),
-            each ``(B, H, Tq, Tk)``; empty unless asked for.
-        aux_loss: a term to add to the training loss (ponder cost, experts' load balancing), or None.
-        extras: other per-forward outputs a stack exposes (ponder times, experts' routing), by name.
-    """
-
-    hidden: Tensor
-    attentions: list[dict[str, Tensor]] = field(default_factory=list)
-    aux_loss: Tensor | None = None
-    extras: dict[str, Tensor] = field(default_factory=dict)
-
-
-def routing_outputs(routed: list[Routing]) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """What a stack reports of the mixtures of experts its layer applications ran, in order: the
-    sum of their load-balancing losses, and extras ``moe_tokens`` ``(L, E)`` (assignments each
-    expert took), ``moe_dropped`` ``(L,)`` (assignments over capacity) and ``moe_capacity`` ``(L,)``,
-    one row per application; ``(None, {})`` when there were none."""
-    if not routed:
-        return None, {}
-    aux = sum((r.aux_loss for r in routed[1:]), routed[0].aux_loss)
-    return aux, {
-        "moe_tokens": torch.stack([r.tokens for r in routed]),
-        "moe_dropped": torch.stack([r.dropped for r in routed]),
-        "moe_capacity": torch.stack([r.capacity for r in routed]),
-    }
-
-
-class StandardStack(nn.Module):
-    """N distinct layers applied in turn, then an optional final norm (needed by pre-norm)."""
-
-    category: ClassVar[str] = "stack"
-
-    def __init__(self, layers: list[nn.Module], *, final_norm: nn.Module | None = None) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.final_norm = final_norm if final_norm is not None else nn.Identity()
-
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None = None,
-        *,
-        self_mask: AttentionMask | None = None,
-        memory_mask: AttentionMask | None = None,
-        cache: DecoderCache | None = None,
-        need_weights: bool = False,
-        starts: Tensor | None = None,
-    ) -> StackOutput:
-        """``starts`` (random position starts, in training) is for stacks that add positions
-        themselves; here the embeddings have added them."""
-        attentions, routed = [], []
-        for i, layer in enumerate(self.layers):
-            x, weights = layer(
-                x,
-                memory,
-                self_mask=self_mask,
-                memory_mask=memory_mask,
-                cache=None if cache is None else cache.layer(i),
-                need_weights=need_weights,
-            )
-            if need_weights:
-                attentions.append(weights)
-            routed += routings(layer)
-        aux, extras = routing_outputs(routed)
-        return StackOutput(apply_norm(self.final_norm, x, real_positions(x, self_mask)), attentions, aux, extras)
+    x = layer.residual(x, 0, attend, None)
+    if layer.cross_attn is not None:
+        x = layer.residual(x, 1, lambda h: layer.cross_attn(h, memory, mask=memory_mask, cache=cross_cache)[0], None)
+    return layer.residual(x, len(layer.norms) - 1, layer.ffn, None)
 
 
 class StepSignal(nn.Module):
@@ -183,7 +96,7 @@ class StepSignal(nn.Module):
 
     def starts(self, x: Tensor, offset: int, drawn: Tensor | None = None) -> int | Tensor:
         """Where the positions of each sequence of ``x`` start, drawn once per forward of the stack
-        so that a sequence keeps one start at every step (:func:`~.positional.position_starts`);
+        so that a sequence keeps one start at every step (:func:`~.embedding.position_starts`);
         ``drawn``: the model's draw for the batch, shared by its encoder and decoder."""
         if self.positional is None:
             return offset
@@ -253,8 +166,8 @@ class RecurrentStack(nn.Module):
 
     @property
     def layer_gathers(self) -> bool:
-        """Whether ACT can send only the running positions through the layer (:meth:`TransformerLayer.gathers`)."""
-        return isinstance(self.layer, TransformerLayer) and self.layer.gathers()
+        """Whether ACT can send only the running positions through the layer (:func:`gathers`)."""
+        return isinstance(self.layer, TransformerLayer) and gathers(self.layer)
 
     def _apply_running(
         self,
@@ -272,8 +185,8 @@ class RecurrentStack(nn.Module):
         width = int(counts.max())
         index = torch.sort((~running).to(torch.uint8), dim=1, stable=True).indices[:, :width]  # (B, Q)
         valid = (torch.arange(width, device=state.device) < counts.unsqueeze(1)).unsqueeze(-1)  # (B, Q, 1)
-        out = self.layer.forward_at(
-            signalled, index, memory, self_mask=self_mask, memory_mask=memory_mask, cross_cache=cross_cache
+        out = forward_at(
+            self.layer, signalled, index, memory, self_mask=self_mask, memory_mask=memory_mask, cross_cache=cross_cache
         )
         expanded = index.unsqueeze(-1).expand(-1, -1, state.size(-1))
         out = torch.where(valid, out, state.gather(1, expanded))
@@ -291,7 +204,7 @@ class RecurrentStack(nn.Module):
         starts: Tensor | None = None,
     ) -> StackOutput:
         """``starts``: the model's random position starts for the batch, shared by its encoder and
-        decoder (:func:`~.positional.draw_starts`); None: drawn here, in training."""
+        decoder (:func:`~.embedding.draw_starts`); None: drawn here, in training."""
         # with a cache the positions continue from the tokens already decoded, never at random
         offset = self.signal.starts(x, 0, starts) if cache is None else cache.offset
         attentions: list[dict[str, Tensor]] = []
@@ -372,3 +285,33 @@ class RecurrentStack(nn.Module):
             aux_loss=aux,
             extras={"ponder_time": ponder, **extras},
         )
+
+
+def recurrent_stack(
+    layer: nn.Module,
+    *,
+    steps: int,
+    d_model: int,
+    signal: nn.Module | None = None,
+    act: bool = True,
+    threshold: float = 0.99,
+    ponder_weight: float = 0.01,
+    halting_bias: float = 1.0,
+    final_norm: nn.Module | None = None,
+) -> RecurrentStack:
+    """``layer`` applied up to ``steps`` times (Dehghani et al. 2018), each step adding ``signal``
+    (default: the sinusoid of the step index), with ACT halting when ``act`` (Graves 2016): a
+    halting unit ``Linear(d_model, 1)`` whose bias starts at ``halting_bias``."""
+    halting = None
+    if act:
+        halting = nn.Linear(d_model, 1)
+        nn.init.constant_(halting.bias, halting_bias)
+    return RecurrentStack(
+        layer,
+        steps,
+        signal=signal if signal is not None else StepSignal(d_model, steps),
+        halting=halting,
+        threshold=threshold,
+        ponder_weight=ponder_weight,
+        final_norm=final_norm,
+    )
