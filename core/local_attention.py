@@ -275,7 +275,7 @@ class PatternKernel:
         if choice == "flex":
             if dropout_p:
                 raise ValueError(
-                    f"FlexAttention has no attention dropout; set kernel: {pattern.own_kernel}, or dropout: 0"
+                    f"FlexAttention has no attention dropout; set backend: {pattern.own_kernel}, or dropout: 0"
                 )
             return flex_attention_kernel(q, k, v, pattern, padding, compiled=True), None
         return pattern.attend(q, k, v, padding, dropout_p), None

@@ -361,10 +361,10 @@ def test_show_modules_names_the_kind_class_and_file_of_every_module(capsys):
         r"kernel\s+kernel\s+sdpa_kernel\(\)\s+core/attention\.py",
         r"layers\.0-5\s+layer\s+TransformerLayer\s+core/layers\.py\s+\(x6\)",
         r"ffn\s+ffn\s+FeedForward\s+core/layers\.py",
-        r"positional\s+positional\s+SinusoidalPositional\s+core/positional\.py",
+        r"positional\s+positional\s+SinusoidalPositional\s+core/embedding\.py",
         r"token\s+embedding\s+Embedding\s+torch/nn/modules/sparse\.py\s+\(the same module as src_embed\.token\)",
         r"proj\s+linear\s+Linear\s+torch/nn/modules/linear\.py\s+\(weight tied to src_embed\.token\.weight\)",
-        r"head\s+head\s+LMHead\s+core/heads\.py",
+        r"head\s+head\s+LMHead\s+core/model\.py",
     ):
         assert re.search(shown, text), f"{shown!r} not in:\n{text}"
     assert len(lines) < 60, "six alike layers are one line each side"

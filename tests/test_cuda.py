@@ -139,12 +139,12 @@ def test_compiled_flex_attention_equals_the_dense_reference(kind, causal, dtype)
 
 
 def test_a_sparse_model_on_cuda_takes_flex_attention_at_every_length_without_recompiling_each():
-    """``kernel: auto`` picks compiled FlexAttention on CUDA (no dropout); batches padded to many
+    """``backend: auto`` picks compiled FlexAttention on CUDA (no dropout); batches padded to many
     lengths must not recompile once per length (dynamo's limit would send them to the unfused path)."""
     from torch._dynamo.utils import counters
 
     model = tz.build_model("local-global-encoder-tiny", dropout=0.0).to(CUDA).eval()
-    chunked = tz.build_model(model.config, encoder={"attention": {"kind": "local-global", "kernel": "chunked"}})
+    chunked = tz.build_model(model.config, encoder={"attention": {"kind": "local-global", "backend": "chunked"}})
     chunked.load_state_dict(model.state_dict())
     chunked.to(CUDA).eval()
     assert model.encoder.layers[0].self_attn.kernel.choose(1000, CUDA) == "flex"

@@ -201,7 +201,7 @@ FIELDS: dict[str, list[tuple[str, str]]] = {  # variant -> (field path, type); "
         ("encoder.attention.dilation", "positive"),
         ("encoder.attention.global_every", "count"),
         ("encoder.attention.global_positions", "positions"),
-        ("encoder.attention.kernel", "literal"),
+        ("encoder.attention.backend", "literal"),
         ("encoder.attention", "kinds"),
         ("head.num_classes", "size"),
         ("positional.random_offset", "count-size"),
@@ -237,7 +237,7 @@ FIELDS: dict[str, list[tuple[str, str]]] = {  # variant -> (field path, type); "
         ("channels", "size"),
         ("encoder.attention.query_block", "block"),
         ("encoder.attention.memory", "memory"),
-        ("encoder.attention.kernel", "literal"),
+        ("encoder.attention.backend", "literal"),
         ("encoder.layers", "size"),
     ],
     "sagan-classifier-tiny": [

@@ -73,7 +73,7 @@ class Local2dOptions(AttentionOptions):
     memory: tuple[Reach, Reach] = Field(
         (1, 1), description="rows and columns the memory block extends its query block by, each side"
     )
-    kernel: Literal["auto", "blocked", "flex", "dense"] = Field(
+    backend: Literal["auto", "blocked", "flex", "dense"] = Field(
         "auto",
         description="auto: dense up to 256 positions, then compiled FlexAttention on CUDA (no dropout), else blocked",
     )
@@ -92,7 +92,7 @@ class Local2dOptions(AttentionOptions):
             raise ValueError(
                 "local-2d attention needs the token grid (rows, columns): use it in an image model, which gives it"
             )
-        return dict(kernel=PatternKernel(self.pattern(grid), self.kernel))
+        return dict(kernel=PatternKernel(self.pattern(grid), self.backend))
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------

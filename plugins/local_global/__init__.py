@@ -47,7 +47,7 @@ class _SparseOptions(AttentionOptions):
     self_only: ClassVar[bool] = True
     module: ClassVar[type[nn.Module]] = SparseAttention
 
-    kernel: Literal["auto", "chunked", "flex", "dense"] = Field(
+    backend: Literal["auto", "chunked", "flex", "dense"] = Field(
         "auto", description="auto: dense up to 256 keys, then compiled FlexAttention on CUDA (no dropout), else chunked"
     )
 
@@ -55,7 +55,7 @@ class _SparseOptions(AttentionOptions):
         raise NotImplementedError
 
     def make_kernel(self) -> Kernel:
-        return PatternKernel(self.pattern(), self.kernel)
+        return PatternKernel(self.pattern(), self.backend)
 
 
 class SlidingWindowOptions(_SparseOptions):

@@ -5,7 +5,7 @@ and the kernel chooser that the image family's local 2-D attention uses too are 
 
 - :class:`Pattern`: which keys a query may see along one sequence (sliding window, dilated
   window, blocks, global positions, random blocks).
-- :func:`chunked_attention`: the pattern's own kernel (``kernel: chunked``): queries in chunks,
+- :func:`chunked_attention`: the pattern's own kernel (``backend: chunked``): queries in chunks,
   each against only the keys its chunk needs; a dilated band folded into the batch; BigBird's
   gathered blocks. Memory grows as O(n * w) and autograd works as usual.
 - :func:`dense_attention`: the same attention under the explicit mask, the reference.

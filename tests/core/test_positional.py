@@ -9,7 +9,7 @@ import torch
 
 import transformer_zoo as tz
 from transformer_zoo.core import embedding as embedding_module
-from transformer_zoo.core import layers as stack_module
+from transformer_zoo.core import recurrent as recurrent_module
 from transformer_zoo.core.decoding import greedy_decode
 from transformer_zoo.core.embedding import LearnedPositional, SinusoidalPositional, add_positions, sinusoid_table
 from transformer_zoo.core.errors import ConfigError
@@ -188,7 +188,7 @@ def test_universal_transformer_keeps_one_start_at_every_step(monkeypatch):
         calls.setdefault(id(positional), []).append(start)
         return add_positions(positional, x, start)
 
-    monkeypatch.setattr(stack_module, "add_positions", spy)
+    monkeypatch.setattr(recurrent_module, "add_positions", spy)
     torch.manual_seed(0)
     model = model_with(
         {"kind": "sinusoidal", "random_offset": 5},
@@ -219,7 +219,7 @@ def test_the_source_and_the_target_of_an_example_share_their_random_start(monkey
         calls.append(start)
         return add_positions(positional, x, start)
 
-    monkeypatch.setattr(stack_module, "add_positions", spy)
+    monkeypatch.setattr(recurrent_module, "add_positions", spy)
     monkeypatch.setattr(embedding_module, "add_positions", spy)
     torch.manual_seed(0)
     model = model_with({"kind": "sinusoidal", "random_offset": 16}, variant=variant).train()

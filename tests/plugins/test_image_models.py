@@ -45,8 +45,10 @@ def test_the_local_2d_grid_follows_the_image_size():
 
 
 def test_local_2d_kernels_agree_inside_the_model():
-    dense = tz.build_model("image-transformer-tiny", encoder={"attention": {"kind": "local-2d", "kernel": "dense"}})
-    blocked = tz.build_model("image-transformer-tiny", encoder={"attention": {"kind": "local-2d", "kernel": "blocked"}})
+    dense = tz.build_model("image-transformer-tiny", encoder={"attention": {"kind": "local-2d", "backend": "dense"}})
+    blocked = tz.build_model(
+        "image-transformer-tiny", encoder={"attention": {"kind": "local-2d", "backend": "blocked"}}
+    )
     blocked.load_state_dict(dense.state_dict())
     image = torch.rand(3, 1, 8, 8)
     torch.testing.assert_close(blocked(image).logits, dense(image).logits, atol=1e-5, rtol=1e-5)

@@ -67,7 +67,7 @@ def test_flex_kernel_equals_full_attention_under_the_mask(kind):
 
 @pytest.mark.heavy
 def test_compiled_flex_kernel_on_cpu_equals_the_chunked_kernel():
-    """What ``kernel: flex`` runs for CPU inference: compiled block mask and attention."""
+    """What ``backend: flex`` runs for CPU inference: compiled block mask and attention."""
     p = pattern("local-global")
     q, k, v = (t.detach() for t in qkv(150))
     padding = torch.ones(2, 150, dtype=torch.bool)
@@ -140,10 +140,10 @@ def test_a_dilated_window_sees_every_d_th_key():
 @pytest.mark.parametrize(
     "attention",
     [
-        {"kind": "sliding-window", "window": 6, "kernel": "chunked"},
-        {"kind": "sliding-window", "window": 3, "dilation": 2, "kernel": "chunked"},
-        {"kind": "block-local", "block": 8, "kernel": "chunked"},
-        {"kind": "local-global", "window": 4, "global_positions": [0, 9], "kernel": "chunked"},
+        {"kind": "sliding-window", "window": 6, "backend": "chunked"},
+        {"kind": "sliding-window", "window": 3, "dilation": 2, "backend": "chunked"},
+        {"kind": "block-local", "block": 8, "backend": "chunked"},
+        {"kind": "local-global", "window": 4, "global_positions": [0, 9], "backend": "chunked"},
         {"kind": "memory-compressed", "compression": 3},
     ],
 )
@@ -198,7 +198,7 @@ def test_kernels_agree_inside_a_model():
         model = tz.build_model(
             "local-global-encoder-tiny",
             dropout=0.0,
-            encoder={"layers": 2, "attention": {"kind": "local-global", "window": 16, "kernel": kernel}},
+            encoder={"layers": 2, "attention": {"kind": "local-global", "window": 16, "backend": kernel}},
         )
         ids = torch.randint(3, 1000, (2, 300))
         mask = torch.ones_like(ids)
@@ -216,7 +216,7 @@ def test_dmca_decodes_the_same_with_and_without_the_cache():
         head={"kind": "lm", "tie_weights": False},
         decoder={
             "layers": 4,
-            "attention": [{"kind": "block-local", "block": 4, "kernel": "chunked"}, {"kind": "memory-compressed"}],
+            "attention": [{"kind": "block-local", "block": 4, "backend": "chunked"}, {"kind": "memory-compressed"}],
         },
     ).eval()
     layers = model.decoder.layers
