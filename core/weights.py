@@ -437,7 +437,9 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-FORMAT = 1
+FORMAT = 2
 """The version of the folder layout ``save_pretrained`` writes, saved as ``config.json``'s
-``format``: a config of a newer format is refused (it was saved by a newer transformer-zoo), and
-one without ``format`` (written by hand) is read as this format."""
+``format``: a config of a newer format is refused (it was saved by a newer transformer-zoo), one
+of an older format is upgraded when read (``transformer_zoo.api``), and one without ``format``
+(written by hand) is read as this format. 2: the sparse and local 2-D attention kinds' option
+``kernel`` is named ``backend``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +84,9 @@ def _preset(registry: Registry, name: str) -> dict[str, Any]:
 
 
 def _without_format(data: dict[str, Any]) -> dict[str, Any]:
-    """A config's fields without the ``format`` a saved ``config.json`` carries; refused if a newer
-    transformer-zoo wrote it (a config without ``format`` is read as the current one)."""
+    """A config's fields without the ``format`` a saved ``config.json`` carries, upgraded to the
+    current format (:data:`UPGRADES`); refused if a newer transformer-zoo wrote it (a config
+    without ``format`` is read as the current one)."""
     saved = data.get("format", FORMAT)
     if isinstance(saved, bool) or not isinstance(saved, int) or saved < 1:
         raise ConfigError(f"format {saved!r}: expected a positive integer (save_pretrained writes format {FORMAT})")
@@ -94,7 +95,27 @@ def _without_format(data: dict[str, Any]) -> dict[str, Any]:
             f"format {saved}: the config was saved by a newer transformer-zoo; this one reads format {FORMAT} "
             "and older: upgrade it (pip install -U transformer-zoo)"
         )
-    return {key: value for key, value in data.items() if key != "format"}
+    fields = {key: value for key, value in data.items() if key != "format"}
+    for version in range(saved, FORMAT):
+        fields = UPGRADES[version](fields)
+    return fields
+
+
+def _kernel_is_backend(value: Any) -> Any:
+    """Format 1 to 2: a component's ``kernel`` option (the sparse and local 2-D attention kinds')
+    is named ``backend``."""
+    if isinstance(value, list):
+        return [_kernel_is_backend(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    renamed = {k: _kernel_is_backend(v) for k, v in value.items()}
+    if "kind" in renamed and isinstance(renamed.get("kernel"), str) and "backend" not in renamed:
+        renamed["backend"] = renamed.pop("kernel")
+    return renamed
+
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _kernel_is_backend}
+"""How a config of each older format becomes one of the next: ``UPGRADES[n]`` reads format ``n``."""
 
 
 def build_model(name_or_config: ConfigSource, **overrides: Any) -> nn.Module:

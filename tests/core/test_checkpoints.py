@@ -55,7 +55,7 @@ def test_a_saved_config_names_its_format_and_a_newer_format_is_refused(tmp_path)
 
     folder = tz.build_model("transformer-tiny").save_pretrained(tmp_path / "model")
     saved = json.loads((folder / "config.json").read_text())
-    assert saved["format"] == FORMAT == 1
+    assert saved["format"] == FORMAT == 2
     assert tz.from_pretrained(folder).config == tz.load_config(folder / "config.json")
     for newer, says in ((FORMAT + 1, "saved by a newer transformer-zoo"), ("1", "expected a positive integer")):
         (folder / "config.json").write_text(json.dumps({**saved, "format": newer}))
@@ -64,3 +64,27 @@ def test_a_saved_config_names_its_format_and_a_newer_format_is_refused(tmp_path)
     del saved["format"]  # a config written by hand: the current format
     (folder / "config.json").write_text(json.dumps(saved))
     assert tz.from_pretrained(folder).config.variant == "transformer-tiny"
+
+
+def test_a_format_1_config_names_the_sparse_backend_kernel_and_is_upgraded(tmp_path):
+    """Format 2 renamed the sparse and local 2-D kinds' ``kernel`` option to ``backend``; a
+    format-1 config is upgraded when read, and a format-2 one with ``kernel`` is refused by name."""
+    folder = tz.build_model(
+        "local-global-encoder-tiny", encoder={"attention": {"kind": "local-global", "backend": "chunked"}}
+    )
+    folder = folder.save_pretrained(tmp_path / "model")
+    saved = json.loads((folder / "config.json").read_text())
+    attention = saved["encoder"]["attention"]
+    old = {
+        **saved,
+        "format": 1,
+        "encoder": {
+            **saved["encoder"],
+            "attention": {**{k: v for k, v in attention.items() if k != "backend"}, "kernel": "chunked"},
+        },
+    }
+    (folder / "config.json").write_text(json.dumps(old))
+    assert tz.from_pretrained(folder).config.encoder.attention.backend == "chunked"
+    (folder / "config.json").write_text(json.dumps({**old, "format": 2}))
+    with pytest.raises(tz.ConfigError, match="unknown key 'kernel'"):
+        tz.from_pretrained(folder)
