@@ -10,7 +10,14 @@ from types import ModuleType
 
 
 class ZooError(Exception):
-    """Base class of every error transformer-zoo raises on purpose."""
+    """Base class of every error transformer-zoo raises on purpose.
+
+    Attributes:
+        details: what the one-line message leaves out, as JSON values (None: nothing); the
+            command line prints it with ``--json``.
+    """
+
+    details: dict | None = None
 
 
 class ConfigError(ZooError, ValueError):

@@ -10,6 +10,13 @@ these is refused with a message naming the file, before the model is built for r
 Writing is here too: :func:`save_folder` (``model.save_pretrained``), :func:`write_folder` for
 another library's layout, and :class:`Importer`, a format a plugin reads (and may write).
 
+Integrity: every safetensors file written here carries, in its metadata under :data:`DIGEST`,
+the SHA-256 digest of its tensors (:func:`tensors_digest`), and every file read here
+(:func:`read_tensors`) is checked against it when it has one, so that weights whose bytes
+changed after saving (a flipped bit on disk, a damaged copy) are refused, naming the file,
+instead of loading as a silently different model. Files of other writers, without the digest,
+are read as they are.
+
 Symlinks: the folder itself may be a link. A file in it (or named by a shard index) is followed
 through links, and must then lie inside the folder; the one exception is the Hugging Face hub
 cache, whose ``snapshots/<revision>/`` folders hold links into the ``blobs/`` folder of the same
@@ -18,6 +25,7 @@ cached repository, which are followed too. Anything else resolving outside is re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -34,6 +42,9 @@ from torch import Tensor, nn
 from .errors import ConfigError
 from .files import atomic_write
 
+DIGEST = "tensors_sha256"
+"""The safetensors metadata key of the file's :func:`tensors_digest`, written by every save of
+this module and checked by every read (:func:`read_tensors`)."""
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 MAX_LISTED = 20  # problems named in one message; the rest are counted
 
@@ -335,21 +346,67 @@ def build_on_meta(build: Callable[[], nn.Module]) -> nn.Module | None:
 
 
 def load_safetensors(model: nn.Module, path: str | os.PathLike) -> None:
-    """Copy the tensors of ``path`` into ``model`` (already checked with :func:`check_against`);
-    a WeightsError naming the file if it changed since, or its values cannot be loaded."""
+    """Copy the tensors of ``path`` into ``model`` (already checked with :func:`check_against`),
+    verifying the file's digest (:func:`read_tensors`); a WeightsError naming the file if it
+    changed since, is damaged, or its values cannot be loaded."""
+    tensors = read_tensors(path)
     try:
-        safetensors.torch.load_model(model, str(path), strict=False)  # tied tensors are saved under one name
-    except (SafetensorError, RuntimeError) as error:
+        model.load_state_dict(tensors, strict=False)  # tied tensors are saved under one name
+    except RuntimeError as error:
         raise WeightsError(f"{str(path)!r} could not be loaded into the model: {error}") from None
 
 
 def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file (checked with :func:`read_header` first), on the CPU;
-    a WeightsError naming the file if it cannot be read."""
+    """Every tensor of a safetensors file (checked with :func:`read_header` first), on the CPU,
+    verified against the digest in its metadata when it has one (:data:`DIGEST`).
+
+    Raises:
+        WeightsError: naming the file: it cannot be read, or its tensors do not match its digest.
+    """
     try:
-        return safetensors.torch.load_file(str(path))
+        with safetensors.safe_open(str(path), framework="pt") as file:
+            recorded = (file.metadata() or {}).get(DIGEST)
+        tensors = safetensors.torch.load_file(str(path))
     except (SafetensorError, OSError) as error:
         raise WeightsError(f"{str(path)!r} is not a readable safetensors file: {error}") from None
+    if recorded is not None and (found := tensors_digest(tensors)) != recorded:
+        raise WeightsError(
+            f"{str(path)!r} does not match the SHA-256 digest in its metadata (recorded {shorten(recorded, 16)}, "
+            f"its tensors give {found[:16]}...): its bytes changed after it was saved (damaged on disk or "
+            "in a copy); save the model again, or copy the folder again from where it was made"
+        )
+    return tensors
+
+
+def tensors_digest(tensors: dict[str, Tensor]) -> str:
+    """The SHA-256 digest of ``tensors``, in hexadecimal: over each tensor in the order of its
+    name, its name, dtype and shape, then its bytes as stored. Saved under :data:`DIGEST` in a
+    safetensors file's metadata; it is the same for any layout of the same tensors."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach()
+        digest.update(f"{name}\0{tensor.dtype}\0{list(tensor.shape)}\0".encode())
+        digest.update(tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def unique_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """``model``'s state dict with each tensor once: a tied tensor (one Parameter under several
+    names) under its first name, as :func:`check_against` and loading expect it."""
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            tensors[name] = tensor.detach().contiguous()
+    return tensors
+
+
+def save_safetensors(tensors: dict[str, Tensor], path: Path) -> None:
+    """Write ``tensors`` to ``path`` atomically, with the metadata ``transformers`` reads
+    (``format: pt``) and their digest (:data:`DIGEST`)."""
+    metadata = {"format": "pt", DIGEST: tensors_digest(tensors)}
+    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=metadata))
 
 
 def save_folder(model: nn.Module, directory: str | os.PathLike, *, format: str = "zoo", **options: Any) -> Path:
@@ -384,7 +441,7 @@ def save_folder(model: nn.Module, directory: str | os.PathLike, *, format: str =
         )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_model(model, str(p)))
+    save_safetensors(unique_tensors(model), directory / WEIGHTS_NAME)
     text = json.dumps({"format": FORMAT, **model.config.model_dump(mode="json")}, indent=2) + "\n"
     atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
     return directory
@@ -393,12 +450,12 @@ def save_folder(model: nn.Module, directory: str | os.PathLike, *, format: str =
 def write_folder(directory: str | os.PathLike, tensors: dict[str, Tensor], config: dict[str, Any]) -> Path:
     """Write ``tensors`` as ``model.safetensors`` and ``config`` as ``config.json`` into
     ``directory`` (created if needed), each atomically: the layout of ``transformers``'
-    ``save_pretrained``, whose loader needs the safetensors metadata ``format: pt``. The
-    importers that also write their format (:class:`Importer`'s ``save``) end with it."""
+    ``save_pretrained``, whose loader needs the safetensors metadata ``format: pt`` (the
+    digest, :data:`DIGEST`, is added beside it). The importers that also write their format
+    (:class:`Importer`'s ``save``) end with it."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt"}
-    atomic_write(directory / WEIGHTS_NAME, lambda p: safetensors.torch.save_file(tensors, str(p), metadata=metadata))
+    save_safetensors(tensors, directory / WEIGHTS_NAME)
     text = json.dumps(config, indent=2) + "\n"
     atomic_write(directory / CONFIG_NAME, lambda p: p.write_text(text))
     return directory

@@ -8,6 +8,8 @@ Image models keep their image size static: their config fixes it (inputs are che
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -169,3 +171,23 @@ def test_a_documented_limit_still_holds(limit):
     model = small_model(name, **overrides)
     with pytest.raises(EXPORT_ERRORS):
         export(model, {"src": torch.randint(1, 40, (2, length))})
+
+
+def test_a_saved_program_loads_in_a_fresh_process_after_importing_the_package_alone(tmp_path):
+    """ModelOutput is a pytree node torch must know to read a program back: ``import transformer_zoo``
+    registers it once torch is imported, whichever of the two comes first."""
+    model = tz.build_model("transformer-tiny", vocab_size=40, d_model=16, n_heads=2, d_ff=32, dropout=0.0).eval()
+    src, tgt = torch.randint(1, 40, (2, 7)), torch.randint(1, 40, (2, 5))
+    torch.export.save(torch.export.export(model, (), {"src": src, "tgt": tgt}), tmp_path / "program.pt2")
+    torch.save({"src": src, "tgt": tgt, "logits": model(src, tgt).logits}, tmp_path / "io.pt")
+    for imports in ("import transformer_zoo\nimport torch", "import torch\nimport transformer_zoo"):
+        code = (
+            f"{imports}\nimport sys\n"
+            f"program = torch.export.load({str(tmp_path / 'program.pt2')!r})\n"
+            f"io = torch.load({str(tmp_path / 'io.pt')!r})\n"
+            "out = program.module()(src=io['src'], tgt=io['tgt'])\n"
+            "assert type(out).__name__ == 'ModelOutput', type(out)\n"
+            "assert torch.allclose(out.logits, io['logits'], atol=1e-5)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -207,6 +207,63 @@ def test_a_corrupt_weights_file_is_named(good, tmp_path, how, message):
     assert str(folder / "model.safetensors") in str(error.value)
 
 
+def flip_tensor_bytes(path: Path, count: int = 64) -> None:
+    """Flip ``count`` bytes in the middle of a safetensors file's tensor data (its header intact)."""
+    raw = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little")
+    middle = (start + len(raw)) // 2
+    for i in range(middle, middle + count):
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def test_a_saved_folder_records_the_digest_of_its_tensors(good):
+    with safetensors.safe_open(str(good / "model.safetensors"), framework="pt") as file:
+        metadata = file.metadata()
+    assert metadata["format"] == "pt"
+    assert metadata[weights.DIGEST] == weights.tensors_digest(tensors(good))
+
+
+def test_flipped_tensor_bytes_are_refused_by_the_digest(good, tmp_path):
+    """Without the digest such a folder loads, as a silently different model."""
+    folder = copy(good, tmp_path)
+    flip_tensor_bytes(folder / "model.safetensors")
+    with pytest.raises(WeightsError, match="does not match the SHA-256 digest in its metadata") as error:
+        tz.from_pretrained(folder)
+    assert str(folder / "model.safetensors") in str(error.value)
+    assert "its bytes changed after it was saved" in str(error.value)
+
+
+def test_flipped_bytes_of_a_hugging_face_folder_saved_by_the_zoo_are_refused(tmp_path):
+    torch.manual_seed(0)
+    folder = tz.build_model("bert-tiny").save_pretrained(tmp_path / "hf", format="hf")
+    assert isinstance(tz.from_pretrained(folder), tz.core.model.ZooModel)
+    flip_tensor_bytes(folder / "model.safetensors")
+    with pytest.raises(WeightsError, match="does not match the SHA-256 digest"):
+        tz.from_pretrained(folder)
+
+
+def test_a_folder_written_without_a_digest_loads_as_it_is(good, tmp_path):
+    folder = copy(good, tmp_path)
+    safetensors.torch.save_file(tensors(folder), str(folder / "model.safetensors"))  # no metadata at all
+    model = tz.from_pretrained(folder)
+    assert torch.equal(
+        model.state_dict()["encoder.layers.0.ffn.linear1.weight"], tensors(good)["encoder.layers.0.ffn.linear1.weight"]
+    )
+
+
+def test_the_digest_is_of_the_tensors_not_of_their_layout():
+    a = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(2, dtype=torch.bfloat16), "c": torch.tensor(3)}
+    assert weights.tensors_digest(a) == weights.tensors_digest(dict(reversed(list(a.items()))))
+    for changed in (
+        {**a, "b": a["b"].reshape(3, 2)},  # same bytes, another shape
+        {**a, "c": torch.tensor(4)},
+        {**a, "a": a["a"].half()},  # same bytes count, another dtype
+        {"B": a["b"], "a": a["a"], "c": a["c"]},  # another name
+    ):
+        assert weights.tensors_digest(changed) != weights.tensors_digest(a)
+
+
 # ---- config.json ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text, message",

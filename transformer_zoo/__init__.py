@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from .core.errors import ConfigError, UnknownNameError, ZooError
-from .core.lazy import lazy_names
+from .core.lazy import import_after, lazy_names
 
 if TYPE_CHECKING:
     from .api import build_model, from_pretrained, list_variants, load_config
@@ -37,6 +37,10 @@ _LAZY = {
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY)  # PEP 562: the names that need torch, imported when first read
+
+# ModelOutput is a pytree node registered with torch when its module is imported; once torch is,
+# so that torch.export.load reads a saved program after `import transformer_zoo` alone
+import_after("torch", f"{__name__}.core.model")
 
 
 def register_plugin(plugin: object, name: str | None = None) -> str:

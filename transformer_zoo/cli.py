@@ -323,14 +323,22 @@ def _count(text: str) -> int:
 
 
 def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        seeds = []
-    if not seeds:
+    items = [item.strip() for item in text.split(",")]
+    if "" in items:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a list of seeds; give whole numbers separated by commas, such as 0,1,2"
+            f"{text!r} has an empty item; give whole numbers separated by single commas, such as 0,1,2"
         )
+    bad = [item for item in items if not item.lstrip("-").isdigit()]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]!r} in {text!r} is not a whole number; give seeds such as 0,1,2")
+    seeds = [int(item) for item in items]
+    negative = [seed for seed in seeds if seed < 0]
+    if negative:
+        raise argparse.ArgumentTypeError(
+            f"{negative[0]} in {text!r} is negative; a seed is a whole number of 0 or more"
+        )
+    if len(set(seeds)) < len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} names a seed twice; give each seed once")
     return seeds
 
 
@@ -559,6 +567,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except (ZooError, ValueError, FileNotFoundError) as exc:
         _warn_load_errors(err)  # a plugin that failed to load may be why a name is unknown
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
+        if getattr(args, "json", False):  # the error, and what its one line leaves out, for a program
+            print(json.dumps({"error": str(exc), **(getattr(exc, "details", None) or {})}, indent=2))
         return 2
     _warn_load_errors(err)
     if isinstance(result, dict) and result.get("rank", 0) != 0:

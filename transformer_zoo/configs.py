@@ -143,16 +143,27 @@ def is_folder_path(text: str) -> bool:
     return ("/" in text or os.sep in text) and Path(text).is_dir()
 
 
-def read_config(source: ConfigSource) -> dict[str, Any]:
+def read_config(
+    source: ConfigSource, what: str = "config file", accepts: str = "a YAML or JSON file, or a variant name"
+) -> dict[str, Any]:
+    """The mapping of fields in ``source`` (a config, a mapping, or a YAML or JSON file).
+
+    Args:
+        what, accepts: what the file is and what else the caller takes, for the message of a
+            path that is no file.
+
+    Raises:
+        ConfigError: the file is missing, a folder, not YAML or JSON, or not a mapping.
+    """
     if isinstance(source, VariantConfig):
         return source.model_dump(mode="json")
     if isinstance(source, Mapping):
         return copy.deepcopy(dict(source))
     path = Path(source)
     if path.is_dir():
-        raise ConfigError(f"config file {str(path)!r} is a folder; give a YAML or JSON file, or a variant name")
+        raise ConfigError(f"{what} {str(path)!r} is a folder; give {accepts}")
     if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist; give a YAML or JSON file, or a variant name")
+        raise ConfigError(f"{what} {str(path)!r} does not exist; give {accepts}")
     try:
         data = load_json(path.read_text()) if path.suffix == ".json" else load_yaml(path.read_text(), str(path))
     except (ValueError, RecursionError, yaml.YAMLError) as exc:  # ValueError: bad JSON, a repeated key, not UTF-8

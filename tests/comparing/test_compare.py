@@ -277,7 +277,39 @@ def test_plugin_and_seeds_on_the_command_line(plugin_module, tmp_path, capsys):
     assert "\r" not in printed.err, "progress written to a file or pipe is one line per run, with no bar"
     with pytest.raises(SystemExit):
         main(["compare", str(spec), "--seeds", "one", "--out", str(out)])
-    assert "'one' is not a list of seeds; give whole numbers separated by commas" in capsys.readouterr().err
+    assert "'one' in 'one' is not a whole number; give seeds such as 0,1,2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [
+        ("0,,1", "'0,,1' has an empty item; give whole numbers separated by single commas"),
+        ("0,1,", "'0,1,' has an empty item"),
+        ("-1", "-1 in '-1' is negative; a seed is a whole number of 0 or more"),
+        ("2,-3", "-3 in '2,-3' is negative"),
+        ("1.5", "'1.5' in '1.5' is not a whole number"),
+        ("1,1", "'1,1' names a seed twice"),
+    ],
+)
+def test_seeds_on_the_command_line_are_checked_by_their_own_message(tmp_path, capsys, seeds, message):
+    for command in (["compare", str(tmp_path / "spec.yaml")], ["reproduce", "multi-head"]):
+        with pytest.raises(SystemExit) as exited:
+            main([*command, f"--seeds={seeds}", "--out", str(tmp_path / "out")])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --seeds: {message}" in err and "spec" not in err.splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_of_a_missing_spec_says_what_it_takes(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "transformer-tiny"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "error: compare spec file 'transformer-tiny' does not exist; give the path of a YAML or JSON spec (its "
+        "variants, tasks and seeds; docs: Comparing), or no spec for the built-in comparison"
+    )
+    assert "variant name" not in line and list(tmp_path.iterdir()) == []
 
 
 def test_a_plugin_defined_in_a_notebook_keeps_the_runs_in_process(tmp_path, capsys):

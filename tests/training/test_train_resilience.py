@@ -3,6 +3,7 @@ one clear message each, nothing lost that was saved, nothing non-finite saved.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import safetensors.torch
@@ -19,7 +21,18 @@ from transformer_zoo.cli import main
 from transformer_zoo.core.errors import ConfigError, ZooError
 from transformer_zoo.core.tasks import Seq2SeqTask
 from transformer_zoo.training.config import RESUMABLE_FIELDS, TrainConfig, load_train_config
-from transformer_zoo.training.run_folder import CheckpointError, RunFolderBusy, RunFolderError, RunLock, candidates
+from transformer_zoo.training.run_folder import (
+    FILES,
+    SEALED,
+    CheckpointError,
+    CheckpointMismatch,
+    CheckpointWarning,
+    RunFolderBusy,
+    RunFolderError,
+    RunLock,
+    candidates,
+    seal,
+)
 from transformer_zoo.training.trainer import Trainer, TrainingDiverged, TrainingInterrupted, train
 
 MODEL = {
@@ -105,6 +118,38 @@ def test_out_naming_a_file_is_a_clear_error(tmp_path, capsys):
     assert main(["compare", str(spec), "--out", str(taken)]) == 2
     err = capsys.readouterr().err
     assert f"report folder {str(taken)!r} is a file" in err and "Traceback" not in err
+
+
+def test_out_at_a_folder_of_other_files_is_refused_in_one_line_and_left_as_it_was(tmp_path, capsys):
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.md").write_text("# a comparison")
+    (report / "plots").mkdir()
+    assert main(["train", config_file(tmp_path), "--out", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert f"run folder {str(report)!r} holds files that are not a training run (plots, report.md)" in err
+    assert "give a new or empty folder, or the folder of a run to resume, as --out" in err
+    assert sorted(p.name for p in report.iterdir()) == ["plots", "report.md"]
+    assert main(["train", config_file(tmp_path), "--out", str(report), "--restart"]) == 2, "nor started over there"
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        ["--set", "model.n_heads=3"],  # a model value its builder refuses
+        ["--set", "model.variant=bert-tiny"],  # a model that cannot do the task
+    ],
+)
+def test_a_refused_run_leaves_nothing_behind(tmp_path, capsys, refused):
+    config = config_file(tmp_path)
+    new, empty = tmp_path / "runs" / "new", tmp_path / "empty"
+    empty.mkdir()
+    for out in (new, empty):
+        assert main(["train", config, "--out", str(out), *refused]) == 2
+        assert "error:" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists(), "no folder made"
+    assert list(empty.iterdir()) == [], "no lock file left"
 
 
 # ---- Ctrl-C --------------------------------------------------------------------------------------
@@ -272,9 +317,10 @@ def test_a_resumed_run_that_diverges_again_suggests_starting_over(tmp_path, monk
     with pytest.raises(
         TrainingDiverged,
         match=r"at step 6; kept: the checkpoint of step 4 .*; this run resumed from "
-        r"step 4 and diverged again, .*: start over \(--restart\) with a lower lr",
-    ):
+        r"step 4 and diverged again, .*: train a new run into another --out with a lower lr",
+    ) as caught:
         train(small_config(), tmp_path, progress=False)
+    assert "--restart" not in str(caught.value), "the kept checkpoint is intact: --restart would delete it"
 
 
 @pytest.mark.parametrize(
@@ -297,24 +343,120 @@ def test_non_finite_and_out_of_range_training_values_are_refused_naming_the_fiel
 
 
 # ---- changed configs ---------------------------------------------------------------------------
-def test_resuming_with_a_changed_config_is_refused_naming_the_fields(tmp_path, capsys):
+def test_resuming_with_a_changed_config_is_refused_in_one_line_naming_the_run(tmp_path, capsys):
     path, out = config_file(tmp_path, lr=0.003, steps=8), str(tmp_path / "run")
     train(load_train_config(path), out, progress=False, stop_after=3)
     written = (tmp_path / "run" / "train.json").read_text()
-    assert main(["train", path, "--out", out, "--set", "lr=0.01", "--set", "steps=6", "--set", "model.d_model=48"]) == 2
+    changed = ["--set", "lr=0.01", "--set", "steps=6", "--set", "model.d_model=48", "--set", "model.n_heads=4"]
+    assert main(["train", path, "--out", out, *changed]) == 2
     err = capsys.readouterr().err
-    assert "holds a run trained with another config (model.d_model: 32 -> 48; lr: 0.003 -> 0.01)" in err
-    assert f"only {', '.join(sorted(RESUMABLE_FIELDS))} may change when a run resumes" in err
-    assert "start over with --restart, or train into another --out" in err and "steps:" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert f"run folder {out!r} holds another run, of transformer-tiny on reverse" in err
+    assert "differs from it in 3 fields (model.d_model: 32 -> 48; model.n_heads: 2 -> 4; ...)" in err
+    assert f"(but for {', '.join(sorted(RESUMABLE_FIELDS))}); train into another --out" in err
+    assert "--restart" not in err and "steps:" not in err
+    assert main(["train", path, "--out", out, *changed, "--json"]) == 2
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["run"] == {"model": "transformer-tiny", "task": "reverse"}
+    assert shown["differences"] == ["model.d_model: 32 -> 48", "model.n_heads: 2 -> 4", "lr: 0.003 -> 0.01"]
     assert (tmp_path / "run" / "train.json").read_text() == written, "train.json is left as it was"
     assert main(["train", path, "--out", out, "--set", "steps=6", "--set", "max_seconds=60", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["resumed_from"] == 3, "a safe change resumes"
+
+
+def test_a_run_beyond_its_new_steps_says_where_it_is_and_how_to_go_on(tmp_path, capsys):
+    path, out = config_file(tmp_path), tmp_path / "run"
+    train(load_train_config(path), out, progress=False)
+    before = (out / "checkpoint" / "model.safetensors").read_bytes()
+    assert main(["train", path, "--out", str(out), "--set", "steps=5"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert (
+        f"run folder {str(out)!r} holds this run at step 8, beyond steps=5: to train it further, give steps above 8"
+        in err
+    )
+    assert "to train a new run of 5 steps, train into another --out" in err and "--restart" not in err
+    assert (out / "checkpoint" / "model.safetensors").read_bytes() == before
+    assert main(["train", path, "--out", str(out), "--set", "steps=10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["resumed_from"] == 8
+
+
+def intact_but_refused(tmp_path, straight, case):
+    """A run folder holding an intact checkpoint (step 3, or 6 where kept beside one), and the
+    refusal (or warning) that training there with the base config gives in ``case``."""
+    run = crashed(tmp_path, straight, {"checkpoint": 3})
+    config = small_config()
+    if case == "another config":
+        config = small_config(lr=0.01)
+    elif case == "beyond steps":
+        config = small_config(steps=2)
+    elif case == "train.json damaged":
+        (run / "train.json").write_text("{")
+    elif case == "another model, no train.json":
+        (run / "train.json").unlink()
+        config = small_config(model={**MODEL, "d_ff": 48})
+    elif case == "another optimizer state":
+        resealed(edit_optimizer(lambda s: s["optimizers"]["model"]["param_groups"][0].update(params=[])))(
+            run / "checkpoint" / "optimizer.pt"
+        )
+    elif case == "a damaged newer checkpoint beside it":
+        shutil.copytree(straight / "6" / "checkpoint", run / ".checkpoint.tmp")
+        flip_bytes(run / ".checkpoint.tmp" / "optimizer.pt")
+    elif case == "a resumed run diverging":
+        nan_loss_at = {"n": 0}
+        real = Seq2SeqTask.loss
+
+        def loss(self, model, batch):
+            nan_loss_at["n"] += 1
+            return real(self, model, batch) * (float("nan") if nan_loss_at["n"] == 2 else 1.0)
+
+        Seq2SeqTask.loss = loss
+        try:
+            with pytest.raises(ZooError) as caught:
+                train(config, run, progress=False)
+        finally:
+            Seq2SeqTask.loss = real
+        return run, str(caught.value)
+    with warnings.catch_warnings(record=True) as caught_warnings:
+        warnings.simplefilter("always")
+        try:
+            train(config, run, progress=False)
+        except ZooError as exc:
+            return run, str(exc)
+    return run, " ".join(str(w.message) for w in caught_warnings)
+
+
+INTACT = [
+    "another config",
+    "beyond steps",
+    "train.json damaged",
+    "another model, no train.json",
+    "another optimizer state",
+    "a damaged newer checkpoint beside it",
+    "a resumed run diverging",
+]
+
+
+@pytest.mark.parametrize("case", INTACT)
+def test_no_message_suggests_restart_where_an_intact_checkpoint_is_left(tmp_path, straight, case):
+    """--restart deletes the folder's checkpoints: where one is intact, no message offers it."""
+    run, message = intact_but_refused(tmp_path, straight, case)
+    assert message, "a refusal or a warning"
+    assert "--restart" not in message and "no intact checkpoint" not in message
+    assert any(step_of(folder) >= 3 for folder in candidates(run)), "an intact checkpoint is still there"
 
 
 def test_a_model_named_or_spelt_out_is_the_same_model(tmp_path):
     config = small_config(model="transformer-tiny", steps=2)
     train(config, tmp_path, progress=False, stop_after=1)
     assert train(small_config(model={"variant": "transformer-tiny"}, steps=2), tmp_path, progress=False)["step"] == 2
+
+
+def test_an_override_of_a_named_models_option_keeps_its_name(tmp_path):
+    path = config_file(tmp_path, model="transformer-tiny")
+    config = load_train_config(path, ["model.d_model=48", "model.n_heads=4"])
+    assert config.model == {"variant": "transformer-tiny", "d_model": 48, "n_heads": 4}
+    assert load_train_config(path, ["model=bert-tiny"]).model == "bert-tiny"
 
 
 def test_restart_with_a_changed_config_starts_over_and_drops_the_old_checkpoints(tmp_path):
@@ -397,6 +539,77 @@ def test_partial_files_of_a_killed_save_are_removed_by_the_next_run(tmp_path, st
 
 
 # ---- damaged checkpoints -----------------------------------------------------------------------
+def flip_bytes(path, count=64):
+    """Flip ``count`` bytes in the middle of a file (in the tensor data of a safetensors file)."""
+    data = bytearray(path.read_bytes())
+    middle = (
+        len(data) // 2 if path.suffix != ".safetensors" else (len(data) + 8 + int.from_bytes(data[:8], "little")) // 2
+    )
+    for i in range(middle, min(middle + count, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def change_a_digit(path):
+    """A JSON file that still reads, with one digit of its last number changed (the state's
+    learning curve, a config's last value)."""
+    text = path.read_text()
+    at = max(i for i, c in enumerate(text) if c.isdigit())
+    path.write_text(text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1 :])
+
+
+FLIPS = {
+    "model.safetensors": flip_bytes,
+    "optimizer.pt": flip_bytes,
+    "state.json": change_a_digit,
+    "config.json": change_a_digit,
+}
+
+
+@pytest.mark.parametrize("name", FLIPS)
+def test_a_file_changed_after_it_was_written_is_refused_by_its_digest(tmp_path, straight, name):
+    """The damage of the weights, the optimizer state, the state file or the model's config,
+    bytes that still read (flipped weights load silently without the digests)."""
+    run = crashed(tmp_path, straight, {"checkpoint": 3})
+    FLIPS[name](run / "checkpoint" / name)
+    with pytest.raises(CheckpointError, match="does not match the SHA-256 digest") as caught:
+        train(small_config(), run, progress=False)
+    message = str(caught.value)
+    assert f"{run / 'checkpoint' / name} does not match the SHA-256 digest" in message
+    assert "its bytes changed after the checkpoint was written" in message
+    assert message.endswith("no intact checkpoint is left: start over with --restart, or train into another --out")
+
+
+def test_a_flipped_checkpoint_falls_back_to_the_kept_one_with_a_warning_naming_the_file(tmp_path, straight, capsys):
+    run = crashed(tmp_path, straight, {"checkpoint": 6, ".checkpoint.old": 3})
+    flip_bytes(run / "checkpoint" / "model.safetensors")
+    assert main(["train", config_file(tmp_path), "--out", str(run), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["resumed_from"] == 3
+    (warning,) = [line for line in captured.err.splitlines() if line.strip()]
+    assert warning.startswith(f"warning: {run / 'checkpoint' / 'model.safetensors'} does not match the SHA-256 digest")
+    assert warning.endswith(f"resuming from the intact {run / '.checkpoint.old'} (step 3) instead")
+    a, b = weights(straight / "whole" / "model"), weights(run / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_records_the_digest_of_each_file_as_sha256sum_gives_it(straight):
+    folder = straight / "3" / "checkpoint"
+    recorded = json.loads((folder / "state.json").read_text())["sha256"]
+    assert sorted(recorded) == sorted(FILES)
+    for name in SEALED:
+        assert recorded[name] == hashlib.sha256((folder / name).read_bytes()).hexdigest()
+
+
+def test_a_checkpoint_without_digests_resumes_with_a_warning_that_it_is_not_verified(tmp_path, straight):
+    run = crashed(tmp_path, straight, {"checkpoint": 3})
+    edit_state(sha256=...)(run / "checkpoint" / "state.json")
+    with pytest.warns(CheckpointWarning, match="records no SHA-256 digests .* not byte for byte"):
+        summary = train(small_config(), run, progress=False)
+    assert summary["resumed_from"] == 3
+    assert "sha256" in json.loads((run / "checkpoint" / "state.json").read_text()), "the new checkpoint has them"
+
+
 def truncate(path):
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
@@ -430,11 +643,32 @@ def first_moment(states):
     return next(v for v in states["optimizers"]["model"]["state"].values() if v["exp_avg"].dim() == 2)
 
 
+def resealed(change):
+    """``change``, then the digests recorded anew: a checkpoint whose files are as a faulty
+    writer (or another model) left them, which only the checks of their contents can refuse."""
+
+    def apply(path):
+        change(path)
+        folder = path.parent
+        try:
+            state = json.loads((folder / "state.json").read_text())
+        except ValueError:
+            return
+        if (
+            isinstance(state, dict)
+            and isinstance(state.get("sha256"), dict)
+            and all((folder / n).is_file() for n in SEALED)
+        ):
+            state.pop("sha256")
+            (folder / "state.json").write_text(json.dumps(seal(state, folder)))
+
+    return apply
+
+
 DAMAGE = {
     "truncated weights": ("model.safetensors", truncate, "is not a readable safetensors file"),
     "empty weights": ("model.safetensors", lambda p: p.write_bytes(b""), "is not a readable safetensors file"),
     "no weights": ("model.safetensors", lambda p: p.unlink(), "is missing"),
-    "transposed weight": ("model.safetensors", transpose_one, r"holds .* of shape \[\d+, \d+\], and the model's is"),
     "NaN weight": (
         "model.safetensors",
         lambda p: safetensors.torch.save_file(
@@ -446,11 +680,6 @@ DAMAGE = {
     "truncated optimizer": ("optimizer.pt", truncate, "not a readable optimizer state"),
     "empty optimizer": ("optimizer.pt", lambda p: p.write_bytes(b""), r"not a readable optimizer state \(EOFError"),
     "optimizer of a list": ("optimizer.pt", lambda p: torch.save([1, 2], p), "not a mapping of optimizers"),
-    "transposed moment": (
-        "optimizer.pt",
-        edit_optimizer(lambda s: first_moment(s).update(exp_avg=first_moment(s)["exp_avg"].t().contiguous())),
-        "has exp_avg of shape",
-    ),
     "no schedule": (
         "optimizer.pt",
         edit_optimizer(lambda s: s["schedulers"].update(model={})),
@@ -467,9 +696,17 @@ DAMAGE = {
     "rng of a string": ("state.json", edit_state(rng="abc"), "has a rng that is not a random state"),
     "negative step": ("state.json", edit_state(step=-5), "has step -5; a step is a whole number of at least 0"),
     "step of text": ("state.json", edit_state(step="3"), "has step '3'"),
-    "step beyond steps": ("state.json", edit_state(step=99), "is at step 99, beyond steps=8"),
     "history of a mapping": ("state.json", edit_state(history={}), "history that is not a list"),
+    "digests of a list": ("state.json", edit_state(sha256=[]), "'sha256' record that is not a SHA-256 digest"),
     "garbage config": ("config.json", lambda p: p.write_bytes(b"\xff\x00"), "is not readable JSON"),
+}
+MISMATCH = {  # intact checkpoints of another model
+    "transposed weight": ("model.safetensors", transpose_one, r"holds .* of shape \[\d+, \d+\], and the model's is"),
+    "transposed moment": (
+        "optimizer.pt",
+        edit_optimizer(lambda s: first_moment(s).update(exp_avg=first_moment(s)["exp_avg"].t().contiguous())),
+        "has exp_avg of shape",
+    ),
 }
 
 
@@ -477,7 +714,7 @@ DAMAGE = {
 def test_a_damaged_checkpoint_is_a_clear_error_naming_the_file(tmp_path, straight, damage):
     name, change, message = DAMAGE[damage]
     run = crashed(tmp_path, straight, {"checkpoint": 3})
-    change(run / "checkpoint" / name)
+    resealed(change)(run / "checkpoint" / name)
     with pytest.raises(CheckpointError, match=message) as caught:
         train(small_config(), run, progress=False)
     assert str(run / "checkpoint" / name) in str(caught.value)
@@ -486,30 +723,27 @@ def test_a_damaged_checkpoint_is_a_clear_error_naming_the_file(tmp_path, straigh
     )
 
 
+@pytest.mark.parametrize("mismatch", MISMATCH)
+def test_an_intact_checkpoint_of_another_model_is_refused_without_advice_to_delete_it(tmp_path, straight, mismatch):
+    name, change, message = MISMATCH[mismatch]
+    run = crashed(tmp_path, straight, {"checkpoint": 3})
+    resealed(change)(run / "checkpoint" / name)
+    with pytest.raises(CheckpointMismatch, match=message) as caught:
+        train(small_config(), run, progress=False)
+    assert str(caught.value).endswith("resume it with the config it was trained with, or train into another --out")
+    assert "--restart" not in str(caught.value)
+
+
 def test_a_checkpoint_of_another_model_is_refused_even_without_train_json(tmp_path, straight):
     run = crashed(tmp_path, straight, {"checkpoint": 3})
     (run / "train.json").unlink()
     with pytest.raises(
-        CheckpointError,
+        CheckpointMismatch,
         match=r"model.safetensors holds .* of shape \[\d+(, \d+)?\], and the model's "
         r"is .*; it was written for another model",
-    ):
+    ) as caught:
         train(small_config(model={**MODEL, "d_model": 48}), run, progress=False)
-
-
-def test_a_damaged_checkpoint_falls_back_to_the_intact_old_one_with_a_warning(tmp_path, straight, capsys):
-    run = crashed(tmp_path, straight, {"checkpoint": 6, ".checkpoint.old": 3})
-    (run / "checkpoint" / "optimizer.pt").write_bytes(b"")
-    path = tmp_path / "train.yaml"
-    path.write_text(json.dumps(BASE))
-    assert main(["train", str(path), "--out", str(run), "--json"]) == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["resumed_from"] == 3
-    (warning,) = [line for line in captured.err.splitlines() if line.strip()]
-    assert warning.startswith(f"warning: {run / 'checkpoint' / 'optimizer.pt'} is not a readable optimizer state")
-    assert warning.endswith(f"resuming from the intact {run / '.checkpoint.old'} (step 3) instead")
-    a, b = weights(straight / "whole" / "model"), weights(run / "model")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert "--restart" not in str(caught.value)
 
 
 def test_a_damaged_checkpoint_on_the_command_line_is_one_line_and_exit_2(tmp_path, straight, capsys):
@@ -518,7 +752,7 @@ def test_a_damaged_checkpoint_on_the_command_line_is_one_line_and_exit_2(tmp_pat
     assert main(["train", config_file(tmp_path), "--out", str(run)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert "model.safetensors is not a readable safetensors file" in err and "--restart" in err
+    assert "model.safetensors does not match the SHA-256 digest" in err and "--restart" in err
 
 
 def test_checkpoint_errors_are_the_zoos_value_errors():

@@ -19,6 +19,7 @@ from transformer_zoo.training import placement as placement_module
 from transformer_zoo.training import step as step_module
 from transformer_zoo.training import trainer as train_module
 from transformer_zoo.training.config import load_train_config
+from transformer_zoo.training.run_folder import CheckpointMismatch, CheckpointWarning
 from transformer_zoo.training.trainer import Trainer, TrainingDiverged, evaluate_run, train
 
 SMALL_MODEL = {"variant": "transformer-tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "dropout": 0.1}
@@ -55,7 +56,9 @@ def test_a_checkpoint_of_the_single_optimizer_layout_resumes_exactly(tmp_path):
     path = tmp_path / "old" / "checkpoint" / "optimizer.pt"
     states = torch.load(path, weights_only=True)
     torch.save({"optimizer": states["optimizers"]["model"], "scheduler": states["schedulers"]["model"]}, path)
-    train(config, tmp_path / "old", progress=False)
+    without_digests(tmp_path / "old" / "checkpoint")  # written before checkpoints carried them, too
+    with pytest.warns(CheckpointWarning, match="records no SHA-256 digests"):
+        train(config, tmp_path / "old", progress=False)
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "old")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -65,12 +68,24 @@ def test_a_checkpoint_of_other_phases_is_refused_with_a_way_out(tmp_path):
     train(config, tmp_path, progress=False, stop_after=2)
     path = tmp_path / "checkpoint" / "optimizer.pt"
     torch.save({"optimizers": {"generator": {}}, "schedulers": {"generator": {}}}, path)
-    with pytest.raises(
-        ValueError,
-        match=r"optimizers for the phases \['generator'\], and the model trains in "
-        r"\['model'\]; .* start over \(--restart\)",
+    without_digests(tmp_path / "checkpoint")
+    with (
+        pytest.warns(CheckpointWarning),
+        pytest.raises(
+            CheckpointMismatch,
+            match=r"optimizers for the phases \['generator'\], and the model trains in "
+            r"\['model'\]; it was written for another model; resume it with the config it was trained with, "
+            "or train into another --out",
+        ),
     ):
         train(config, tmp_path, progress=False)
+
+
+def without_digests(checkpoint):
+    """The checkpoint as it was written before checkpoints recorded their files' digests."""
+    state = json.loads((checkpoint / "state.json").read_text())
+    del state["sha256"]
+    (checkpoint / "state.json").write_text(json.dumps(state))
 
 
 def test_a_task_written_before_phases_still_trains(tmp_path, monkeypatch):

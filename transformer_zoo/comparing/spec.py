@@ -167,7 +167,12 @@ def load_spec(source: str | os.PathLike | dict | None = None, seeds: list[int] |
     Args:
         seeds: replace the spec's seeds (``tzoo compare --seeds 0,1,2``).
     """
-    data = read_config(default_spec_path() if source is None else source)
+    data = read_config(
+        default_spec_path() if source is None else source,
+        "compare spec file",
+        "the path of a YAML or JSON spec (its variants, tasks and seeds; docs: Comparing), or no spec for the "
+        "built-in comparison",
+    )
     if seeds is not None:
         data = {**data, "seeds": seeds}
     return validate(CompareSpec, data, "compare spec")

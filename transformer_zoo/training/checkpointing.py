@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,12 @@ from .run_folder import (
     CHECKPOINT,
     PLUGINS,
     CheckpointError,
-    RunFolderBusy,
+    CheckpointMismatch,
+    CheckpointWarning,
     RunFolderError,
     RunLock,
     candidates,
+    check_run_folder,
     check_weights,
     first_non_finite,
     load_weights,
@@ -38,6 +41,7 @@ from .run_folder import (
     read_optimizers,
     read_state,
     remove_partial_files,
+    verify_digests,
     warn_passed_over,
     write_checkpoint,
 )
@@ -73,16 +77,18 @@ class Checkpointer:
 
         Raises:
             RunFolderBusy: another run holds the folder; the message names its pid.
+            RunFolderError: the folder holds files but no run (:func:`~transformer_zoo.training.run_folder.check_run_folder`).
         """
         held = RunLock(self.run_dir) if self.placement.here.main and self.run_dir is not None else None
         refused = None
         try:
             if held is not None:
+                check_run_folder(self.run_dir)
                 held.acquire()
-        except RunFolderBusy as exc:
+        except RunFolderError as exc:  # busy, or a folder of something else
             refused, held = exc, None
         if self.placement.any_true(refused is not None):
-            raise refused or RunFolderBusy(f"run folder {str(self.run_dir)!r} is in use by another training run")
+            raise refused or RunFolderError(f"run folder {str(self.run_dir)!r} was refused by process 0 (it says why)")
         try:
             if held is not None:
                 remove_partial_files(self.run_dir)
@@ -108,16 +114,28 @@ class Checkpointer:
             before = load_train_config(path)
         except (ZooError, ValueError) as exc:
             raise RunFolderError(
-                f"{path} does not validate ({exc}); start over with --restart, or train into another --out"
+                f"{path} does not validate ({exc}); it is the config of the run whose checkpoint the folder "
+                "holds: restore it to resume that run, or train into another --out"
             ) from None
         changes = config_changes(before, self.config)
         if changes:
-            raise RunFolderError(
-                f"run folder {str(self.run_dir)!r} holds a run trained with another config ({'; '.join(changes)}); "
-                f"only {', '.join(sorted(RESUMABLE_FIELDS))} may change when a run resumes: start over with "
-                "--restart, or train into another --out"
-            )
+            raise self.another_run(before, changes)
         return found
+
+    def another_run(self, before: TrainConfig, changes: list[str]) -> RunFolderError:
+        """The refusal to resume a run folder whose run (``before``) is not this config's: one
+        line naming that run and the first differences; all of them in its ``details``."""
+        model = before.model if isinstance(before.model, str) else before.model.get("variant", "model")
+        shown = "; ".join(changes[:2]) + ("; ..." if len(changes) > 2 else "")
+        error = RunFolderError(
+            f"run folder {str(self.run_dir)!r} holds another run, of {model} on {before.task.kind}: this config "
+            f"differs from it in {len(changes)} field{'s' if len(changes) > 1 else ''} ({shown}), and a run resumes "
+            f"only with its own config (but for {', '.join(sorted(RESUMABLE_FIELDS))}); train into another --out "
+            "(--json lists every difference)"
+        )
+        error.details = {"run_dir": str(self.run_dir), "run": {"model": model, "task": before.task.kind}}
+        error.details["differences"] = changes
+        return error
 
     def resume_from(self, found: list[Path], model: torch.nn.Module) -> tuple[Path | None, dict | None]:
         """Load the first of ``found`` that reads (:meth:`load`) into ``model``, with a warning
@@ -132,30 +150,51 @@ class Checkpointer:
             try:
                 state = self.load(checkpoint, model)
             except CheckpointError as exc:
-                problems.append(str(exc))
+                problems.append(exc)
                 continue
-            warn_passed_over(problems, checkpoint, state["step"])
+            warn_passed_over(list(map(str, problems)), checkpoint, state["step"])
             return checkpoint, state
-        if problems:
-            raise CheckpointError(
-                f"cannot resume {str(self.run_dir)!r}: {'; '.join(problems)}; no intact checkpoint is "
-                "left: start over with --restart, or train into another --out"
+        if not problems:
+            return None, None
+        if any(isinstance(problem, CheckpointMismatch) for problem in problems):
+            raise CheckpointMismatch(
+                f"cannot resume {str(self.run_dir)!r}: {'; '.join(map(str, problems))}; resume it with the "
+                "config it was trained with, or train into another --out"
             )
-        return None, None
+        raise CheckpointError(
+            f"cannot resume {str(self.run_dir)!r}: {'; '.join(map(str, problems))}; no intact checkpoint is "
+            "left: start over with --restart, or train into another --out"
+        )
 
     def load(self, checkpoint: Path, model: torch.nn.Module) -> dict[str, Any]:
         """Continue from ``checkpoint``: its weights (into ``model``, before it is distributed)
         and random state; returns its checked ``state.json`` (the step and learning curve).
-        Every file is checked first, the optimizer states too (kept for
-        :meth:`load_optimizer_states`), so that nothing of a checkpoint that does not read is taken.
+        Every file is checked first, against the digests ``state.json`` records, then read, the
+        optimizer states too (kept for :meth:`load_optimizer_states`), so that nothing of a
+        checkpoint that does not read is taken.
 
         Raises:
-            CheckpointError: a file is missing, does not read, does not fit the model, or holds
-                a value out of place (a step beyond ``steps``, a non-finite weight); the
-                message names the file.
+            CheckpointError: a file is missing, changed since it was written, does not read, or
+                holds a value out of place (a non-finite weight); the message names the file.
+            CheckpointMismatch: it does not fit the model (written by another).
+            RunFolderError: the checkpoint is intact and beyond ``steps``.
         """
         device = self.placement.device
-        state = read_state(checkpoint, self.config.steps)
+        state = read_state(checkpoint)
+        if not verify_digests(checkpoint, state):
+            warnings.warn(
+                f"{checkpoint / 'state.json'} records no SHA-256 digests (it was written before checkpoints "
+                "carried them): its files are checked for shape and finite values, not byte for byte",
+                CheckpointWarning,
+                stacklevel=3,
+            )
+        if state["step"] > self.config.steps:
+            step, steps = state["step"], self.config.steps
+            raise RunFolderError(
+                f"run folder {str(self.run_dir)!r} holds this run at step {step}, beyond steps={steps}: to train "
+                f"it further, give steps above {step} (--set steps=N); to train a new run of {steps} steps, "
+                "train into another --out"
+            )
         check_weights(checkpoint, model)
         phases = {phase.name: list(phase.parameters) for phase in model.phases()}
         states = read_optimizers(checkpoint, phases, state["step"], self.placement.map_location)
@@ -196,9 +235,9 @@ class Checkpointer:
                 self.placement.load_optimizer_state(model, optimizer, states["optimizers"][name])
                 schedulers[name].load_state_dict(states["schedulers"][name])
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(
-                f"{checkpoint / 'optimizer.pt'} does not load into the optimizers ({exc}); start "
-                "over with --restart, or train into another --out"
+            raise CheckpointMismatch(
+                f"{checkpoint / 'optimizer.pt'} does not load into the optimizers ({exc}): it was written for "
+                "other optimizers; resume it with the config it was trained with, or train into another --out"
             ) from None
 
     def write_run_folder(self, checkpoint: Path | None, task: Any) -> None:
@@ -287,7 +326,8 @@ class Checkpointer:
             kept = f"; kept: the checkpoint of step {self.saved} in {self.run_dir / CHECKPOINT} (every value finite)"
         grad_clip, lr = self.config.grad_clip, self.config.lr
         clip = "set grad_clip" if grad_clip is None else f"a lower grad_clip (now {grad_clip})"
-        retry = f"start over (--restart) with a lower lr (now {lr}) or {clip}"
+        new_run = "start over (--restart)" if self.saved is None else "train a new run into another --out"
+        retry = f"{new_run} with a lower lr (now {lr}) or {clip}"
         if self.resumed_from is not None:
             return TrainingDiverged(
                 f"{what}{kept}; this run resumed from step {self.resumed_from} and diverged again, "

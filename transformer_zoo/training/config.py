@@ -133,7 +133,10 @@ def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | N
         raise ConfigError(f"training config {str(source)!r} does not exist; give a YAML or JSON file")
     data = read_config(source)
     if overrides:
-        data = merge(data, parse_overrides(overrides))
+        changes = parse_overrides(overrides)
+        if isinstance(data.get("model"), str) and isinstance(changes.get("model"), dict):  # model.d_model=...
+            data = {**data, "model": {"variant": data["model"]}}  # is an option of the variant named
+        data = merge(data, changes)
     return validate(TrainConfig, data, "training config")
 
 

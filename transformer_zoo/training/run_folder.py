@@ -5,6 +5,12 @@ A checkpoint is a folder of four files: ``model.safetensors`` and ``config.json`
 and ``state.json`` (the step, the random state and the learning curve). ``state.json`` is
 written last, so a folder whose four files are there and whose ``state.json`` reads is complete.
 
+``state.json`` also records the SHA-256 digest of each file (:data:`DIGESTS`: the other three
+files', as ``sha256sum`` gives them, and its own, over its other contents), and a resume
+verifies them all before it reads anything else (:func:`verify_digests`): a file whose bytes
+changed after it was written is named, and the run falls back to an older intact checkpoint
+if one is kept, instead of resuming silently from damaged weights.
+
 Writing goes through three names, so that a crash at any moment leaves a complete checkpoint:
 the new one is written into ``.checkpoint.tmp``, the current ``checkpoint`` is moved to
 ``.checkpoint.old``, ``.checkpoint.tmp`` is moved to ``checkpoint``, and ``.checkpoint.old`` is
@@ -18,6 +24,8 @@ state holding NaN or infinity, so the checkpoint on disk is always one a run can
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -33,17 +41,25 @@ import safetensors.torch
 import torch
 
 from ..core.errors import ZooError
-from ..core.files import atomic_write
+from ..core.files import atomic_write, file_sha256
 
 CHECKPOINT = "checkpoint"
 PARTIAL = f".{CHECKPOINT}.tmp"
 PREVIOUS = f".{CHECKPOINT}.old"
 FILES = ("model.safetensors", "config.json", "optimizer.pt", "state.json")
+SEALED = FILES[:3]
+DIGESTS = "sha256"
+"""The key of ``state.json`` that records the checkpoint's digests: ``{file: SHA-256}`` for each
+of :data:`SEALED`, and ``state.json``'s own (over its contents but that entry, see
+:func:`seal`)."""
 PLUGINS = "plugins.json"
 """In a run folder: the plugin module that provided each kind and variant of the run's config
 (``{"attention:sliding-window": "transformer_zoo.plugins.local_global", ...}``), so that loading
 the run where a plugin is missing names it."""
 LOCK, LOCK_PID = ".lock", ".lock.pid"
+RUN_MARKERS = ("train.json", CHECKPOINT, PARTIAL, PREVIOUS, LOCK, "attempts.json", "record.json")
+"""What only a run folder holds (the last two: a comparison's records of its run, kept there
+from before it trains): a folder with files but none of these is not one."""
 
 
 class RunFolderError(ZooError, ValueError):
@@ -58,8 +74,14 @@ class CheckpointError(RunFolderError):
     """A checkpoint that cannot be resumed; the message names the file."""
 
 
+class CheckpointMismatch(CheckpointError):
+    """An intact checkpoint that does not fit the model or optimizers it would be loaded into:
+    it was written by another model (its files are as they were written, so nothing suggests
+    removing it)."""
+
+
 class CheckpointWarning(UserWarning):
-    """A checkpoint was passed over for an older intact one."""
+    """A checkpoint was passed over for an older intact one, or could not be verified."""
 
 
 # ---- the folder --------------------------------------------------------------------------------
@@ -79,16 +101,36 @@ def check_folder(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
+def check_run_folder(path: Path) -> None:
+    """Refuse a folder that holds files but no training run (a report, a dataset): a run would
+    write its checkpoints among them, and ``--restart`` would remove what is not its own. A new
+    or empty folder, and one with a run's ``train.json``, checkpoint or lock, are taken.
+
+    Raises:
+        RunFolderError: in one line, naming a few of its files.
+    """
+    names = sorted(entry.name for entry in path.iterdir()) if path.is_dir() else []
+    if names and not any(name in names for name in RUN_MARKERS):
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise RunFolderError(
+            f"run folder {str(path)!r} holds files that are not a training run ({shown}); give a new or empty "
+            "folder, or the folder of a run to resume, as --out"
+        )
+
+
 class RunLock:
     """An exclusive lock on a run folder, taken at once or refused (never waited for).
 
     The lock is an ``flock`` on ``.lock`` (the operating system drops it when its process
     ends, however it ends); the holder's pid is kept beside it in ``.lock.pid`` for the
-    message of a refused run."""
+    message of a refused run. A run that wrote nothing (it was refused while setting up) leaves
+    nothing: on release, the lock file and the folders the lock made are removed again when
+    they hold nothing else."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.run_dir = Path(run_dir)
         self._lock = filelock.FileLock(self.run_dir / LOCK, timeout=0)
+        self._made: list[Path] = []  # what acquire created: folders, outermost first, then the lock file
 
     def acquire(self) -> None:
         """Take the lock (creating the folder).
@@ -96,10 +138,14 @@ class RunLock:
         Raises:
             RunFolderBusy: another process holds it; the message names its pid.
         """
+        self._made = [p for p in (*reversed(self.run_dir.parents), self.run_dir) if not p.exists()]
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not (self.run_dir / LOCK).exists():
+            self._made.append(self.run_dir / LOCK)
         try:
             self._lock.acquire()
         except filelock.Timeout:
+            self._made = []
             raise RunFolderBusy(
                 f"run folder {str(self.run_dir)!r} is in use by another training run ({self.holder()}); "
                 "wait for it to finish, stop it, or train into another --out"
@@ -119,7 +165,12 @@ class RunLock:
     def release(self) -> None:
         if self._lock.is_locked:
             (self.run_dir / LOCK_PID).unlink(missing_ok=True)
+            if {entry.name for entry in self.run_dir.iterdir()} <= {LOCK}:  # the run wrote nothing
+                for made in reversed(self._made):
+                    with contextlib.suppress(OSError):  # a folder another process has written into stays
+                        made.unlink() if made.name == LOCK else made.rmdir()
             self._lock.release()
+        self._made = []
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -200,13 +251,24 @@ def write_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     torch.save({"optimizers": optimizers, "schedulers": schedulers}, tmp / "optimizer.pt")
-    text = json.dumps(state)
+    text = json.dumps(seal(state, tmp))
     atomic_write(tmp / "state.json", lambda path: path.write_text(text))  # last: its presence marks tmp complete
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def seal(state: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``state.json``'s contents with the checkpoint's digests (:data:`DIGESTS`): those of the
+    files of ``folder`` already written, and its own, over the rest of it."""
+    files = {name: file_sha256(folder / name) for name in SEALED}
+    return {**state, DIGESTS: {**files, "state.json": _state_digest({**state, DIGESTS: files})}}
+
+
+def _state_digest(state: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
 
 # ---- recovery ----------------------------------------------------------------------------------
@@ -255,27 +317,34 @@ def warn_passed_over(problems: list[str], used: Path, step: int) -> None:
 
 
 # ---- checked reading ---------------------------------------------------------------------------
-def read_state(folder: Path, steps: int) -> dict[str, Any]:
-    """``state.json`` of a checkpoint, checked: a step in [0, ``steps``], the CPU random state,
-    the learning curve (and the CUDA random state, if any).
+def read_state(folder: Path) -> dict[str, Any]:
+    """``state.json`` of a checkpoint, checked: its own digest (when it records digests, see
+    :func:`verify_digests`), a step of at least 0, the CPU random state, the learning curve (and
+    the CUDA random state, if any).
 
     Raises:
-        CheckpointError: it is missing, unreadable, or a value is missing or of the wrong kind.
+        CheckpointError: it is missing, unreadable, changed since it was written, or a value is
+            missing or of the wrong kind.
     """
     path = folder / "state.json"
     state = read_json(path, CheckpointError)
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds {type(state).__name__}, not a mapping of step, rng and history")
+    recorded = state.get(DIGESTS)
+    if recorded is not None:
+        if not isinstance(recorded, dict) or not all(isinstance(recorded.get(n), str) for n in (*SEALED, path.name)):
+            raise CheckpointError(
+                f"{path} has a {DIGESTS!r} record that is not a SHA-256 digest of each of {', '.join(FILES)}"
+            )
+        own = _state_digest({**state, DIGESTS: {k: v for k, v in recorded.items() if k != path.name}})
+        if own != recorded[path.name]:
+            raise _changed(path, recorded[path.name], own, "it records for itself")
     missing = [key for key in ("step", "rng", "history") if key not in state]
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(map(repr, missing))}")
     step = state["step"]
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise CheckpointError(f"{path} has step {step!r}; a step is a whole number of at least 0")
-    if step > steps:
-        raise CheckpointError(
-            f"{path} is at step {step}, beyond steps={steps} (resuming it needs steps of at least {step})"
-        )
     for key, size in (("rng", torch.get_rng_state().numel()), ("cuda_rng", None)):
         if key in state and not _is_bytes(state[key], size):
             raise CheckpointError(
@@ -284,6 +353,37 @@ def read_state(folder: Path, steps: int) -> dict[str, Any]:
     if not isinstance(state["history"], list) or not all(isinstance(row, dict) for row in state["history"]):
         raise CheckpointError(f"{path} has a history that is not a list of mappings")
     return state
+
+
+def verify_digests(folder: Path, state: dict[str, Any]) -> bool:
+    """Check each file of :data:`SEALED` against the digest ``state.json`` records for it (read
+    and checked by :func:`read_state`); False for a checkpoint that records none (written
+    before checkpoints carried digests), True once every file matches.
+
+    Raises:
+        CheckpointError: a file is missing, or its bytes are not those it was written with.
+    """
+    recorded = state.get(DIGESTS)
+    if recorded is None:
+        return False
+    for name in SEALED:
+        path = folder / name
+        try:
+            found = file_sha256(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing") from None
+        except OSError as exc:
+            raise CheckpointError(f"{path} cannot be read ({_reason(exc)})") from None
+        if found != recorded[name]:
+            raise _changed(path, recorded[name], found, f"{folder / 'state.json'} records for it")
+    return True
+
+
+def _changed(path: Path, recorded: str, found: str, where: str) -> CheckpointError:
+    return CheckpointError(
+        f"{path} does not match the SHA-256 digest {where} (recorded {recorded[:16]}..., "
+        f"found {found[:16]}...): its bytes changed after the checkpoint was written (damaged on disk or in a copy)"
+    )
 
 
 def _is_bytes(value: Any, size: int | None) -> bool:
@@ -338,12 +438,12 @@ def check_weights(folder: Path, model: torch.nn.Module) -> None:
     expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     unknown = sorted(set(shapes) - set(expected))
     if unknown:
-        raise CheckpointError(
+        raise CheckpointMismatch(
             f"{path} holds tensors the model does not have: {', '.join(unknown[:5])}; it was written for another model"
         )
     for name, shape in shapes.items():
         if shape != expected[name]:
-            raise CheckpointError(
+            raise CheckpointMismatch(
                 f"{path} holds {name} of shape {list(shape)}, and the model's is "
                 f"{list(expected[name])}; it was written for another model"
             )
@@ -390,9 +490,9 @@ def read_optimizers(
         raise CheckpointError(f"{path} is not a mapping of optimizers and schedulers by phase")
     saved = sorted(states["optimizers"])
     if saved != sorted(phases) or sorted(states["schedulers"]) != saved:
-        raise CheckpointError(
+        raise CheckpointMismatch(
             f"the checkpoint in {folder} has optimizers for the phases {saved}, and the model trains "
-            f"in {sorted(phases)}; resume with the model it was written by, or start over (--restart)"
+            f"in {sorted(phases)}; it was written for another model"
         )
     for name, parameters in phases.items():
         _check_optimizer(path, name, states["optimizers"][name], parameters)
@@ -410,7 +510,7 @@ def _check_optimizer(path: Path, phase: str, state: Any, parameters: list[torch.
         raise CheckpointError(f"{path}: phase {phase!r} is not an optimizer state (state and param_groups)")
     indices = [index for group in groups for index in group["params"]]
     if len(indices) != len(parameters):
-        raise CheckpointError(
+        raise CheckpointMismatch(
             f"{path}: phase {phase!r} has state for {len(indices)} parameters, and the model's phase "
             f"has {len(parameters)}; it was written for another model"
         )
@@ -421,7 +521,7 @@ def _check_optimizer(path: Path, phase: str, state: Any, parameters: list[torch.
         shape = tuple(parameters[position[index]].shape)
         for key, value in values.items():
             if isinstance(value, torch.Tensor) and value.dim() > 0 and tuple(value.shape) != shape:
-                raise CheckpointError(
+                raise CheckpointMismatch(
                     f"{path}: phase {phase!r} has {key} of shape {list(value.shape)} for a parameter "
                     f"of shape {list(shape)}; it was written for another model"
                 )

@@ -253,7 +253,7 @@ def load_study(source: str | os.PathLike | dict[str, Any]) -> Study:
         if str(source) not in found:
             raise UnknownNameError("study (or a path to a study's YAML file)", str(source), found)
         source = found[str(source)]
-    data = read_config(source)
+    data = read_config(source, "study file", "a built-in study's name (tzoo reproduce lists them) or a YAML file")
     if not isinstance(source, dict):
         data.setdefault("name", Path(source).stem)
     return validate(Study, data, "study")
