@@ -55,6 +55,11 @@ BENCHMARKS: dict[str, Benchmark] = {
     "dense-threshold": Benchmark(
         "dense_threshold", "a sparse pattern's own kernel against dense SDPA under its mask, by length", "about 10 s"
     ),
+    "checkpoint-digests": Benchmark(
+        "checkpoint_digests",
+        "verifying a checkpoint's SHA-256 digests against reading it, and recording them against writing it",
+        "about 1 min",
+    ),
     "robustness": Benchmark(
         "robustness", "bad configs, inputs, checkpoints, folders and plugins, and how each attempt ended", "about 7 min"
     ),

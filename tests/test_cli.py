@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import transformer_zoo as tz
 from transformer_zoo.cli import main
 
 
@@ -139,6 +140,17 @@ def test_bench_lists_the_benchmarks_and_runs_one_with_a_json_record(tmp_path, ca
     assert record["machine"]["torch"] and record["speedup"] > 0 and record["args"]["new_tokens"] == 8
     assert main(["bench", "nope"]) == 2
     assert "no benchmark 'nope'; benchmarks: transformer, bert" in capsys.readouterr().err
+
+
+def test_the_checkpoint_digests_benchmark_measures_both_against_their_references(tmp_path, capsys):
+    out = tmp_path / "digests.json"
+    assert main(["bench", "checkpoint-digests", "--variant", "bert-tiny", "--repeats", "1", "--json", str(out)]) == 0
+    assert "verify the digests" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert record["bytes"] > 3 * 4 * sum(
+        p.numel() for p in tz.build_model("bert-tiny").parameters()
+    )  # weights, 2 moments
+    assert record["verify_over_read"] > 0 and 0 < record["seal_over_write"] < 1
 
 
 def test_bench_loads_the_checkouts_benchmarks_and_never_a_folder_of_the_working_directory(
