@@ -26,6 +26,22 @@ def _garbage(path: Path) -> None:
     path.write_bytes(random.Random(0).randbytes(max(path.stat().st_size, 64)))
 
 
+def _flipped(path: Path) -> None:
+    """64 bytes flipped past the middle of the file (in a safetensors file's tensor data): the file
+    still reads, as other bytes."""
+    data = bytearray(path.read_bytes())
+    start = (len(data) * 3) // 4
+    data[start : start + 64] = bytes(b ^ 0xFF for b in data[start : start + 64])
+    path.write_bytes(bytes(data))
+
+
+def _digit(path: Path) -> None:
+    """The last digit of a JSON file changed: it still reads, as another value."""
+    text = path.read_text()
+    at = max(i for i, c in enumerate(text) if c.isdigit())
+    path.write_text(text[:at] + str((int(text[at]) + 1) % 10) + text[at + 1 :])
+
+
 def _state(edit: Callable[[dict], Any]) -> Callable[[Path], None]:
     def damage(checkpoint: Path) -> None:
         state = json.loads((checkpoint / "state.json").read_text())
@@ -81,7 +97,11 @@ CHECKPOINT_CASES: list[tuple[str, Callable[[Path], Any], bool]] = [  # (case, da
     ("step past the end", _state(lambda s: {**s, "step": 10**6}), False),
     ("history not a list", _state(lambda s: {**s, "history": 5}), False),
     ("model changed: --set model.d_model=48", lambda c: None, False),
+    ("model.safetensors with 64 bytes flipped", lambda c: _flipped(c / "model.safetensors"), False),
+    ("optimizer.pt with 64 bytes flipped", lambda c: _flipped(c / "optimizer.pt"), False),
+    ("state.json with a digit changed", lambda c: _digit(c / "state.json"), False),
     ("model.safetensors garbage, .checkpoint.old intact", _keep_old(lambda c: _garbage(c / "model.safetensors")), True),
+    ("model.safetensors flipped, .checkpoint.old intact", _keep_old(lambda c: _flipped(c / "model.safetensors")), True),
     ("checkpoint/ gone, .checkpoint.old intact", lambda c: os.replace(c, c.parent / ".checkpoint.old"), True),
     ("train.json garbage", lambda c: (c.parent / "train.json").write_text("{"), True),
 ]
@@ -263,6 +283,7 @@ ZOO_FOLDERS: list[tuple[str, Callable[[Path], Any]]] = [
     ("model.safetensors garbage", lambda f: _garbage(f / "model.safetensors")),
     ("model.safetensors empty", lambda f: (f / "model.safetensors").write_bytes(b"")),
     ("model.safetensors missing", lambda f: (f / "model.safetensors").unlink()),
+    ("model.safetensors with 64 bytes of its tensors flipped", lambda f: _flipped(f / "model.safetensors")),
     ("integer weights", _weights(ints)),
     ("a weight of another shape", _weights(_wrong_shape)),
     ("a weight missing", _weights(lambda t: dict(list(t.items())[1:]))),

@@ -172,7 +172,15 @@ class Sandbox:
         self.proc = ctx.Process(
             target=worker_main, args=(child, self.extra_bytes, str(self.log), str(self.cwd)), daemon=True
         )
-        self.proc.start()
+        checkout = str(Path(__file__).resolve().parents[2])  # the worker imports this benchmarks/ package
+        added = checkout not in sys.path
+        if added:  # tzoo bench loaded it by its path; the worker starts with the parent's import path
+            sys.path.append(checkout)
+        try:
+            self.proc.start()
+        finally:
+            if added:
+                sys.path.remove(checkout)
         child.close()
 
     def stop(self) -> None:
