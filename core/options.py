@@ -38,6 +38,15 @@ from .validation import (
     Options,
 )
 
+NormPlacement = Literal["pre", "post", "sandwich", "output"]
+"""Where a layer's norms go around each sub-layer ``f`` (attention, feed-forward):
+
+- ``pre``: ``x + f(norm(x))`` (Xiong et al. 2020; GPT-2, Llama);
+- ``post``: ``norm(x + f(x))``, the original Transformer's;
+- ``sandwich``: ``x + norm_out(f(norm_in(x)))``, two norms per sub-layer (Gemma 2);
+- ``output``: ``x + norm(f(x))``, the norm on the sub-layer's output only (OLMo 2).
+"""
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -54,7 +63,7 @@ class LayerSpec:
         d_model, n_heads, d_ff: the widths and heads.
         dropout: on residuals and attention weights.
         ffn, norm: the feed-forward and norm kinds (None only for a spec that builds attention alone).
-        norm_placement: norm before each sub-layer (``pre``) or after the residual (``post``).
+        norm_placement: where each sub-layer's norms go (:data:`NormPlacement`).
         final_norm: a norm after the last layer; None: only with pre placement.
         in_attention: the built in-attention positional scheme (rotary, ALiBi) of the self-attention, or None.
         grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
@@ -66,7 +75,7 @@ class LayerSpec:
     dropout: float = 0.0
     ffn: FFNOptions | None = None
     norm: NormOptions | None = None
-    norm_placement: Literal["pre", "post"] = "post"
+    norm_placement: NormPlacement = "post"
     final_norm: bool | None = None
     in_attention: AttentionPositional | None = None
     grid: tuple[int, int] | None = None
@@ -77,7 +86,9 @@ class LayerSpec:
 
     @property
     def uses_final_norm(self) -> bool:
-        return self.pre_norm if self.final_norm is None else self.final_norm
+        """A norm after the last layer: as ``final_norm`` says, else for every placement that
+        leaves a layer's output unnormalised (all but ``post``)."""
+        return self.norm_placement != "post" if self.final_norm is None else self.final_norm
 
 
 class AttentionOptions(ComponentOptions):
@@ -419,11 +430,13 @@ class LayerFields(Options):
     d_ff: int = Field(2048, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
     norm: NormField = Field("layernorm", validate_default=True, description="normalisation layer")
-    norm_placement: Literal["pre", "post"] = Field(
-        "post", description="norm before each sub-layer (pre) or after the residual (post)"
+    norm_placement: NormPlacement = Field(
+        "post",
+        description="norm before each sub-layer (pre), after the residual (post), before and after each "
+        "sub-layer (sandwich: Gemma 2) or on each sub-layer's output (output: OLMo 2)",
     )
     final_norm: bool | None = Field(
-        None, description="norm after the last layer of each stack; None: only with pre placement"
+        None, description="norm after the last layer of each stack; None: with every placement but post"
     )
     ffn: FFNField = Field("mlp", validate_default=True, description="position-wise feed-forward network")
 
