@@ -89,7 +89,13 @@ def apply_weights(weights: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
 
 
 def attention_math(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, bias: Tensor | None = None, dropout_p: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    dropout_p: float = 0.0,
+    softcap: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The paper's formula, written out: returns ``(output, weights)``.
 
@@ -99,8 +105,12 @@ def attention_math(
         bias: float, broadcastable to ``(B, H, Tq, Tk)``, added to the scores (ALiBi, relative).
         dropout_p: dropout on the weights before they weigh the values (the returned weights
             are before dropout).
+        softcap: soft-capping of the scores, ``cap * tanh(scores / cap)`` before the bias and the
+            mask (Gemma 2); None: off.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -117,6 +127,26 @@ def math_kernel(
     """Full attention by :func:`attention_math` only, never a fused kernel: the ``(B, H, Tq, Tk)``
     weights are always made (and returned), as in the paper."""
     return attention_math(q, k, v, mask.dense(q.size(-2), k.size(-2), q.device), bias, dropout_p)
+
+
+@dataclass(frozen=True)
+class SoftcapKernel:
+    """Full attention with its scores soft-capped, ``cap * tanh(scores / cap)`` (Gemma 2): by
+    :func:`attention_math`, since no fused kernel caps the scores."""
+
+    cap: float
+
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: AttentionMask,
+        bias: Tensor | None,
+        dropout_p: float,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor]:
+        return attention_math(q, k, v, mask.dense(q.size(-2), k.size(-2), q.device), bias, dropout_p, self.cap)
 
 
 def sdpa_kernel(
@@ -259,9 +289,12 @@ class MultiHeadAttention(nn.Module):
         positional: AttentionPositional | None = None,
         scale: float | None = None,
         n_kv_heads: int | None = None,
+        d_head: int | None = None,
+        qk_norm: tuple[nn.Module, nn.Module] | None = None,
+        qk_norm_over: str = "head",
     ) -> None:
         super().__init__()
-        if d_model % n_heads:
+        if d_head is None and d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if n_kv_heads < 1 or n_heads % n_kv_heads:
@@ -270,34 +303,53 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"scale must be positive (or None for 1/sqrt(d_head)), got {scale}")
         self.d_model = d_model
         self.n_heads = n_heads
-        self.d_head = d_model // n_heads
+        self.d_head = d_model // n_heads if d_head is None else d_head
+        self.d_inner = n_heads * self.d_head  # the queries' width (d_model unless d_head is given)
         self.n_kv_heads = n_kv_heads
         self.kernel = kernel  # an nn.Module kernel registers as a submodule here, with its parameters
         self.dropout = dropout
         # Query, key and value projections stacked in one matrix: self-attention runs one matmul.
-        self.in_proj = nn.Linear(d_model, d_model + 2 * n_kv_heads * self.d_head, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.in_proj = nn.Linear(d_model, self.d_inner + 2 * n_kv_heads * self.d_head, bias=bias)
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
         self.positional = positional
         self.scale = scale
+        if qk_norm_over not in ("head", "projection"):
+            raise ValueError(f"qk_norm_over must be head or projection, got {qk_norm_over!r}")
+        self.q_norm, self.k_norm = (None, None) if qk_norm is None else qk_norm
+        self.qk_norm_over = qk_norm_over
 
     def extra_repr(self) -> str:
         scale = "" if self.scale is None else f", scale={self.scale:g}"
         # a kernel that is a module is shown as a child, below this line
         kernel = "" if isinstance(self.kernel, nn.Module) else f", kernel={_kernel_name(self.kernel)}"
         kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{kernel}{scale}"
+        d_head = "" if self.d_inner == self.d_model else f", d_head={self.d_head}"
+        qk = "" if self.q_norm is None else f", qk_norm over {self.qk_norm_over}"
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{d_head}{kernel}{scale}{qk}"
 
     def _heads(self, x: Tensor, parts: int, heads: int | None = None) -> tuple[Tensor, ...]:
         """``(B, T, parts * heads * Dh)`` to ``parts`` tensors of ``(B, heads, T, Dh)``; heads: ``n_heads``."""
         b, t, _ = x.shape
         return x.view(b, t, parts, heads or self.n_heads, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
 
+    def _normed(self, norm: nn.Module | None, x: Tensor) -> Tensor:
+        """Queries or keys ``(B, T, heads * Dh)`` through their QK-norm: over the whole
+        projection, or over each head's ``Dh`` channels (one norm shared by the heads)."""
+        if norm is None:
+            return x
+        if self.qk_norm_over == "projection":
+            return norm(x)
+        return norm(x.unflatten(-1, (-1, self.d_head))).flatten(-2)
+
     def self_heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries ``(B, H, T, Dh)``, keys and values ``(B, n_kv_heads, T, Dh)`` of ``x``, by one matmul."""
-        if self.n_kv_heads == self.n_heads:
+        """Queries ``(B, H, T, Dh)``, keys and values ``(B, n_kv_heads, T, Dh)`` of ``x``, by one
+        matmul (the queries and keys through their QK-norm, if any)."""
+        if self.n_kv_heads == self.n_heads and self.q_norm is None:
             return self._heads(self.in_proj(x), 3)
-        q, kv = self.in_proj(x).split([self.d_model, self.in_proj.out_features - self.d_model], dim=-1)
-        return (*self._heads(q, 1), *self._heads(kv, 2, self.n_kv_heads))
+        kv_width = self.n_kv_heads * self.d_head
+        q, k, v = self.in_proj(x).split([self.d_inner, kv_width, kv_width], dim=-1)
+        q, k = self._normed(self.q_norm, q), self._normed(self.k_norm, k)
+        return (*self._heads(q, 1), *self._heads(k, 1, self.n_kv_heads), *self._heads(v, 1, self.n_kv_heads))
 
     def expand_kv(self, x: Tensor) -> Tensor:
         """Keys or values of ``n_kv_heads`` heads repeated for the ``n_heads`` query heads: ``(B, H, T, Dh)``."""
@@ -317,7 +369,7 @@ class MultiHeadAttention(nn.Module):
         Reads and extends ``cache`` (the cache holds keys before rotation, of ``n_kv_heads`` heads),
         and applies the in-attention positional scheme.
         """
-        d = self.d_model
+        d = self.d_inner
         q_offset = 0
         if memory is None:
             q, k, v = self.self_heads(x)
@@ -325,11 +377,15 @@ class MultiHeadAttention(nn.Module):
                 q_offset = cache.start
                 k, v = cache.append(k, v)
         else:
-            (q,) = self._heads(self._project(x, slice(0, d)), 1)
+            (q,) = self._heads(self._normed(self.q_norm, self._project(x, slice(0, d))), 1)
             if cache is not None and cache.key is not None:
                 k, v = cache.key, cache.value  # the encoder memory does not change while decoding
             else:
-                k, v = self._heads(self._project(memory, slice(d, None)), 2, self.n_kv_heads)
+                k, v = self._project(memory, slice(d, None)).chunk(2, dim=-1)
+                k, v = (
+                    self._heads(self._normed(self.k_norm, k), 1, self.n_kv_heads)[0],
+                    self._heads(v, 1, self.n_kv_heads)[0],
+                )
                 if cache is not None:
                     cache.append(k, v)
         bias = None
@@ -400,8 +456,8 @@ class MathAttention(MultiHeadAttention):
     """:class:`MultiHeadAttention` on :func:`math_kernel`: the ``(B, H, Tq, Tk)`` weights are made,
     as in the paper; the reference that fused and sparse kernels are measured against."""
 
-    def __init__(self, d_model: int, n_heads: int, **kwargs) -> None:
-        super().__init__(d_model, n_heads, kernel=math_kernel, **kwargs)
+    def __init__(self, d_model: int, n_heads: int, *, kernel: Kernel = math_kernel, **kwargs) -> None:
+        super().__init__(d_model, n_heads, kernel=kernel, **kwargs)
 
 
 @dataclass(frozen=True)

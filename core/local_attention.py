@@ -233,6 +233,7 @@ class PatternKernel:
     pattern: AttentionPattern
     choice: str = "auto"
     dense_up_to: int = DENSE_UP_TO
+    softcap: float | None = None  # soft-capped scores: computed densely, by attention_math
 
     def __post_init__(self) -> None:
         choices = ("auto", "dense", "flex", self.pattern.own_kernel)
@@ -264,13 +265,14 @@ class PatternKernel:
         q_len, k_len = q.size(-2), k.size(-2)
         pattern = self.pattern.for_call(mask, q_len, k_len)
         padding = None if mask.padding is None else mask.padding.to(device=q.device, dtype=torch.bool)
-        choice = "dense" if need_weights else self.choose(k_len, q.device, dropout_p)
+        choice = "dense" if need_weights or self.softcap is not None else self.choose(k_len, q.device, dropout_p)
         if choice == "dense":
             allowed = pattern.dense(q_len, k_len, q.device)  # (Tq, Tk)
             if padding is not None:
                 allowed = allowed & padding[:, None, None, :]  # (B, 1, Tq, Tk)
-            if need_weights:
-                return attention_math(q, k, v, allowed, None, dropout_p)
+            if need_weights or self.softcap is not None:
+                out, weights = attention_math(q, k, v, allowed, None, dropout_p, self.softcap)
+                return out, weights if need_weights else None
             return attend_masked(q, k, v, allowed, dropout_p), None
         if choice == "flex":
             if dropout_p:

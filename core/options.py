@@ -27,7 +27,7 @@ from pydantic import (
 )
 from torch import nn
 
-from .attention import AttentionPositional, Kernel, MultiHeadAttention, kv_heads_problem, sdpa_kernel
+from .attention import AttentionPositional, Kernel, MultiHeadAttention, SoftcapKernel, kv_heads_problem, sdpa_kernel
 from .tasks import TaskOptions
 from .validation import (
     MAX_LAYERS,
@@ -67,6 +67,7 @@ class LayerSpec:
         final_norm: a norm after the last layer; None: only with pre placement.
         in_attention: the built in-attention positional scheme (rotary, ALiBi) of the self-attention, or None.
         grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
+        head_dim: each attention head's width; None: ``d_model / n_heads``.
     """
 
     d_model: int
@@ -79,6 +80,7 @@ class LayerSpec:
     final_norm: bool | None = None
     in_attention: AttentionPositional | None = None
     grid: tuple[int, int] | None = None
+    head_dim: int | None = None
 
     @property
     def pre_norm(self) -> bool:
@@ -147,6 +149,12 @@ class AttentionOptions(ComponentOptions):
     needs_grid: ClassVar[bool] = False
     """Whether the kind runs over a 2-D grid of tokens (local 2-D attention), so only a model that
     knows its grid (an image model) can use it."""
+    takes_softcap: ClassVar[bool] = False
+    """Whether the kind's kernel soft-caps its scores when ``softcap`` is set (its
+    :meth:`make_kernel` reads it). False by default: a kind that never forms the scores, or whose
+    kernel does not cap them, refuses ``softcap`` at validation."""
+    takes_head_dim: ClassVar[bool] = True
+    """Whether the kind's module takes heads of any width (``head_dim``), not only ``d_model / n_heads``."""
 
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
     scale: float | None = Field(
@@ -162,6 +170,23 @@ class AttentionOptions(ComponentOptions):
         description="key/value heads, a divisor of n_heads, each shared by n_heads / "
         "n_kv_heads query heads (grouped-query attention); 1: multi-query; null: n_heads",
     )
+    qk_norm: Literal["head", "projection"] | None = Field(
+        None,
+        description="normalise the queries and keys (the layer's norm kind) before the positions: over "
+        "each head's channels, one norm shared by the heads (head: Qwen 3), or over the whole projection "
+        "(projection: OLMo 2); null: off",
+    )
+    softcap: float | None = Field(
+        None,
+        gt=0,
+        description="soft-cap the attention scores to (-softcap, softcap): softcap * tanh(scores / softcap), "
+        "before the mask (Gemma 2: 50); null: off",
+    )
+    positions: bool = Field(
+        True,
+        description="apply the model's in-attention positions (rotary, ALiBi) in this attention; false: none "
+        "(NoPE, Kazemnejad et al. 2023), for chosen layers of a stack's list of kinds",
+    )
 
     @model_validator(mode="after")
     def _scale_is_taken(self) -> AttentionOptions:
@@ -169,6 +194,11 @@ class AttentionOptions(ComponentOptions):
             raise ValueError(
                 f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
                 "remove scale, or use kind: sdpa"
+            )
+        if self.softcap is not None and not self.takes_softcap:
+            raise ValueError(
+                f"{self.kind} attention does not soft-cap its scores (its kernel does not form them, or does "
+                "not cap them); remove softcap, or use kind: sdpa, math or sliding-window"
             )
         return self
 
@@ -181,6 +211,7 @@ class AttentionOptions(ComponentOptions):
         causal: bool = False,
         cross: bool = False,
         grid: tuple[int, int] | None = None,
+        head_dim: int | None = None,
     ) -> None:
         """Raise a ValueError if this kind cannot be used so: every declared capability checked in
         one place, then the kind's own :meth:`check`.
@@ -193,6 +224,7 @@ class AttentionOptions(ComponentOptions):
             causal: the kind is a decoder's self-attention (``takes_causal``).
             cross: the kind attends to an encoder's memory (``self_only``).
             grid: ``(rows, columns)`` of the token grid in image models; None for sequences (``needs_grid``).
+            head_dim: the heads' width when the model sets it (``takes_head_dim``); None: ``d_model / n_heads``.
         """
         if self.n_kv_heads is not None and n_heads % self.n_kv_heads:
             raise ValueError(kv_heads_problem(n_heads, self.n_kv_heads))
@@ -217,10 +249,21 @@ class AttentionOptions(ComponentOptions):
                 f"{self.kind} attention does not form every query-key score, so it cannot add the bias "
                 f"{positional.kind} positions put on them; use sinusoidal, learned or rotary positions"
             )
-        if positional is not None and positional.in_attention and not self.takes_positions:
+        if positional is not None and positional.in_attention and not self.takes_positions and self.positions:
             raise ValueError(
                 f"{self.kind} attention keeps running sums over keys, not the keys, so it cannot apply "
                 f"{positional.kind} positions to them; use sinusoidal or learned positions"
+            )
+        if not self.positions and (positional is None or not positional.in_attention):
+            raise ValueError(
+                "positions: false leaves out in-attention positions, but this attention has none "
+                f"({'cross-attention takes no positions' if positional is None else f'{positional.kind} positions are added to the embeddings'}); "
+                "remove positions: false, or use rotary or alibi positions"
+            )
+        if head_dim is not None and not self.takes_head_dim:
+            raise ValueError(
+                f"{self.kind} attention takes heads of d_model / n_heads channels only; remove head_dim, or use "
+                "kind: sdpa"
             )
         self.check(max_len=max_len, grid=grid)
 
@@ -231,18 +274,30 @@ class AttentionOptions(ComponentOptions):
 
     def make_kernel(self) -> Kernel:
         """The kind's kernel ``(q, k, v, mask, bias, dropout_p, need_weights) -> (out, weights)``
-        (:class:`~transformer_zoo.core.attention.Kernel`); full attention on SDPA by default."""
-        return sdpa_kernel
+        (:class:`~transformer_zoo.core.attention.Kernel`); full attention on SDPA by default, soft-capped
+        (:class:`~transformer_zoo.core.attention.SoftcapKernel`) with ``softcap``."""
+        return sdpa_kernel if self.softcap is None else SoftcapKernel(self.softcap)
 
     def common_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         """The constructor arguments every kind's :attr:`module` takes: the shared fields and the
-        layer's dropout and in-attention positions. The one place a common option is passed on."""
+        layer's dropout, head width and in-attention positions (none with ``positions: false``),
+        and the QK-norms built of the layer's norm kind. The one place a common option is passed on."""
+        qk_norm = None
+        if self.qk_norm is not None:
+            if layer.norm is None:
+                raise ValueError("qk_norm normalises with the layer's norm kind: give the LayerSpec a norm")
+            d_head = layer.head_dim or layer.d_model // layer.n_heads
+            kv_heads = self.n_kv_heads or layer.n_heads
+            widths = (d_head, d_head) if self.qk_norm == "head" else (layer.n_heads * d_head, kv_heads * d_head)
+            qk_norm = tuple(layer.norm.build(d_model=width) for width in widths)
         return dict(
             dropout=layer.dropout,
             bias=self.bias,
-            positional=layer.in_attention,
+            positional=layer.in_attention if self.positions else None,
             scale=self.scale,
             n_kv_heads=self.n_kv_heads,
+            **({} if layer.head_dim is None else {"d_head": layer.head_dim}),
+            **({} if qk_norm is None else {"qk_norm": qk_norm, "qk_norm_over": self.qk_norm}),
         )
 
     def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
@@ -386,13 +441,14 @@ class StackOptions(ComponentOptions):
         causal: bool = False,
         cross: bool = False,
         grid: tuple[int, int] | None = None,
+        head_dim: int | None = None,
     ) -> None:
         """Raise a ValueError, naming the attention field, if an attention kind of this stack cannot
         be used as the model asks: :meth:`AttentionOptions.check_use` on each (its arguments), and
         on ``cross_attention`` when the stack attends to an encoder (``cross``). Every family
         checks its stacks through this one method."""
         listed = isinstance(self.attention, list)
-        uses = dict(n_heads=n_heads, max_len=max_len, grid=grid)
+        uses = dict(n_heads=n_heads, max_len=max_len, grid=grid, head_dim=head_dim)
         for index, kind in enumerate(self.attention if listed else [self.attention]):
             try:
                 kind.check_use(positional=positional, causal=causal, **uses)
@@ -428,6 +484,12 @@ class LayerFields(Options):
     d_model: int = Field(512, ge=1, le=MAX_WIDTH, description="model width")
     n_heads: int = Field(8, ge=1, le=MAX_WIDTH, description="attention heads; must divide d_model")
     d_ff: int = Field(2048, ge=1, le=MAX_WIDTH, description="inner width of the feed-forward network")
+    head_dim: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_WIDTH,
+        description="width of each attention head; null: d_model / n_heads (Gemma 2 and Qwen 3 set it apart)",
+    )
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on residuals, embeddings and attention weights")
     norm: NormField = Field("layernorm", validate_default=True, description="normalisation layer")
     norm_placement: NormPlacement = Field(
@@ -442,7 +504,7 @@ class LayerFields(Options):
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> LayerFields:
-        if self.d_model % self.n_heads:
+        if self.d_model % self.n_heads and self.head_dim is None:
             divisors = [h for h in range(1, min(self.d_model, 64) + 1) if self.d_model % h == 0]
             raise ValueError(
                 f"n_heads={self.n_heads} does not divide d_model={self.d_model}; "

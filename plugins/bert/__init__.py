@@ -282,7 +282,7 @@ class BertConfig(EncoderDecoderConfig):
     def build(self) -> Bert:
         token = nn.Embedding(self.vocab_size, self.d_model, padding_idx=self.pad_id)
         additive, in_attention = positional_modules(
-            self.positional, d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len
+            self.positional, d_model=self.d_model, n_heads=self.n_heads, max_len=self.max_len, head_dim=self.head_dim
         )
         embed = BertEmbeddings(
             token,

@@ -39,6 +39,7 @@ class _FeatureMapOptions(AttentionOptions):
     takes_bias: ClassVar[bool] = False
     takes_positions: ClassVar[bool] = False  # the keys are summed as they come: no later call could rotate them
     module: ClassVar[type[nn.Module]] = FeatureMapAttention
+    takes_head_dim: ClassVar[bool] = False
 
     def feature_map(self, d_head: int) -> nn.Module:
         raise NotImplementedError
@@ -81,6 +82,7 @@ class LinformerOptions(AttentionOptions):
     takes_causal: ClassVar[bool] = False  # each projected key mixes every position, later ones included
     self_only: ClassVar[bool] = True
     module: ClassVar[type[nn.Module]] = LinformerAttention
+    takes_head_dim: ClassVar[bool] = False
     kind: Literal["linformer"] = "linformer"
     projected_length: int = Field(64, ge=1, le=MAX_LENGTH, description="rows keys and values are projected to (k)")
     seq_len: int = Field(

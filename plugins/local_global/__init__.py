@@ -44,6 +44,7 @@ class _SparseOptions(AttentionOptions):
 
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
+    takes_softcap: ClassVar[bool] = True  # computed densely, by the written-out formula
     self_only: ClassVar[bool] = True
     module: ClassVar[type[nn.Module]] = SparseAttention
 
@@ -55,7 +56,7 @@ class _SparseOptions(AttentionOptions):
         raise NotImplementedError
 
     def make_kernel(self) -> Kernel:
-        return PatternKernel(self.pattern(), self.backend)
+        return PatternKernel(self.pattern(), self.backend, softcap=self.softcap)
 
 
 class SlidingWindowOptions(_SparseOptions):
@@ -175,6 +176,7 @@ class MemoryCompressedOptions(AttentionOptions):
     takes_bias: ClassVar[bool] = False
     self_only: ClassVar[bool] = True
     module: ClassVar[type[nn.Module]] = MemoryCompressedAttention
+    takes_head_dim: ClassVar[bool] = False
     kind: Literal["memory-compressed"] = "memory-compressed"
     compression: int = Field(
         3, ge=2, le=MAX_LENGTH, description="kernel and stride of the convolution (3 in the paper)"
