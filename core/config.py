@@ -249,20 +249,29 @@ def build_layer(
     """A layer as ``layer`` describes, with self-attention of kind ``attention`` and, when
     ``cross_attention`` is given, attention to an encoder memory (without the in-attention positions).
 
+    The norms go where ``layer.norm_placement`` says, one per sub-layer (``norms.i``), and with
+    ``sandwich`` a second one on each sub-layer's output (``post_norms.i``).
+
     Args:
         rezero: ReZero residuals (Bachlechner et al. 2020): each branch scaled by a learned
             ``alpha`` starting at 0, and no norms (the spec's norm and placement are then unused).
     """
     if layer.ffn is None or layer.norm is None:
         raise ValueError("a layer needs its feed-forward and norm kinds: give the LayerSpec ffn and norm")
-    norms = 2 if cross_attention is None else 3
+    count = 2 if cross_attention is None else 3
+    norm = layer.norm
+
+    def norms() -> list[nn.Module]:
+        return [nn.Identity() if rezero else norm.build(d_model=layer.d_model) for _ in range(count)]
+
     return TransformerLayer(
         attention.build(layer),
         layer.ffn.build(d_model=layer.d_model, d_ff=layer.d_ff, dropout=layer.dropout),
-        [nn.Identity() if rezero else layer.norm.build(d_model=layer.d_model) for _ in range(norms)],
+        norms(),
         cross_attn=None if cross_attention is None else cross_attention.build(replace(layer, in_attention=None)),
+        post_norms=norms() if layer.norm_placement == "sandwich" and not rezero else None,
         dropout=layer.dropout,
-        pre_norm=layer.pre_norm,
+        placement=layer.norm_placement,
         rezero=rezero,
         spec=layer,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, get_args
 
 import torch
 from torch import Tensor, nn
@@ -15,13 +15,44 @@ from torch import Tensor, nn
 from .attention import AttentionMask
 from .cache import KVCache
 from .moe import routing_outputs, routings
+from .options import NormPlacement
 
 if TYPE_CHECKING:
     from .cache import DecoderCache
     from .options import LayerSpec
 
 
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu-tanh": partial(nn.GELU, approximate="tanh"),  # GPT-2's, Gemma's; transformers' gelu_pytorch_tanh
+    "silu": nn.SiLU,
+}
+
+
+class UnitOffsetRMSNorm(nn.Module):
+    """RMS normalisation scaled by ``1 + w``, ``w`` starting at 0 (Gemma's RMSNorm):
+    ``x / sqrt(mean(x^2) + eps) * (1 + w)`` over the last axis.
+
+    It computes in float32 and rounds to the input's dtype once, at the end, as ``nn.RMSNorm``
+    does with its ``w``. The weight is named as ``nn.RMSNorm``'s: ``weight`` holds ``w``.
+    """
+
+    category: ClassVar[str] = "norm"
+
+    def __init__(self, d_model: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x``: ``(..., d_model)``."""
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, eps={self.eps}"
 
 
 class TokenBatchNorm(nn.BatchNorm1d):
@@ -107,12 +138,18 @@ def apply_norm(norm: nn.Module, x: Tensor, real: Tensor | None) -> Tensor:
 class TransformerLayer(nn.Module):
     """One layer: self-attention, optional cross-attention, feed-forward, each in a residual.
 
-    With ``pre_norm`` the residual is ``x + drop(f(norm(x)))`` (Xiong et al. 2020); otherwise
-    ``norm(x + drop(f(x)))``, the paper's post-norm. With ``rezero`` it is
-    ``x + alpha_i * drop(f(norm(x)))``, ``alpha`` a learned scalar per sub-layer starting at 0, so
-    the layer starts as the identity (Bachlechner et al. 2020, who use no norm: pass
-    ``nn.Identity()`` norms). An encoder layer has no cross-attention; a decoder layer of an
-    encoder-decoder has one.
+    ``placement`` (:data:`~.options.NormPlacement`) says where each sub-layer ``f``'s norms go,
+    ``drop`` being the residual dropout:
+
+    - ``pre``: ``x + drop(f(norm(x)))`` (Xiong et al. 2020; GPT-2, Llama);
+    - ``post``: ``norm(x + drop(f(x)))``, the paper's;
+    - ``sandwich``: ``x + drop(post_norm(f(norm(x))))``, two norms per sub-layer (Gemma 2);
+    - ``output``: ``x + drop(norm(f(x)))``, the norm on the sub-layer's output only (OLMo 2).
+
+    With ``rezero`` the residual is ``x + alpha_i * drop(f(norm(x)))`` whatever the placement,
+    ``alpha`` a learned scalar per sub-layer starting at 0, so the layer starts as the identity
+    (Bachlechner et al. 2020, who use no norm: pass ``nn.Identity()`` norms). An encoder layer
+    has no cross-attention; a decoder layer of an encoder-decoder has one.
 
     Args:
         self_attn: attention over the layer's own input.
@@ -121,8 +158,10 @@ class TransformerLayer(nn.Module):
         norms: one norm per sub-layer, in order (2 without cross-attention, 3 with); a norm
             declaring ``takes_padding`` is told which of ``x``'s positions are real (:func:`apply_norm`).
         cross_attn: attention to the encoder memory, or None.
+        post_norms: the second norm of each sub-layer, on its output, with ``sandwich`` placement
+            only (as many as ``norms``); None otherwise.
         dropout: residual dropout.
-        pre_norm: norm placement (without ``rezero``).
+        placement: where the norms go (without ``rezero``).
         rezero: scale each sub-layer's branch by ``alpha`` (parameter ``alpha``, one entry per sub-layer).
         spec: the :class:`~.options.LayerSpec` the layer was built from, kept as :attr:`spec` for
             a reader (None for a layer put together by hand).
@@ -137,8 +176,9 @@ class TransformerLayer(nn.Module):
         norms: list[nn.Module],
         *,
         cross_attn: nn.Module | None = None,
+        post_norms: list[nn.Module] | None = None,
         dropout: float = 0.0,
-        pre_norm: bool = False,
+        placement: NormPlacement = "post",
         rezero: bool = False,
         spec: LayerSpec | None = None,
     ) -> None:
@@ -147,21 +187,45 @@ class TransformerLayer(nn.Module):
         expected = 2 if cross_attn is None else 3
         if len(norms) != expected:
             raise ValueError(f"a layer with {expected - 1} attention block(s) needs {expected} norms, got {len(norms)}")
+        if placement not in get_args(NormPlacement):
+            raise ValueError(f"placement={placement!r}; expected one of {', '.join(get_args(NormPlacement))}")
+        sandwich = placement == "sandwich" and not rezero
+        if sandwich and (post_norms is None or len(post_norms) != expected):
+            given = "none" if post_norms is None else len(post_norms)
+            raise ValueError(f"a sandwich layer needs a second norm per sub-layer: {expected} post_norms, got {given}")
+        if post_norms is not None and not sandwich:
+            raise ValueError(
+                "post_norms are for placement='sandwich' without rezero; this layer has "
+                + ("rezero" if rezero else f"placement={placement!r}")
+            )
         self.self_attn = self_attn
         self.cross_attn = cross_attn
         self.ffn = ffn
         self.norms = nn.ModuleList(norms)
+        self.post_norms = None if post_norms is None else nn.ModuleList(post_norms)
         self.dropout = nn.Dropout(dropout)
-        self.pre_norm = pre_norm
+        self.placement = placement
         self.alpha = nn.Parameter(torch.zeros(expected)) if rezero else None
 
+    @property
+    def normed_inputs(self) -> bool:
+        """Whether each sub-layer reads its input through ``norms`` (``pre`` and ``sandwich``
+        placements, and rezero, whose norms are the identity)."""
+        return self.alpha is not None or self.placement in ("pre", "sandwich")
+
     def residual(self, x: Tensor, index: int, fn: Callable[[Tensor], Tensor], real: Tensor | None) -> Tensor:
+        """Sub-layer ``index`` (``fn``) in its residual, with its norms where ``placement`` puts them."""
         norm = self.norms[index]
         if self.alpha is not None:
             return x + self.alpha[index].to(x.dtype) * self.dropout(fn(apply_norm(norm, x, real)))
-        if self.pre_norm:
-            return x + self.dropout(fn(apply_norm(norm, x, real)))
-        return apply_norm(norm, x + self.dropout(fn(x)), real)
+        if self.placement == "post":
+            return apply_norm(norm, x + self.dropout(fn(x)), real)
+        if self.placement == "output":
+            return x + self.dropout(apply_norm(norm, fn(x), real))
+        out = fn(apply_norm(norm, x, real))
+        if self.post_norms is not None:
+            out = apply_norm(self.post_norms[index], out, real)
+        return x + self.dropout(out)
 
     def forward(
         self,
@@ -223,7 +287,7 @@ class StackOutput:
 
 
 class StandardStack(nn.Module):
-    """N distinct layers applied in turn, then an optional final norm (needed by pre-norm)."""
+    """N distinct layers applied in turn, then an optional final norm (needed by every placement but post)."""
 
     category: ClassVar[str] = "stack"
 

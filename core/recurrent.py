@@ -59,7 +59,7 @@ def forward_at(
     if mask.causal:  # a query sees the keys at or before its own position
         explicit = (index.unsqueeze(-1) >= torch.arange(keys.size(1), device=x.device)).unsqueeze(1)
     mask = AttentionMask(padding=mask.padding, explicit=explicit)
-    context = keys if layer.alpha is None and not layer.pre_norm else layer.norms[0](keys)
+    context = layer.norms[0](keys) if layer.normed_inputs else keys
 
     def attend(h: Tensor) -> Tensor:
         return layer.self_attn(h, context, mask=mask)[0]

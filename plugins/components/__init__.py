@@ -15,7 +15,13 @@ from torch import nn
 from transformer_zoo.core.attention import MathAttention
 from transformer_zoo.core.embedding import LearnedPositional, SinusoidalPositional
 from transformer_zoo.core.heads import SequenceClassificationHead, TokenClassificationHead
-from transformer_zoo.core.layers import FeedForward, GatedFeedForward, StandardStack, TokenBatchNorm
+from transformer_zoo.core.layers import (
+    FeedForward,
+    GatedFeedForward,
+    StandardStack,
+    TokenBatchNorm,
+    UnitOffsetRMSNorm,
+)
 from transformer_zoo.core.model import LMHead
 from transformer_zoo.core.options import (
     AttentionOptions,
@@ -111,12 +117,21 @@ class LayerNormOptions(NormOptions):
 
 
 class RMSNormOptions(NormOptions):
-    """Root-mean-square normalisation, no centring (Zhang & Sennrich 2019)."""
+    """Root-mean-square normalisation, no centring (Zhang & Sennrich 2019), scaled by a learned
+    ``w`` (``nn.RMSNorm``) or, with ``unit_offset``, by ``1 + w`` (Gemma). Both compute in float32
+    and round to the input's dtype once, after the scale."""
 
     kind: Literal["rmsnorm"] = "rmsnorm"
     eps: float = Field(1e-6, gt=0.0, description="added to the mean square for stability")
+    unit_offset: bool = Field(
+        False,
+        description="scale by 1 + w, w starting at 0 (Gemma's RMSNorm), rather than by w starting at 1; the "
+        "weight is named weight either way",
+    )
 
     def build(self, *, d_model: int) -> nn.Module:
+        if self.unit_offset:
+            return UnitOffsetRMSNorm(d_model, eps=self.eps)
         return nn.RMSNorm(d_model, eps=self.eps)
 
 
@@ -133,15 +148,19 @@ class BatchNormOptions(NormOptions):
 
 
 # ---- feed-forward -------------------------------------------------------------------------
-Activation = Literal["relu", "gelu", "silu"]
-"""The non-linearities of the feed-forward kinds (:data:`~transformer_zoo.core.layers.ACTIVATIONS`)."""
+Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
+"""The non-linearities of the feed-forward kinds (:data:`~transformer_zoo.core.layers.ACTIVATIONS`):
+``gelu`` is exact, ``gelu-tanh`` GELU's tanh approximation (GPT-2's; transformers' ``gelu_new``
+and ``gelu_pytorch_tanh``)."""
 
 
 class ActivationOptions(FFNOptions):
     """Base of the feed-forward kinds with a non-linearity (ReLU unless a kind says otherwise):
     ``mlp``, ``gated`` and the experts of ``moe`` (:mod:`transformer_zoo.plugins.moe`)."""
 
-    activation: Activation = Field("relu", description="non-linearity")
+    activation: Activation = Field(
+        "relu", description="non-linearity: relu, gelu (exact), gelu-tanh (GELU's tanh approximation) or silu"
+    )
 
 
 class MLPOptions(ActivationOptions):

@@ -29,7 +29,7 @@ from transformer_zoo.core.config import build_stack
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.model import ModelOutput, ZooModel
-from transformer_zoo.core.options import AttentionOptions, FFNField, LayerFields, StackField, Variant
+from transformer_zoo.core.options import AttentionOptions, FFNField, LayerFields, NormPlacement, StackField, Variant
 from transformer_zoo.core.validation import MAX_IMAGE_SIDE, MAX_WIDTH, Width
 from transformer_zoo.registry import hookimpl
 
@@ -161,7 +161,11 @@ class ImageEncoderConfig(ImageConfig, LayerFields):
     pooling: Literal["cls", "mean"] = Field(
         "cls", description="classify from a class token, or the mean of the patches"
     )
-    norm_placement: Literal["pre", "post"] = Field("pre", description="norm before each sub-layer (ViT) or after")
+    norm_placement: NormPlacement = Field(
+        "pre",
+        description="norm before each sub-layer (pre: ViT), after the residual (post), before and after each "
+        "sub-layer (sandwich) or on each sub-layer's output (output)",
+    )
     ffn: FFNField = Field(
         {"kind": "mlp", "activation": "gelu"}, validate_default=True, description="feed-forward network"
     )

@@ -33,7 +33,7 @@ def test_transformer_layer_builds_the_kinds_it_is_given():
     described = spec(ffn=options("ffn", "gated"), norm=options("norm", "rmsnorm"), norm_placement="pre")
     layer = build_layer(described, options("attention", "math"), cross_attention=options("attention", "sdpa"))
     assert layer.spec is described
-    assert isinstance(layer, TransformerLayer) and layer.pre_norm
+    assert isinstance(layer, TransformerLayer) and layer.placement == "pre"
     assert type(layer.self_attn).__name__ == "MathAttention"
     assert type(layer.cross_attn).__name__ == "MultiHeadAttention"
     assert [type(n).__name__ for n in layer.norms] == ["RMSNorm"] * 3

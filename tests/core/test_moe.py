@@ -100,7 +100,7 @@ def test_dropped_tokens_pass_through_the_residual_unchanged():
             return torch.zeros_like(x), None
 
     norms = [nn.LayerNorm(D_MODEL), nn.LayerNorm(D_MODEL)]
-    layer = TransformerLayer(NoAttention(), module, norms, pre_norm=True).eval()
+    layer = TransformerLayer(NoAttention(), module, norms, placement="pre").eval()
     x, real = padded_batch()
     with torch.no_grad():
         layer_out, _ = layer(x, self_mask=AttentionMask(padding=real))

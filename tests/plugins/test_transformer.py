@@ -136,7 +136,7 @@ def test_paper_defining_properties():
     assert model.head.proj.weight is emb.token.weight, "the generator is tied to the embeddings"
     assert emb.scale == pytest.approx(D**0.5)
     assert model.head.label_smoothing == pytest.approx(0.1)
-    assert all(not layer.pre_norm for layer in model.encoder.layers), "post-norm, as in the paper"
+    assert all(layer.placement == "post" for layer in model.encoder.layers), "post-norm, as in the paper"
     ids = torch.tensor([[3, 4, 5]])
     expected = emb.token(ids) * D**0.5 + emb.positional.table[:3]
     torch.testing.assert_close(emb(ids), expected)
