@@ -7,8 +7,10 @@ patch encoder saves as one, and its folder reads back; a ``ViTModel`` folder (th
 reads with a new classifier, its pooler and any mask token left out with a warning. Both models
 read pixels ``(B, C, H, W)`` as given (the image processor's normalisation is the caller's),
 and the zoo's reads its config's ``image_size`` alone, where transformers can interpolate its
-positions. ``initializer_range``, ``encoder_stride``, ``pooler_output_size`` and ``pooler_act``
-are ignored; the zoo's head drops out before the classifier, where transformers' does not.
+positions. ``hidden_act`` ``gelu_new`` and ``gelu_pytorch_tanh`` are both the zoo's ``gelu-tanh``
+(GELU's tanh approximation), written back as ``gelu_pytorch_tanh``. ``initializer_range``,
+``encoder_stride``, ``pooler_output_size`` and ``pooler_act`` are ignored; the zoo's head drops
+out before the classifier, where transformers' does not.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from transformer_zoo.core.weights import Importer
 
 from .blocks import PatchEmbedding
 
-ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}  # transformers' -> ours
+# transformers' -> ours; ours is written back as its first spelling here
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu-tanh",
+    "gelu_new": "gelu-tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 LAYER = "encoder.layer.{i}."
 POOLER = "ViTModel's pooler, dense and tanh on the class token"
 
@@ -60,8 +70,8 @@ def _vit_refusals(hf: dict[str, Any]) -> list[str]:
     activation = hf.get("hidden_act", "gelu")
     if activation not in ACTIVATIONS:
         raise ConfigError(
-            f"hidden_act={activation!r}; the zoo's feed-forward activations are 'gelu' (exact, as transformers' "
-            "'gelu'), 'relu' and 'silu': GELU's tanh approximation ('gelu_new', 'gelu_pytorch_tanh') is not one"
+            f"hidden_act={activation!r}; the zoo reads a ViT's {', '.join(map(repr, ACTIVATIONS))} (GELU exact, "
+            "GELU's tanh approximation, ReLU and SiLU)"
         )
     if hf.get("qkv_bias", True) is not True:
         raise ConfigError(

@@ -116,8 +116,9 @@ def test_a_zoo_vit_saved_as_hf_loads_in_transformers_with_the_same_logits(tmp_pa
     assert all(torch.equal(again.state_dict()[k], v) for k, v in model.state_dict().items())
 
 
-def test_a_transformers_folder_comes_back_as_transformers_wrote_it(tmp_path):
-    _, path = save(tmp_path, num_channels=3, layer_norm_eps=1e-6, hidden_act="relu")
+@pytest.mark.parametrize("activation", ["relu", "gelu_pytorch_tanh"])
+def test_a_transformers_folder_comes_back_as_transformers_wrote_it(tmp_path, activation):
+    _, path = save(tmp_path, num_channels=3, layer_norm_eps=1e-6, hidden_act=activation)
     load(path).save_pretrained(tmp_path / "ours", format="hf")
     theirs = safetensors.torch.load_file(path / "model.safetensors")
     ours = safetensors.torch.load_file(tmp_path / "ours" / "model.safetensors")
@@ -128,6 +129,29 @@ def test_a_transformers_folder_comes_back_as_transformers_wrote_it(tmp_path):
     shared = set(written) & set(original)
     assert shared >= {"hidden_act", "layer_norm_eps", "image_size", "patch_size", "num_channels", "id2label"}
     assert {k: written[k] for k in shared} == {k: original[k] for k in shared}
+
+
+@pytest.mark.parametrize("activation", ["gelu_pytorch_tanh", "gelu_new"])
+def test_gelus_tanh_approximation_loads_as_gelu_tanh_and_saves_as_gelu_pytorch_tanh(tmp_path, activation):
+    reference, path = save(tmp_path, num_channels=3, hidden_act=activation)
+    ours = load(path)
+    assert ours.config.ffn.activation == "gelu-tanh"
+    x = images(3)
+    with torch.no_grad():
+        expected = reference(pixel_values=x).logits
+        torch.testing.assert_close(ours(x).logits, expected, atol=1e-5, rtol=0)
+    ours.save_pretrained(tmp_path / "ours", format="hf")  # both spellings are one function: written as one
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["hidden_act"] == "gelu_pytorch_tanh"
+    with torch.no_grad():
+        torch.testing.assert_close(load_cleanly(tmp_path / "ours")(pixel_values=x).logits, expected, atol=1e-5, rtol=0)
+
+
+def test_a_vit_model_folder_with_gelus_tanh_approximation_gives_the_same_hidden_states(tmp_path):
+    reference, path = save(tmp_path, transformers.ViTModel, num_channels=3, hidden_act="gelu_pytorch_tanh")
+    ours = load(path, "pooler.dense.weight (ViTModel's pooler", "newly initialised: head.proj.weight, head.proj.bias")
+    x = images(3)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).hidden, reference(pixel_values=x).last_hidden_state, atol=1e-5, rtol=0)
 
 
 def test_images_of_another_size_are_refused_where_transformers_would_interpolate(tmp_path):
@@ -143,7 +167,7 @@ def test_images_of_another_size_are_refused_where_transformers_would_interpolate
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act='gelu_pytorch_tanh'; the zoo's feed-forward activations"),
+        ({"hidden_act": "quick_gelu"}, "hidden_act='quick_gelu'; the zoo reads a ViT's 'gelu', 'gelu_pytorch_tanh', "),
         ({"qkv_bias": False}, "qkv_bias=False; the zoo's attention has biases on all its projections or on none"),
         ({"patch_size": [2, 4]}, r"patch_size=\[2, 4\]; the zoo's patches are square"),
         ({"problem_type": "multi_label_classification"}, "problem_type='multi_label_classification'; only single"),
