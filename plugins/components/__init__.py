@@ -7,9 +7,9 @@ Shazeer 2020 (gated FFNs), Su et al. 2021 (rotary), Press et al. 2022 (ALiBi).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema, model_validator
 from torch import nn
 
 from transformer_zoo.core.attention import MathAttention
@@ -31,8 +31,17 @@ from transformer_zoo.core.options import (
     PositionalOptions,
     StackOptions,
 )
-from transformer_zoo.core.relative import ALiBiPositional, RotaryPositional
-from transformer_zoo.core.validation import MAX_VOCAB
+from transformer_zoo.core.relative import (
+    ALiBiPositional,
+    DynamicNTKScaling,
+    LinearScaling,
+    Llama3Scaling,
+    RotaryLayout,
+    RotaryPositional,
+    RotaryScaling,
+    YarnScaling,
+)
+from transformer_zoo.core.validation import MAX_LENGTH, MAX_VOCAB, Options
 from transformer_zoo.registry import hookimpl
 
 
@@ -78,6 +87,179 @@ class LearnedOptions(PositionalOptions):
         return LearnedPositional(d_model, max_len)
 
 
+class RotaryScalingOptions(Options):
+    """How rotary frequencies stretch past the length a model was trained on: one kind of
+    Hugging Face transformers' ``rope_type``, with its fields and defaults. ``build(max_len=)``
+    returns a :class:`~transformer_zoo.core.relative.RotaryScaling`."""
+
+    category: ClassVar[str] = "rotary scaling"
+    factor: float = Field(
+        ge=1.0,
+        le=MAX_LENGTH,
+        description="the stretch: about factor times the trained length fits (transformers' factor; at least 1)",
+    )
+
+    def build(self, *, max_len: int) -> RotaryScaling:
+        raise NotImplementedError(f"{type(self).__name__} does not define build()")
+
+
+class TrainedLengthScalingOptions(RotaryScalingOptions):
+    """A stretch that reads the length the model was trained on."""
+
+    original_max_len: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_LENGTH,
+        description="the length the model was trained on (transformers' original_max_position_embeddings, "
+        "or max_position_embeddings for dynamic); null: the model's max_len",
+    )
+
+
+class LinearScalingOptions(RotaryScalingOptions):
+    """Position interpolation (Chen et al. 2023): every frequency divided by factor."""
+
+    kind: Literal["linear"] = "linear"
+
+    def build(self, *, max_len: int) -> RotaryScaling:
+        return LinearScaling(self.factor)
+
+
+class DynamicScalingOptions(TrainedLengthScalingOptions):
+    """Dynamic NTK-aware scaling: past original_max_len, the base grows with the sequence length."""
+
+    kind: Literal["dynamic"] = "dynamic"
+
+    def build(self, *, max_len: int) -> RotaryScaling:
+        return DynamicNTKScaling(self.factor, self.original_max_len or max_len)
+
+
+class YarnScalingOptions(TrainedLengthScalingOptions):
+    """YaRN (Peng et al. 2023): slow pairs interpolated, fast pairs kept, a ramp between, and a
+    factor on cos and sin."""
+
+    kind: Literal["yarn"] = "yarn"
+    beta_fast: float = Field(
+        32.0, gt=0.0, le=MAX_LENGTH, description="pairs turning more times than this over original_max_len are kept"
+    )
+    beta_slow: float = Field(
+        1.0, gt=0.0, le=MAX_LENGTH, description="pairs turning fewer times than this are divided by factor"
+    )
+    attention_factor: float | None = Field(
+        None,
+        gt=0.0,
+        le=MAX_LENGTH,
+        description="multiplies cos and sin; null: 0.1 ln(factor) + 1, or the ratio of mscale's to "
+        "mscale_all_dim's where both are given",
+    )
+    mscale: float | None = Field(
+        None,
+        gt=0.0,
+        le=MAX_LENGTH,
+        description="with mscale_all_dim: attention_factor = (0.1 mscale ln(factor) + 1) / "
+        "(0.1 mscale_all_dim ln(factor) + 1) (DeepSeek's); null: not used",
+    )
+    mscale_all_dim: float | None = Field(None, gt=0.0, le=MAX_LENGTH, description="see mscale; null: not used")
+    truncate: bool = Field(True, description="round the ramp's ends outwards to whole pairs")
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> YarnScalingOptions:
+        problems = []
+        if self.beta_fast < self.beta_slow:
+            problems.append(
+                f"beta_fast={self.beta_fast} is below beta_slow={self.beta_slow}: the ramp runs from the pairs "
+                "turning beta_fast times down to those turning beta_slow times; raise beta_fast or lower beta_slow"
+            )
+        if (self.mscale is None) != (self.mscale_all_dim is None):
+            problems.append("mscale and mscale_all_dim are used together: give both or neither")
+        if self.attention_factor is not None and self.mscale is not None:
+            problems.append("attention_factor replaces mscale and mscale_all_dim: give one or the other")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def build(self, *, max_len: int) -> RotaryScaling:
+        return YarnScaling(
+            self.factor,
+            self.original_max_len or max_len,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            attention_factor=self.attention_factor,
+            mscale=self.mscale,
+            mscale_all_dim=self.mscale_all_dim,
+            truncate=self.truncate,
+        )
+
+
+class Llama3ScalingOptions(TrainedLengthScalingOptions):
+    """Llama 3.1's: long wavelengths divided by factor, short ones kept, a smooth blend between."""
+
+    kind: Literal["llama3"] = "llama3"
+    low_freq_factor: float = Field(
+        gt=0.0,
+        le=MAX_LENGTH,
+        description="pairs whose wavelength exceeds original_max_len / low_freq_factor are divided by factor "
+        "(Llama 3.1: 1)",
+    )
+    high_freq_factor: float = Field(
+        gt=0.0,
+        le=MAX_LENGTH,
+        description="pairs whose wavelength is below original_max_len / high_freq_factor are kept (Llama 3.1: 4)",
+    )
+
+    @model_validator(mode="after")
+    def _blend_has_width(self) -> Llama3ScalingOptions:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor={self.high_freq_factor} must exceed low_freq_factor={self.low_freq_factor}: "
+                "the pairs between the two wavelengths blend over their difference (Llama 3.1: 4 and 1)"
+            )
+        return self
+
+    def build(self, *, max_len: int) -> RotaryScaling:
+        return Llama3Scaling(
+            self.factor,
+            self.original_max_len or max_len,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+        )
+
+
+SCALING_KINDS: dict[str, type[RotaryScalingOptions]] = {
+    "linear": LinearScalingOptions,
+    "dynamic": DynamicScalingOptions,
+    "yarn": YarnScalingOptions,
+    "llama3": Llama3ScalingOptions,
+}
+"""The rotary stretches by kind."""
+
+
+def _scaling_options(value: Any) -> RotaryScalingOptions:
+    """The stretch ``value`` describes: a mapping with its ``kind``, or options already made."""
+    if isinstance(value, RotaryScalingOptions):
+        return value
+    kind = value.get("kind") if isinstance(value, dict) else None
+    if not isinstance(kind, str) or kind not in SCALING_KINDS:
+        raise ValueError(f"a rotary scaling is a mapping with a kind among {', '.join(SCALING_KINDS)}; got {value!r}")
+    return SCALING_KINDS[kind].model_validate(value)
+
+
+RotaryScalingField = Annotated[
+    RotaryScalingOptions,
+    PlainValidator(_scaling_options),
+    PlainSerializer(lambda options, info: options.model_dump(mode=info.mode)),
+    # each kind written out where it is used, as the component kinds are, not as a reference
+    WithJsonSchema(
+        {
+            "oneOf": [
+                {**schema, "required": sorted({*schema.get("required", ()), "kind"})}
+                for schema in (options.model_json_schema() for options in SCALING_KINDS.values())
+            ]
+        }
+    ),
+]
+"""A rotary stretch of any of the kinds of :data:`SCALING_KINDS`, chosen by its ``kind``."""
+
+
 class RotaryOptions(PositionalOptions):
     """Rotary embeddings applied to queries and keys inside self-attention (Su et al. 2021)."""
 
@@ -85,9 +267,35 @@ class RotaryOptions(PositionalOptions):
     in_attention: ClassVar[bool] = True
     relative: ClassVar[bool] = True
     base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotations")
+    layout: RotaryLayout = Field(
+        "interleaved",
+        description="which channels of a head turn together: interleaved (neighbours 2i and 2i+1: the paper's, "
+        "GPT-J's) or halves (channel i with i + r/2 of the r turned: transformers' rotate_half, as in Llama, "
+        "Qwen, Gemma, OLMo and GPT-NeoX)",
+    )
+    fraction: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="the share of each head that turns: its first int(d_head * fraction) channels, an even "
+        "number; the others pass unchanged (transformers' partial_rotary_factor: GPT-NeoX, Phi, StableLM)",
+    )
+    scaling: RotaryScalingField | None = Field(
+        None,
+        description="how the frequencies stretch past the trained length: kind linear (position "
+        "interpolation), dynamic (dynamic NTK), yarn or llama3, with that kind's fields, as transformers' "
+        "rope_parameters; null: no stretch",
+    )
 
     def build(self, *, d_model: int, n_heads: int, max_len: int) -> nn.Module:
-        return RotaryPositional(d_model // n_heads, max_len, base=self.base)
+        return RotaryPositional(
+            d_model // n_heads,
+            max_len,
+            base=self.base,
+            layout=self.layout,
+            fraction=self.fraction,
+            scaling=None if self.scaling is None else self.scaling.build(max_len=max_len),
+        )
 
 
 class ALiBiOptions(PositionalOptions):
