@@ -1,77 +1,288 @@
-"""The Python examples of the README and the docs run as printed, and print what their comments say.
+"""Every example of the README and the docs runs, as docs_pages.py says how.
 
-Each page's ```python blocks run in order in one namespace (as a reader would paste them into one
-session), in a scratch folder. A line ``print(...)  # TEXT`` must print the start of TEXT: the
-comment may go on after the output (``# torch.Size([2, 3]): one per row``), but it may not drift
-from it. An assignment whose comment starts with a shape, ``x = ...  # (2, 5, 1000): ...``, must
-give ``x`` that ``.shape`` (a comment such as ``# (2, <= 21)`` is prose, not checked). A YAML
-block followed by "Saved as `NAME`" is written to NAME first. The examples of docs/tasks.md and
-docs/writing-a-plugin.md are plugin files, run by test_docs_task.py, test_plugin_package.py,
-test_docs_talking_heads.py and test_plugin_quickstart.py (the quick start's).
+Each page runs in a fresh folder of its own. Every fenced block of every page is one of: run by
+this runner; run by a named test of its own (the tables below); not an example at all (a
+formula, a diagram, a signature: the table below); or marked on the page, visibly, as not run,
+with the reason. A new block that is none of these fails :func:`test_every_block_is_run_or_marked`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import io
 import re
+import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
+from docs_pages import ROOT, Block, blocks, checked, fresh_folder, matches, run_block
 
-ROOT = Path(__file__).parents[2]
-PAGES = [
-    "README.md",
-    "docs/index.md",
-    "docs/getting-started.md",
-    "docs/configs.md",
-    "docs/export.md",
-    "docs/variants/transformer.md",
-    "docs/variants/bert.md",
-    "docs/reference/transformer_zoo.md",
-    "docs/hugging-face.md",
-]
-READERS_OWN = "path/to/"  # a block that reads the reader's own folder cannot run here
-CHECKED = re.compile(r"^(\s*)print\((.*)\)\s+# (.*)$")
-SHAPED = re.compile(r"^(\s*)([A-Za-z_]\w*) = .*\s# (\(\d+(?:, \d+)*,?\))(?::.*)?$")  # x = ...  # (2, 5): ...
+from transformer_zoo import hookimpl
+from transformer_zoo.core.errors import DuplicateNameError, PluginLoadError
+from transformer_zoo.core.options import PositionalOptions, Variant
+from transformer_zoo.plugins.transformer import TINY, TransformerConfig
+from transformer_zoo.registry import get_registry
+
+QUICKSTART = "tests/examples/test_plugin_quickstart.py"
+PACKAGE = "tests/examples/test_plugin_package.py"
+PAGES = ["README.md", *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").rglob("*.md"))]
+
+DEDICATED: dict[str, dict[str, str]] = {  # page: {block key (its title, or its first line's start): the test}
+    "docs/concepts.md": {
+        "tzoo show transformer-base --modules": "tests/test_cli.py::test_the_anatomy_page_shows_the_tree_show_prints",
+        "tzoo show bert-base --modules": "tests/test_cli.py::test_the_anatomy_page_shows_the_tree_show_prints",
+    },
+    "docs/reproductions.md": {
+        "tzoo reproduce ut-length-generalisation": "tests/comparing/test_reproductions.py::"
+        "test_a_study_at_cpu_scale_gives_its_recorded_verdicts",
+    },
+    "docs/tasks.md": {
+        "# my_tasks/plugin.py": "tests/examples/test_docs_task.py::test_the_documented_task_plugin_registers_and_trains",
+    },
+    "docs/writing-a-plugin.md": {
+        "sigmoid_attention.py": QUICKSTART + "::test_sigmoid_attention_equals_its_formula_written_out",
+        "parity.py": QUICKSTART + "::test_the_parity_task_labels_its_strings_by_its_seed_and_trains",
+        "parity.yaml": QUICKSTART + "::test_the_pages_commands_run_in_the_folder_holding_the_files",
+        "in the folder holding the files": QUICKSTART + "::test_the_pages_commands_run_in_the_folder_holding_the_files",
+        "in Python": QUICKSTART + "::test_the_pages_python_block_runs",
+        "tzoo_example_plugin/linear.py": PACKAGE + "::test_the_linear_kind_in_the_docs_is_the_file_the_package_ships",
+        "with the package installed": PACKAGE + "::test_the_pages_examples_run_with_the_package_installed",
+        "pip install ./examples/plugin-package": PACKAGE + "::test_the_pages_examples_run_with_the_package_installed",
+        "test_my_plugin.py": PACKAGE + "::test_the_pages_examples_run_with_the_package_installed",
+        "talking_heads.py": "tests/examples/test_docs_talking_heads.py::test_the_documented_kind_equals_the_formula_written_out",
+        "fire.py": "tests/registry/test_positional_plugin_doc.py::test_its_parameters_train",
+        "using fire.py": "tests/registry/test_positional_plugin_doc.py::test_the_page_registers_and_uses_it_as_printed",
+        "positional scheme FIRE (fire)": "tests/registry/test_positional_plugin_doc.py::"
+        "test_a_bias_of_the_wrong_shape_is_refused_with_the_pages_message",
+        '"""tzoo_mlflow': "tests/training/test_tracking.py::test_the_documented_mlflow_tracker_tracks_a_run",
+    },
+}
+"""Blocks run by a test of their own, which checks more than that they run."""
+
+NOT_EXAMPLES: dict[str, dict[str, str]] = {
+    "README.md": {"core/ ": "the checkout's folders"},
+    "docs/concepts.md": {
+        "cli ": "the layers of the package, a diagram",
+        "src ids ─": "the data flow of a forward pass, a diagram",
+        "out, weights = attn(": "a call's signature",
+        "result = stack(": "a call's signature",
+    },
+    "docs/variants/universal-transformer.md": {
+        "A^t = ": "the paper's equations",
+        "P^t[i, 2j]": "the paper's equations",
+        "N_i = ": "the paper's equations",
+        "y_i = ": "the paper's equations",
+    },
+    "docs/writing-a-plugin.md": {
+        "out, weights = kernel(": "a call's signature",
+        "def kernel_inputs(": "a method's signature",
+        "logits[b, g, i, j]": "the paper's equations",
+    },
+}
+"""Blocks that are no example to run: formulas, diagrams, signatures, a folder's layout."""
 
 
-def _blocks(text: str) -> list[tuple[str, str]]:
-    """(language, code) of every fenced block, with each YAML block's file name when one is given."""
-    blocks = []
-    for match in re.finditer(r"```(\w+)\n(.*?)```(?:\s*\n\n?Saved as `([^`]+)`)?", text, re.S):
-        language, code, saved_as = match.groups()
-        blocks.append((f"file:{saved_as}" if language == "yaml" and saved_as else language, code))
-    return blocks
+def classified(block: Block) -> list[str]:
+    """What takes care of ``block``: one entry, else it is unaccounted for or claimed twice."""
+    found = []
+    for name, table in (("dedicated", DEDICATED), ("not an example", NOT_EXAMPLES), ("output", OUTPUTS)):
+        found += [f"{name}: {key}" for key in table.get(block.page, {}) if block.key.startswith(key)]
+    if block.not_run:
+        found.append(f"not run: {block.not_run}")
+    if not found and block.language in ("python", "bash", "console", "yaml", "toml"):
+        found.append("run")
+    return found
 
 
-def _checked(code: str) -> str:
-    """The block with each commented ``print`` turned into a check of what it prints, and a check
-    of the shape after each assignment commented with one."""
-    lines = []
-    for line in code.splitlines():
-        lines.append(CHECKED.sub(lambda m: f"{m[1]}_check({m[3]!r}, {m[2]})", line))
-        if shaped := SHAPED.match(line):
-            indent, name, shape = shaped.groups()
-            lines.append(f"{indent}_check_shape({line.strip()!r}, {shape}, {name})")
-    return "\n".join(lines)
+# ---- outputs the pages show, produced here ------------------------------------------------------
+def _image_of_the_wrong_shape(block: Block) -> None:
+    import transformer_zoo as tz
+
+    with pytest.raises(ValueError) as error:
+        tz.build_model("vit-tiny")(torch.zeros(2, 3, 8, 8))
+    assert block.code.strip() == f"ValueError: {error.value}"
 
 
-def _check(comment: str, *values: object) -> None:
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        print(*values)
-    printed = out.getvalue().strip()
-    assert comment.startswith(printed), f"prints {printed!r}, but the page says {comment!r}"
+def _rows_without_the_keys_collate_reads(block: Block) -> None:
+    mqar = types.ModuleType("mqar")  # the page's task, whose rows name their tokens 'tokens'
+    exec("from transformer_zoo.core.tasks import LanguageModelTask\nclass MQARTask(LanguageModelTask): ...", vars(mqar))
+    task = mqar.MQARTask()
+    task.options = types.SimpleNamespace(kind="mqar")
+    with pytest.raises(ValueError) as error:
+        task.collate([{"tokens": [3, 4, 5]}])
+    assert block.code.strip() == str(error.value)
 
 
-def _check_shape(line: str, shape: tuple[int, ...], value: object) -> None:
-    got = tuple(getattr(value, "shape", ()))
-    assert got == shape, f"gives shape {got}, but the page says {line!r}"
+class FIREOptions(PositionalOptions):
+    """The page's FIRE, with a build that lacks n_heads."""
+
+    kind: Literal["fire"] = "fire"
+
+    def build(self, *, d_model, max_len): ...
 
 
+def _a_build_the_zoo_cannot_call(block: Block) -> None:
+    class Fire:
+        @hookimpl
+        def tzoo_components(self):
+            return [FIREOptions]
+
+    with pytest.raises(PluginLoadError) as error:
+        get_registry().register(Fire(), "fire")
+    assert block.code.strip() == str(error.value)
+
+
+def _a_name_two_plugins_offer(block: Block) -> None:
+    sys.path.insert(0, str(Path("examples", "plugin-package").resolve()))  # the page folder's copy
+    try:
+        plugin = importlib.import_module("tzoo_example_plugin.plugin")
+    finally:
+        del sys.path[0]
+    get_registry().register(plugin, "example")
+
+    class Copycat:
+        @hookimpl
+        def tzoo_components(self):
+            return [plugin.SimpleLinearAttentionOptions]
+
+        @hookimpl
+        def tzoo_variants(self):
+            return [Variant(name="copycat-tiny", config=TransformerConfig, defaults=TINY, description="a copy")]
+
+    with pytest.raises(DuplicateNameError) as error:
+        get_registry().register(Copycat(), "copycat")
+    assert block.code.strip() == str(error.value)
+
+
+def _what_a_lost_node_prints(block: Block) -> None:
+    from transformer_zoo.comparing.executors import RunEvent, _lost_runs, _why_retried
+    from transformer_zoo.comparing.progress import GridProgress
+    from transformer_zoo.comparing.runs import RunJob
+
+    node = "540cb211@gpu-node-2"
+    job = RunJob(
+        name="j",
+        config={},
+        run_dir="j",
+        invocation="now",
+        tags={"variant": "transformer-tiny", "task": "listops", "seed": "1"},
+    )
+    log = io.StringIO()
+    with GridProgress([job], log, live=False) as progress:
+        progress.event(RunEvent("lost", None, node, error=f"node {node} lost: {_lost_runs(1)}"))
+        progress.event(
+            RunEvent("retried", job, "facdf546@gpu-node-1 cpu", 2, error=_why_retried({node}, f"{node} cpu"))
+        )
+    assert block.code == log.getvalue()
+
+
+OUTPUTS: dict[str, dict[str, Callable[[Block], None]]] = {
+    "docs/scaling.md": {"node 540cb211@gpu-node-2 lost": _what_a_lost_node_prints},
+    "docs/tasks.md": {"task 'mqar'": _rows_without_the_keys_collate_reads},
+    "docs/variants/image.md": {"ValueError: expected images": _image_of_the_wrong_shape},
+    "docs/writing-a-plugin.md": {
+        "plugin 'fire' offers": _a_build_the_zoo_cannot_call,
+        "attention kind 'simple-linear' is provided": _a_name_two_plugins_offer,
+    },
+}
+"""Text blocks that show what the code prints, each with the check that the code prints it."""
+
+
+# ---- the tests ------------------------------------------------------------------------------
+def test_every_block_is_run_or_marked():
+    unaccounted = []
+    for page in PAGES:
+        for block in blocks(page):
+            if len(claims := classified(block)) != 1:
+                unaccounted.append(f"{block}: {claims or 'neither run, nor marked not run, nor in a table'}")
+    assert not unaccounted, "\n".join(unaccounted)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_not_run_line_marks_a_block(page):
+    """A "Not run by the tests" line is one line, right above its block (a test comment between)."""
+    lines = [line for line in (ROOT / page).read_text().splitlines() if "Not run by the tests" in line]
+    assert len(lines) == sum(block.not_run is not None for block in blocks(page)), lines
+
+
+@pytest.mark.parametrize("table", [DEDICATED, NOT_EXAMPLES, OUTPUTS])
+def test_every_entry_of_a_table_names_one_block(table):
+    for page, entries in table.items():
+        keys = [block.key for block in blocks(page)]
+        for key in entries:
+            assert sum(k.startswith(key) for k in keys) == 1, f"{page}: {key!r} names {keys}"
+
+
+def test_the_dedicated_tests_exist():
+    for page, entries in DEDICATED.items():
+        for key, test in entries.items():
+            path, _, name = test.partition("::")
+            assert f"def {name}(" in (ROOT / path).read_text(), f"{page}: {key!r} names {test}, which is not there"
+
+
+def _run_page(page: str, folder: Path, slow: bool) -> int:
+    fresh_folder(folder)
+    namespace: dict[str, object] = {}
+    ran = 0
+    for block in blocks(page):
+        if block.language == "python" and re.fullmatch(r"\w+\.py", block.title or ""):
+            (folder / block.title).write_text(block.code)  # a module the page imports further down
+        if block.slow and not slow:
+            continue
+        claims = classified(block)
+        assert len(claims) == 1, f"{block}: {claims or 'neither run, nor marked not run, nor in a table'}"
+        claim = claims[0]
+        if claim.startswith("output: "):
+            OUTPUTS[page][claim.removeprefix("output: ")](block)
+        elif claim == "run":
+            run_block(block, folder, namespace)
+        else:
+            continue
+        ran += 1
+    return ran
+
+
+@pytest.fixture
+def page_folder(tmp_path, monkeypatch):
+    """A fresh folder, the current one and first on the import path; the plugins a page
+    registers and the modules it imports from there are gone after it."""
+    from transformer_zoo.registry import get_registry
+
+    folder = tmp_path / "page"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.syspath_prepend(str(folder))
+    plugins = {name for name, _ in get_registry().pm.list_name_plugin()}
+    modules = set(sys.modules)
+    yield folder
+    for name, _ in get_registry().pm.list_name_plugin():
+        if name not in plugins:
+            get_registry().unregister(name)
+    for name in set(sys.modules) - modules:
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(folder)):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_pages_examples_run(page, page_folder):
+    _run_page(page, page_folder, slow=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [page for page in PAGES if any(block.slow for block in blocks(page))])
+def test_a_pages_slow_examples_run(page, page_folder):
+    _run_page(page, page_folder, slow=True)
+
+
+# ---- the runner's own checks ------------------------------------------------------------------
 def test_shape_comments_are_checked():
-    code = _checked("x = torch.zeros(2, 3)  # (2, 3): two rows\ny = 1  # (2, <= 3) is prose\n")
+    from docs_pages import _check_shape
+
+    code = checked("x = torch.zeros(2, 3)  # (2, 3): two rows\ny = 1  # (2, <= 3) is prose\n")
     assert code.splitlines()[1] == "_check_shape('x = torch.zeros(2, 3)  # (2, 3): two rows', (2, 3), x)"
     assert len(code.splitlines()) == 3
     _check_shape("", (2, 3), torch.zeros(2, 3))
@@ -79,18 +290,34 @@ def test_shape_comments_are_checked():
         _check_shape("", (2, 3), torch.zeros(3, 2))
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_a_pages_examples_run_and_print_what_they_say(page, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"_check": _check, "_check_shape": _check_shape, "__name__": "__docs__"}
-    blocks = _blocks((ROOT / page).read_text())
-    ran = 0
-    for language, code in blocks:
-        if language.startswith("file:"):
-            (tmp_path / language.removeprefix("file:")).write_text(code)
-        elif language == "python" and READERS_OWN not in code:
-            exec(compile(_checked(code), f"{page} (block {ran})", "exec"), namespace)
-            ran += 1
-    assert ran, f"{page} has no example that runs here"
-    if page == "README.md":  # the first example's claims are checked, not only run
-        assert "_check_shape" in _checked(_blocks((ROOT / page).read_text())[0][1])
+def test_an_error_comment_is_checked():
+    code = checked("int('x')\n# ValueError: invalid literal for int()\n# with base 10: 'x'\nz = 1\n")
+    namespace: dict[str, object] = {}
+    from docs_pages import _check_error
+
+    exec(code, {"_check_error": _check_error}, namespace)
+    assert namespace["z"] == 1
+    with pytest.raises(AssertionError, match="raised nothing"):
+        exec(checked("int('1')\n# ValueError: no\n"), {"_check_error": _check_error})
+
+
+def test_console_outputs_match_line_by_line():
+    assert matches("error: x\n  y\n", "error: x\n  y  \n")
+    assert matches("a\n...\nz\n", "a\nb\nc\nz\n") and matches("a ... z\n", "a b c z\n")
+    assert not matches("error: x\n", "error: x, and more\n")
+    assert not matches("a\nz\n", "a\nb\nz\n")
+
+
+def test_the_readme_runs_the_first_example_with_its_claims_checked():
+    first = blocks("README.md")[0]
+    assert first.language == "python" and "_check_shape" in checked(first.code)
+
+
+def test_the_built_in_comparisons_time_is_one_figure():
+    """The README and docs/compare.md state the same measured, dated time."""
+    figure = re.compile(r"(\d+(?:\.\d+)?) minutes on a 2-core CPU, measured on (\d{4}-\d{2}-\d{2})")
+    readme = figure.findall(" ".join((ROOT / "README.md").read_text().split()))
+    compare = " ".join((ROOT / "docs" / "compare.md").read_text().split())
+    compare = figure.findall(compare[compare.index("## The built-in comparison, as it ran") :])
+    assert len(readme) == 1 and compare, "each states the time as 'N minutes on a 2-core CPU, measured on DATE'"
+    assert readme == compare[:1], f"README.md says {readme[0]}, docs/compare.md {compare[0]}"

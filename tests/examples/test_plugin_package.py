@@ -439,3 +439,41 @@ def test_the_linear_kind_in_the_docs_is_the_file_the_package_ships() -> None:
     shipped = EXAMPLE / "tzoo_example_plugin" / "linear.py"
     assert shown is not None and shown.group(1) == shipped.read_text()
     assert len(shipped.read_text().splitlines()) <= 40, "the worked example stays a kind of at most 40 lines"
+
+
+# ---- the page's examples of the installed package ------------------------------------------
+DOCS_RUNNER = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from docs_pages import blocks, run_python
+
+page = {{block.key: block for block in blocks("docs/writing-a-plugin.md")}}
+run_python(page["with the package installed"], {{}})
+tests = {{}}
+run_python(page["test_my_plugin.py"], tests)
+for name, test in tests.items():
+    if name.startswith("test_"):
+        test()
+print("ok")
+"""
+
+
+def test_the_pages_examples_run_with_the_package_installed(site: Path, tmp_path: Path) -> None:
+    """docs/writing-a-plugin.md's commands and Python after `pip install ./examples/plugin-package`
+    (the fixture's pip run): the commands print what their comments say, the Python block raises
+    the error its comment shows, and the page's tests of the plugin pass."""
+    from docs_pages import blocks, commands
+
+    (block,) = [block for block in blocks("docs/writing-a-plugin.md") if block.key.startswith("pip install ")]
+    pip, *rest = commands(block.code)
+    assert pip.words == ["pip", "install", "./examples/plugin-package"]
+    for command in rest:
+        assert command.words[0] == "tzoo"
+        result = tzoo(site, tmp_path, *command.words[1:])
+        assert result.returncode == 0, result.stderr
+        if command.words[1:3] == ["list", "--kind"]:  # cosine and simple-linear next to sdpa, from plugin example
+            rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()[1:]}
+            assert {"cosine", "simple-linear", "sdpa"} <= set(rows) and "example" in rows["cosine"]
+    result = python(site, tmp_path, DOCS_RUNNER)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
