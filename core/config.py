@@ -91,7 +91,7 @@ class EncoderDecoderConfig(VariantConfig, LayerFields):
                 )
         if self.pad_id >= min(self.vocab_size, self.tgt_vocab_size or self.vocab_size):
             raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary (vocab_size={self.vocab_size})")
-        uses = dict(n_heads=self.n_heads, max_len=self.max_len, positional=self.positional)
+        uses = dict(n_heads=self.n_heads, max_len=self.max_len, positional=self.positional, head_dim=self.head_dim)
         for name, stack, decoder in (("encoder", self.encoder, False), ("decoder", self.decoder, True)):
             try:
                 if stack is not None:  # a decoder's self-attention is causal
@@ -198,7 +198,9 @@ def build_side(
     """The embeddings and the stack of one side (encoder or decoder), its layers as ``layer``
     describes with this side's in-attention positions."""
     d_model = layer.d_model
-    additive, in_attention = positional_modules(positional, d_model=d_model, n_heads=layer.n_heads, max_len=max_len)
+    additive, in_attention = positional_modules(
+        positional, d_model=d_model, n_heads=layer.n_heads, max_len=max_len, head_dim=layer.head_dim
+    )
     signal, random_offset = None, positional.random_offset
     if options.recurrent and positions_per_step:
         signal = StepSignal(d_model, options.layers, positional=additive, random_offset=random_offset)
@@ -214,14 +216,18 @@ def build_side(
 
 
 def positional_modules(
-    options: PositionalOptions, *, d_model: int, n_heads: int, max_len: int
+    options: PositionalOptions, *, d_model: int, n_heads: int, max_len: int, head_dim: int | None = None
 ) -> tuple[nn.Module | None, AttentionPositional | None]:
     """The scheme ``options`` describe, built: ``(additive module, None)`` for one added to the
     embeddings (sinusoidal, learned), ``(None, scheme)`` for one acting inside attention (rotary, ALiBi).
 
     An additive module is built for ``max_len + options.random_offset`` positions, room for the
-    random starts its caller adds in training (:func:`~.embedding.position_starts`).
+    random starts its caller adds in training (:func:`~.embedding.position_starts`). A scheme
+    acting inside attention is built for the attention's width, ``n_heads * head_dim`` when the
+    heads' width is set apart from ``d_model / n_heads``.
     """
+    if options.in_attention and head_dim is not None:
+        d_model = n_heads * head_dim
     positional = options.build(d_model=d_model, n_heads=n_heads, max_len=max_len + options.random_offset)
     if isinstance(positional, AttentionPositional) != options.in_attention:
         raise ValueError(

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from .attention import AttentionMask
 from .cache import KVCache
 from .moe import routing_outputs, routings
-from .options import NormPlacement
+from .validation import NormPlacement
 
 if TYPE_CHECKING:
     from .cache import DecoderCache
@@ -88,12 +88,14 @@ class FeedForward(nn.Module):
 
     category: ClassVar[str] = "ffn"
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0, bias: bool = True
+    ) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
         self.activation = ACTIVATIONS[activation]()
         self.dropout = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
@@ -104,12 +106,14 @@ class GatedFeedForward(nn.Module):
 
     category: ClassVar[str] = "ffn"
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "silu", dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, *, activation: str = "silu", dropout: float = 0.0, bias: bool = True
+    ) -> None:
         super().__init__()
-        self.gate_up = nn.Linear(d_model, 2 * d_ff)
+        self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=bias)
         self.activation = ACTIVATIONS[activation]()
         self.dropout = nn.Dropout(dropout)
-        self.down = nn.Linear(d_ff, d_model)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)

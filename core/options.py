@@ -35,17 +35,9 @@ from .validation import (
     MAX_WIDTH,
     ComponentField,
     ComponentOptions,
+    NormPlacement,
     Options,
 )
-
-NormPlacement = Literal["pre", "post", "sandwich", "output"]
-"""Where a layer's norms go around each sub-layer ``f`` (attention, feed-forward):
-
-- ``pre``: ``x + f(norm(x))`` (Xiong et al. 2020; GPT-2, Llama);
-- ``post``: ``norm(x + f(x))``, the original Transformer's;
-- ``sandwich``: ``x + norm_out(f(norm_in(x)))``, two norms per sub-layer (Gemma 2);
-- ``output``: ``x + norm(f(x))``, the norm on the sub-layer's output only (OLMo 2).
-"""
 
 
 @dataclass(frozen=True)

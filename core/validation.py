@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import types
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any, ClassVar, Protocol, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -328,3 +328,13 @@ class ComponentField:
                 }
             )
         return {"anyOf": one, "description": f"a {self.category} kind: one of {', '.join(sorted(kinds))}"}
+
+
+NormPlacement = Literal["pre", "post", "sandwich", "output"]
+"""Where a layer's norms go around each sub-layer ``f`` (attention, feed-forward):
+
+- ``pre``: ``x + f(norm(x))`` (Xiong et al. 2020; GPT-2, Llama);
+- ``post``: ``norm(x + f(x))``, the original Transformer's;
+- ``sandwich``: ``x + norm_out(f(norm_in(x)))``, two norms per sub-layer (Gemma 2);
+- ``output``: ``x + norm(f(x))``, the norm on the sub-layer's output only (OLMo 2).
+"""

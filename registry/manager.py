@@ -51,6 +51,7 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.relative": "transformer_zoo.plugins.relative",
     "tzoo.talking-heads": "transformer_zoo.plugins.talking_heads",
     "tzoo.moe": "transformer_zoo.plugins.moe",
+    "tzoo.decoder-lm": "transformer_zoo.plugins.decoder_lm",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
 }  # plugin name -> module
 LOAD_HINT = (

@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_flatten
 
 import transformer_zoo as tz
 from transformer_zoo.core.local_attention import DENSE_UP_TO
-from transformer_zoo.core.model import ModelOutput
 from transformer_zoo.core.options import StackOptions
+from transformer_zoo.core.output import ModelOutput
 
 NOT_EXPORTABLE: dict[str, str] = {}
 """Variants ``torch.export`` cannot take, with the reason (docs/export.md gives the same table).
@@ -64,12 +64,22 @@ def layers(stack: StackOptions) -> int:
 def small_config(name: str, **overrides):
     config = tz.load_config(name)
     sizes = {key: value for key, value in SMALL.items() if key in type(config).model_fields}
+    if "head_dim" in type(config).model_fields:
+        sizes["head_dim"] = None  # d_model / n_heads
     stacks = {
-        side: {"layers": layers(stack)}
+        side: {"layers": layers(stack), "attention": small_heads(stack.attention)}
         for side in ("encoder", "decoder")
         if (stack := getattr(config, side, None)) is not None
     }
     return tz.load_config(name, {**sizes, **stacks, **overrides})
+
+
+def small_heads(attention):
+    """A stack's attention kinds with grouped key/value heads made whole (n_kv_heads: null), so that
+    the small sizes' heads divide."""
+    kinds = attention if isinstance(attention, list) else [attention]
+    dumped = [{**kind.model_dump(mode="json"), "n_kv_heads": None} for kind in kinds]
+    return dumped if isinstance(attention, list) else dumped[0]
 
 
 def small_model(name: str, **overrides) -> torch.nn.Module:

@@ -40,7 +40,7 @@ __getattr__, __dir__ = lazy_names(__name__, _LAZY)  # PEP 562: the names that ne
 
 # ModelOutput is a pytree node registered with torch when its module is imported; once torch is,
 # so that torch.export.load reads a saved program after `import transformer_zoo` alone
-import_after("torch", f"{__name__}.core.model")
+import_after("torch", f"{__name__}.core.output")
 
 
 def register_plugin(plugin: object, name: str | None = None) -> str:

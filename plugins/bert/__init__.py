@@ -23,8 +23,9 @@ from transformer_zoo.core.attention import AttentionMask, as_padding_mask
 from transformer_zoo.core.config import EncoderDecoderConfig, build_stack, positional_modules
 from transformer_zoo.core.embedding import add_positions, check_tensor, check_token_ids, position_starts
 from transformer_zoo.core.layers import ACTIVATIONS, StackOutput
-from transformer_zoo.core.model import EncoderDecoder, LMHead, ModelOutput
+from transformer_zoo.core.model import EncoderDecoder, LMHead
 from transformer_zoo.core.options import FFNField, HeadField, NormField, PositionalField, StackField, Variant
+from transformer_zoo.core.output import ModelOutput
 from transformer_zoo.core.validation import MAX_LENGTH, MAX_VOCAB, MAX_WIDTH
 from transformer_zoo.registry import hookimpl
 

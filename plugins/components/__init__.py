@@ -50,6 +50,7 @@ class SDPAAttentionOptions(AttentionOptions):
     """Full multi-head attention on PyTorch's scaled_dot_product_attention."""
 
     kind: Literal["sdpa"] = "sdpa"
+    takes_softcap: ClassVar[bool] = True  # the default kernel, soft-capped (SoftcapKernel)
 
 
 class MathAttentionOptions(AttentionOptions):
@@ -57,9 +58,10 @@ class MathAttentionOptions(AttentionOptions):
 
     kind: Literal["math"] = "math"
     module: ClassVar[type[nn.Module]] = MathAttention
+    takes_softcap: ClassVar[bool] = True
 
     def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
-        return {}  # MathAttention runs math_kernel itself
+        return {} if self.softcap is None else {"kernel": self.make_kernel()}  # MathAttention runs math_kernel
 
 
 # ---- positional ---------------------------------------------------------------------------
@@ -378,9 +380,12 @@ class MLPOptions(ActivationOptions):
     inner_dropout: bool = Field(
         True, description="dropout between the two projections (nn.Transformer has it, BERT not)"
     )
+    bias: bool = Field(True, description="biases on the two projections (GPT-2 has them)")
 
     def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
-        return FeedForward(d_model, d_ff, activation=self.activation, dropout=dropout if self.inner_dropout else 0.0)
+        return FeedForward(
+            d_model, d_ff, activation=self.activation, dropout=dropout if self.inner_dropout else 0.0, bias=self.bias
+        )
 
 
 class GatedOptions(ActivationOptions):
@@ -388,9 +393,10 @@ class GatedOptions(ActivationOptions):
 
     kind: Literal["gated"] = "gated"
     activation: Activation = Field("silu", description="non-linearity on the gate (SwiGLU by default)")
+    bias: bool = Field(True, description="biases on the projections (Llama, Gemma and OLMo have none)")
 
     def build(self, *, d_model: int, d_ff: int, dropout: float) -> nn.Module:
-        return GatedFeedForward(d_model, d_ff, activation=self.activation, dropout=dropout)
+        return GatedFeedForward(d_model, d_ff, activation=self.activation, dropout=dropout, bias=self.bias)
 
 
 # ---- stacks -------------------------------------------------------------------------------
@@ -413,6 +419,9 @@ class LMOptions(HeadOptions):
     tie_weights: bool = Field(True, description="share the output projection with the token embedding")
     bias: bool = Field(False, description="bias on the output projection")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the cross-entropy")
+    softcap: float | None = Field(
+        None, gt=0, description="soft-cap the logits: softcap * tanh(logits / softcap) (Gemma 2: 30); null: off"
+    )
 
     def build(
         self, *, d_model: int, vocab_size: int, embedding: nn.Embedding, pad_id: int, dropout: float
@@ -424,6 +433,7 @@ class LMOptions(HeadOptions):
             bias=self.bias,
             label_smoothing=self.label_smoothing,
             ignore_index=pad_id,
+            softcap=self.softcap,
         )
 
 

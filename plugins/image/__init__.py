@@ -28,9 +28,10 @@ from transformer_zoo.core.attention import AttentionMask
 from transformer_zoo.core.config import build_stack
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
-from transformer_zoo.core.model import ModelOutput, ZooModel
-from transformer_zoo.core.options import AttentionOptions, FFNField, LayerFields, NormPlacement, StackField, Variant
-from transformer_zoo.core.validation import MAX_IMAGE_SIDE, MAX_WIDTH, Width
+from transformer_zoo.core.model import ZooModel
+from transformer_zoo.core.options import AttentionOptions, FFNField, LayerFields, StackField, Variant
+from transformer_zoo.core.output import ModelOutput
+from transformer_zoo.core.validation import MAX_IMAGE_SIDE, MAX_WIDTH, NormPlacement, Width
 from transformer_zoo.registry import hookimpl
 
 from .blocks import (
@@ -68,6 +69,7 @@ class Local2dOptions(AttentionOptions):
     self_only: ClassVar[bool] = True
     needs_grid: ClassVar[bool] = True
     module: ClassVar[type[nn.Module]] = Local2dAttention
+    takes_head_dim: ClassVar[bool] = False
     kind: Literal["local-2d"] = "local-2d"
     query_block: tuple[Side, Side] = Field((2, 2), description="rows and columns of a query block")
     memory: tuple[Reach, Reach] = Field(
@@ -194,7 +196,7 @@ class ImageEncoderConfig(ImageConfig, LayerFields):
             )
         tokens = self.grid[0] * self.grid[1] + (self.pooling == "cls")
         try:
-            self.encoder.check(n_heads=self.n_heads, max_len=tokens, grid=self.grid)
+            self.encoder.check(n_heads=self.n_heads, max_len=tokens, grid=self.grid, head_dim=self.head_dim)
         except ValueError as error:
             raise ValueError(f"encoder.{error}") from None
         return self

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrizations, parametrize
 
 from transformer_zoo.core.embedding import check_not_empty, check_tensor
-from transformer_zoo.core.model import ModelOutput, ZooModel
+from transformer_zoo.core.model import ZooModel
+from transformer_zoo.core.output import ModelOutput
 from transformer_zoo.core.tasks import Phase
 from transformer_zoo.core.validation import MAX_WIDTH, Width
 
