@@ -146,19 +146,20 @@ def build_encoder_decoder(
             signal (the Universal Transformer's ``P^t``), instead of the embeddings adding them once.
     """
     d_model = layer.d_model
+    tied = getattr(head, "tie_weights", False)  # the head reads a token table: see token_embedding
     sides = dict(
         positional=positional, max_len=max_len, scale_embeddings=scale_embeddings, positions_per_step=positions_per_step
     )
     src_embed = built_encoder = tgt_embed = built_decoder = None
     if encoder is not None:
-        token = token_embedding(vocab_size, d_model, scaled=scale_embeddings)
+        token = token_embedding(vocab_size, d_model, scaled=scale_embeddings, tied=tied)
         src_embed, built_encoder = build_side(encoder, layer, token, cross=False, **sides)
     if decoder is not None:
         shared = src_embed is not None and share_embeddings
         token = (
             src_embed.token
             if shared
-            else token_embedding(tgt_vocab_size or vocab_size, d_model, scaled=scale_embeddings)
+            else token_embedding(tgt_vocab_size or vocab_size, d_model, scaled=scale_embeddings, tied=tied)
         )
         tgt_embed, built_decoder = build_side(decoder, layer, token, cross=encoder is not None, **sides)
     output_vocab = (tgt_vocab_size or vocab_size) if decoder is not None else vocab_size
@@ -174,12 +175,13 @@ def build_encoder_decoder(
     )
 
 
-def token_embedding(vocab_size: int, d_model: int, *, scaled: bool) -> nn.Embedding:
-    """A token table; ``scaled``: drawn from N(0, 1/d_model), for embeddings multiplied by sqrt(d_model)."""
+def token_embedding(vocab_size: int, d_model: int, *, scaled: bool, tied: bool = False) -> nn.Embedding:
+    """A token table, drawn from N(0, 1/d_model) when it is ``scaled`` (its embeddings multiplied by
+    sqrt(d_model)) or ``tied`` (an output layer reads it), else from N(0, 1) (``nn.Embedding``'s)."""
     token = nn.Embedding(vocab_size, d_model)
-    if scaled:
+    if scaled or tied:
         # as in the reference implementation (tensor2tensor): scaled by sqrt(d_model) the inputs have unit
-        # variance, and a tied output layer starts with logits of unit scale
+        # variance; and a tied output layer starts with logits of unit scale, not of sqrt(d_model)
         nn.init.normal_(token.weight, std=d_model**-0.5)
     return token
 

@@ -3,6 +3,8 @@ and survives save_pretrained / from_pretrained with identical outputs."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -125,3 +127,36 @@ def test_variant_builds_trains_and_round_trips(name, tmp_path):
         )  # weights asked: the math path
     assert labelled[0] is labelled.loss and labelled["loss"] is labelled.loss and labelled[1] is labelled.logits
     assert labelled.attentions, "output_attentions=True asks for the attention weights, as need_weights=True does"
+
+
+@pytest.mark.parametrize("name", [name for name in TOKEN_VARIANTS if name not in LARGE_VARIANTS])
+def test_every_variant_starts_at_the_loss_of_a_uniform_guess(name):
+    """A fresh model's loss on random tokens lies within 25% of ln(V), V its classes: no output
+    starts confidently wrong (a tied table drawn at unit scale would, with logits of std sqrt(d))."""
+    torch.manual_seed(0)
+    model = tz.build_model(name).eval()
+    inputs, _, targets = example_batch(model)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, -2), targets.flatten())
+    assert abs(loss.item() - math.log(logits.size(-1))) <= 0.25 * math.log(logits.size(-1)), (loss.item(), logits.std())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_decoder_only_lm_of_unscaled_embeddings_starts_at_a_uniform_guess_tied_or_not(tied):
+    """A tied table of unscaled embeddings starts at N(0, 1/d_model), as a scaled one does: at
+    nn.Embedding's N(0, 1) its logits had a std of sqrt(d_model), and the loss started near 40."""
+    scaled = False
+    torch.manual_seed(0)
+    model = tz.build_model(
+        "transformer-tiny",
+        vocab_size=68,
+        encoder=None,
+        norm_placement="pre",
+        scale_embeddings=scaled,
+        head={"kind": "lm", "tie_weights": tied},
+    ).eval()
+    ids, targets = torch.randint(1, 68, (2, 8, 32))
+    with torch.no_grad():
+        loss = model(ids, labels=targets).loss.item()
+    assert abs(loss - math.log(68)) <= 0.25 * math.log(68)
