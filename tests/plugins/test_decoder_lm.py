@@ -5,6 +5,7 @@ size trains as a causal LM, and the initialisation is its source's."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,3 +105,16 @@ def test_gpt2_scales_its_residual_projections_down_by_the_depth():
     assert layer.ffn.linear2.weight.std().item() == pytest.approx(std, rel=0.05)
     assert layer.self_attn.in_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert model.tgt_embed.token.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_the_qk_norm_spec_compares_llama_tiny_with_and_without_it(tmp_path):
+    from transformer_zoo.comparing import compare, load_spec
+
+    path = Path(__file__).parents[2] / "examples" / "specs" / "llama-qk-norm.yaml"
+    spec = load_spec(path).model_dump(mode="json")
+    spec.update(steps=3, seeds=[0], workers=1)
+    spec["tasks"][0].update(train_tokens=20000, test_tokens=512)
+    results = compare(load_spec(spec), tmp_path / "out")
+    assert sorted(run.variant for run in results.runs) == ["llama", "llama + qk-norm"]
+    models = {run.variant: run for run in results.runs}
+    assert all(math.isfinite(run.metrics["test"]["perplexity"]) for run in models.values())
