@@ -382,6 +382,15 @@ def test_show_modules_names_the_kind_class_and_file_of_every_module(capsys):
     assert len(lines) < 60, "six alike layers are one line each side"
 
 
+@pytest.mark.parametrize("variant", ["gpt2-tiny", "llama-tiny", "qwen3-tiny", "gemma2-tiny", "olmo2-tiny"])
+def test_show_modules_maps_every_module_of_a_decoder_only_lm_to_its_file(variant, capsys):
+    assert main(["show", variant, "--modules"]) == 0
+    lines = _tree(capsys.readouterr().out)
+    no_file = [line for line in lines if not re.search(r"\s[\w/]+\.py(\s|$)", line)]
+    assert not no_file, f"lines without a file: {no_file}"
+    assert lines[0].split() == [variant, "model", "EncoderDecoder", "core/model.py"]
+
+
 def test_show_modules_as_json_is_a_tree_with_a_file_at_every_node(capsys):
     shown = run_json(capsys, "show", "bert-tiny", "--modules")
     assert shown["config"]["variant"] == "bert-tiny" and shown["parameters"] > 0
