@@ -34,6 +34,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "grouped-query and multi-query attention against multi-head: cache bytes and decoding time",
         "about 1 min",
     ),
+    "window-cache": Benchmark(
+        "window_cache",
+        "a sliding-window layer's cache, its window only, against the full cache: bytes and decoding time",
+        "about 1 min",
+    ),
     "attention-kernels": Benchmark(
         "local_attention",
         "math, SDPA, FlexAttention and the sparse kernels, time and memory by length",

@@ -65,18 +65,26 @@ class Kernel(Protocol):
 
 
 class Cache(Protocol):
-    """What attention reads and extends of a key/value cache (:class:`~.cache.KVCache` is one)."""
+    """What attention reads and extends of a key/value cache (:class:`~.cache.KVCache` is one).
+
+    Positions are counted in tokens seen, one count for the batch (a 0-d tensor under a static
+    cache); a row with ``left_padding`` counts its own from its first real token, that many less.
+    """
 
     key: Tensor | None
     value: Tensor | None
     state: dict[str, Tensor]  # what a kind keeps between decoding steps, batch first
+    left_padding: Tensor | None  # (B,) padding tokens before each row's first real one, or None
 
     @property
     def start(self) -> int | Tensor: ...  # the position of the first new query
 
-    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]: ...  # every key and value so far
+    @property
+    def key_start(self) -> int | Tensor: ...  # the position of the first key append returned
 
-    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask: ...  # the keys the new queries see
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]: ...  # the keys the new queries see
+
+    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask: ...  # the mask over those keys
 
 
 def apply_weights(weights: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -182,9 +190,11 @@ class AttentionPositional(nn.Module):
 
     category: ClassVar[str] = "positional"
 
-    def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor, k_offset: int | Tensor = 0) -> tuple[Tensor, Tensor]:
         """Transform ``q`` ``(B, H, Tq, Dh)`` and ``k`` ``(B, H, Tk, Dh)``; ``q`` starts at position
-        ``q_offset`` (a 0-d tensor under a static cache) and ``k`` at 0."""
+        ``q_offset`` (a 0-d tensor under a static cache) and ``k`` at ``k_offset`` (past 0 when a
+        sliding window's cache has dropped the keys before it). Either may be one start per
+        sequence ``(B,)`` (left-padded rows)."""
         return q, k
 
     def bias(self, q_len: int, k_len: int, device: torch.device, q_offset: Tensor | None = None) -> Tensor | None:
@@ -367,15 +377,17 @@ class MultiHeadAttention(nn.Module):
         and the positional bias.
 
         Reads and extends ``cache`` (the cache holds keys before rotation, of ``n_kv_heads`` heads),
-        and applies the in-attention positional scheme.
+        and applies the in-attention positional scheme: the queries from the cache's ``start``, the
+        keys from its ``key_start``, each row shifted back by its ``left_padding``.
         """
         d = self.d_inner
-        q_offset = 0
+        q_offset, k_offset, left_padding = 0, 0, None
         if memory is None:
             q, k, v = self.self_heads(x)
             if cache is not None:
                 q_offset = cache.start
                 k, v = cache.append(k, v)
+                k_offset, left_padding = cache.key_start, cache.left_padding
         else:
             (q,) = self._heads(self._normed(self.q_norm, self._project(x, slice(0, d))), 1)
             if cache is not None and cache.key is not None:
@@ -390,7 +402,10 @@ class MultiHeadAttention(nn.Module):
                     cache.append(k, v)
         bias = None
         if self.positional is not None:
-            q, k = self.positional.rotate(q, k, q_offset)
+            if left_padding is None:
+                q, k = self.positional.rotate(q, k, q_offset, k_offset)
+            else:  # distances, and so any bias, are the same in every row
+                q, k = self.positional.rotate(q, k, q_offset - left_padding, k_offset - left_padding)
             if isinstance(q_offset, Tensor):  # a static cache: the keys are its whole buffer
                 bias = self.positional.bias(q.size(-2), k.size(-2), q.device, q_offset=q_offset)
                 relation = self.positional.query_bias(q, k.size(-2), q_offset=q_offset)

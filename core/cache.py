@@ -1,8 +1,17 @@
-"""Key/value caches of incremental decoding: one per attention module (:class:`KVCache`), one per
+"""Key/value caches of incremental decoding: one per attention module (:class:`KVCache`, or
+:class:`WindowKVCache` for a sliding window, which keeps only the keys a window sees), one per
 decoder (:class:`DecoderCache`), and their static forms, whose tensors keep fixed addresses so
-that a decoding step can be captured as a CUDA graph."""
+that a decoding step can be captured as a CUDA graph.
+
+A cache also knows where its tokens sit: how many it has seen (:attr:`KVCache.start`), the
+position of the first key it hands attention (:attr:`KVCache.key_start`), and, for a batch of
+left-padded prompts, each row's padding (``left_padding``), from whose end the row's positions
+count, as Hugging Face's ``generate`` counts them (``attention_mask.cumsum(-1) - 1``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -22,23 +31,35 @@ class KVCache:
         in_place: :meth:`reorder` writes the selected rows into the tensors it holds rather than
             replacing them, so that their addresses stay fixed (a decoding step captured as a
             CUDA graph reads them there).
+        left_padding: ``(B,)`` long, on the CPU: how many padding tokens each row starts with; a
+            row's positions count from its first real token (its padding before it sits at
+            position 0, never attended to). None: every row counts from its first token.
     """
 
-    def __init__(self, *, in_place: bool = False) -> None:
+    def __init__(self, *, in_place: bool = False, left_padding: Tensor | None = None) -> None:
         self.key: Tensor | None = None  # (B, H, T, Dh)
         self.value: Tensor | None = None
         self.state: dict[str, Tensor] = {}
         self.in_place = in_place
+        self.left_padding = left_padding
+        self.seen = 0  # tokens appended so far
 
     def __len__(self) -> int:
         return 0 if self.key is None else self.key.size(-2)
 
     @property
     def start(self) -> int | Tensor:
-        """The position of the next token's key: the number of keys held."""
-        return len(self)
+        """The position of the next token's key: the number of tokens appended so far."""
+        return self.seen
+
+    @property
+    def key_start(self) -> int | Tensor:
+        """The position of the first key :meth:`append` returned: 0, every key is kept."""
+        return 0
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new tokens' keys and values ``(B, H, T, Dh)``; returns every key and value so far."""
+        self.seen += key.size(-2)
         if self.key is not None:
             key = torch.cat([self.key, key], dim=-2)
             value = torch.cat([self.value, value], dim=-2)
@@ -59,6 +80,49 @@ class KVCache:
         if self.key is not None:
             self.key, self.value = select(self.key), select(self.value)
         self.state = {name: select(tensor) for name, tensor in self.state.items()}
+        if self.left_padding is not None:
+            self.left_padding = self.left_padding.index_select(0, index.to(self.left_padding.device))
+
+
+class WindowKVCache(KVCache):
+    """The cache of a sliding-window layer: between calls it keeps the keys and values of the
+    last ``window`` tokens only, all that the next query can see (``window`` keys before it, and
+    its own). A call's queries attend to those kept keys and the call's own (a prompt of many
+    tokens attends within itself as it would uncached); the cache then drops the older ones, so
+    its memory stays at ``window`` tokens however long the decoding runs.
+
+    :attr:`key_start` is the position of the first key :meth:`append` returned, which rotary
+    positions turn it by; :meth:`visible` takes the part of the padding mask (which covers every
+    token so far) over those keys.
+    """
+
+    def __init__(self, window: int, *, in_place: bool = False, left_padding: Tensor | None = None) -> None:
+        super().__init__(in_place=in_place, left_padding=left_padding)
+        if window < 1:
+            raise ValueError(f"a window cache keeps at least one key, got window={window}")
+        self.window = window
+        self.returned = 0  # keys the last append returned
+
+    @property
+    def key_start(self) -> int:
+        return self.seen - self.returned
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        key, value = super().append(key, value)
+        self.returned = key.size(-2)
+        if self.returned > self.window:
+            self.key, self.value = self.key[..., -self.window :, :], self.value[..., -self.window :, :]
+        return key, value
+
+    def visible(self, mask: AttentionMask, q_len: int) -> AttentionMask:
+        """``mask`` over the keys :meth:`append` returned, the last of every token so far."""
+        if mask.padding is None and mask.explicit is None:
+            return mask
+        explicit = mask.explicit
+        if explicit is not None and explicit.size(-1) > 1:
+            explicit = explicit[..., -self.returned :]
+        padding = None if mask.padding is None else mask.padding[:, -self.returned :]
+        return AttentionMask(padding=padding, causal=mask.causal, explicit=explicit)
 
 
 class StaticKVCache(KVCache):
@@ -106,16 +170,31 @@ class DecoderCache:
 
     A stack asks for the cache of its i-th layer application with :meth:`layer`; a stack that
     applies one layer T times simply asks for T of them. The caches grow with every step (see
-    :class:`StaticDecoderCache` for preallocated ones).
+    :class:`StaticDecoderCache` for preallocated ones), but for the layers in ``windows``.
+
+    Args:
+        windows: by layer index, the keys a sliding-window layer's self-attention sees before
+            each query: that layer's cache is a :class:`WindowKVCache` keeping that many
+            (:func:`~transformer_zoo.core.decoding.make_cache` reads them off a model).
+        left_padding: ``(B,)`` long, on the CPU: how many padding tokens each row's prompt
+            starts with; the row's positions count from its first real token (see :class:`KVCache`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, windows: Mapping[int, int] | None = None, left_padding: Tensor | None = None) -> None:
         self.layers: list[tuple[KVCache, KVCache]] = []
         self.offset = 0
+        self.windows = dict(windows or {})
+        self.left_padding = left_padding
 
     def layer(self, index: int) -> tuple[KVCache, KVCache]:
         while len(self.layers) <= index:
-            self.layers.append((KVCache(), KVCache()))
+            window = self.windows.get(len(self.layers))
+            own = (
+                KVCache(left_padding=self.left_padding)
+                if window is None
+                else WindowKVCache(window, left_padding=self.left_padding)
+            )
+            self.layers.append((own, KVCache()))
         return self.layers[index]
 
     @property
@@ -134,6 +213,8 @@ class DecoderCache:
         for self_cache, cross_cache in self.layers:
             self_cache.reorder(index)
             cross_cache.reorder(index)
+        if self.left_padding is not None:
+            self.left_padding = self.left_padding.index_select(0, index.to(self.left_padding.device))
 
 
 class StaticDecoderCache(DecoderCache):

@@ -1,11 +1,16 @@
 """Autoregressive decoding on the key/value cache.
 
-Two caches: the dynamic one (:class:`~transformer_zoo.core.cache.DecoderCache`), which grows by
-the new tokens' keys at every step, for the CPU and for export; and the static one
+Two caches: the dynamic one (:class:`~transformer_zoo.core.cache.DecoderCache`, made by
+:func:`make_cache`), which grows by the new tokens' keys at every step but for a sliding-window
+layer's, which keeps its window only, for the CPU and for export; and the static one
 (:class:`~transformer_zoo.core.cache.StaticDecoderCache`), preallocated to the longest sequence,
 whose one-token step :class:`DecodeStep` captures as a CUDA graph: a step of a small model is a
 few hundred kernels whose launches, not their arithmetic, take the time on a GPU, and a graph
 launches them all at once.
+
+A decoder-only model continues a batch of prompts of different lengths padded on the left
+(``attention_mask``, Hugging Face's habit): each row's positions start at its first real token
+(the cache's ``left_padding``), so a row decodes as it would alone.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import MultiHeadAttention, math_kernel, sdpa_kernel
+from .attention import MultiHeadAttention, SoftcapKernel, as_padding_mask, math_kernel, sdpa_kernel
 from .cache import DecoderCache, StaticDecoderCache
 from .embedding import BOS, LearnedPositional, SinusoidalPositional, check_token_ids
+from .layers import StandardStack
+from .local_attention import PatternKernel
 from .relative import RotaryPositional
 
 Model = nn.Module
@@ -32,13 +40,14 @@ def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
     """Why ``model`` cannot decode ``capacity`` positions on a static cache, or None if it can.
 
     The static cache needs attention that takes its mask over the whole buffer: the full
-    attention kinds (SDPA or the written-out formula, no ``kernel_inputs`` of their own), and
+    attention kinds (SDPA or the written-out formula, soft-capped or not, no ``kernel_inputs``
+    of their own; a sliding window's layer keeps its keys in a dynamic :class:`~.cache.WindowKVCache`),
     and no learned positions short of ``capacity`` (sinusoids and rotary angles are computed for
     it when the cache is made).
     """
     for name, module in model.decoder.named_modules():
         if isinstance(module, MultiHeadAttention) and (
-            module.kernel not in (sdpa_kernel, math_kernel)
+            (module.kernel not in (sdpa_kernel, math_kernel) and not isinstance(module.kernel, SoftcapKernel))
             or type(module).kernel_inputs is not MultiHeadAttention.kernel_inputs
         ):
             return (
@@ -53,8 +62,17 @@ def static_cache_problem(model: nn.Module, capacity: int) -> str | None:
     return None
 
 
-def _uses_static_cache(model: Model, static_cache: bool | None, capacity: int, device: torch.device) -> bool:
+def _uses_static_cache(
+    model: Model, static_cache: bool | None, capacity: int, device: torch.device, padded: bool = False
+) -> bool:
     if static_cache is False:
+        return False
+    if padded:
+        if static_cache:
+            raise ValueError(
+                "a static cache takes no padding mask: left-padded prompts decode on the dynamic cache "
+                "(cache_implementation='dynamic', or static_cache=False)"
+            )
         return False
     problem = static_cache_problem(model, capacity)
     if static_cache and problem:
@@ -67,6 +85,64 @@ def _uses_static_cache(model: Model, static_cache: bool | None, capacity: int, d
     return static
 
 
+def window_of(attention: nn.Module | None) -> int | None:
+    """How many keys before each query ``attention``'s causal self-attention sees, where that is
+    one number at every position (a sliding window: its ``window``, times its ``dilation``): the
+    keys a decoding cache of its layer keeps between steps. None: every key so far (full
+    attention; a rule over absolute positions, such as global tokens or blocks; a kind that
+    changes the keys)."""
+    if (
+        not isinstance(attention, MultiHeadAttention)
+        or not isinstance(attention.kernel, PatternKernel)
+        or type(attention).forward is not MultiHeadAttention.forward
+        or type(attention).kernel_inputs is not MultiHeadAttention.kernel_inputs
+    ):
+        return None
+    key_range = getattr(attention.kernel.pattern, "key_range", None)  # a band's contiguous keys (1-D patterns)
+    if key_range is None:
+        return None
+    query = 1 << 40  # past any window's reach
+    span = key_range(query, query + 1, query + 1)
+    return None if span is None else query - span[0]
+
+
+def make_cache(model: Model, *, left_padding: Tensor | None = None) -> DecoderCache:
+    """The dynamic cache ``model`` decodes on: a sliding-window layer of its standard stack keeps
+    the keys of its window only (:func:`window_of`), every other layer every key.
+    ``left_padding``: see :class:`~.cache.DecoderCache`."""
+    layers = model.decoder.layers if isinstance(model.decoder, StandardStack) else ()
+    windows = {i: window for i, layer in enumerate(layers) if (window := window_of(layer.self_attn)) is not None}
+    return DecoderCache(windows=windows, left_padding=left_padding)
+
+
+def prompt_padding(mask: Tensor | None, prompt: Tensor) -> Tensor | None:
+    """A decoder-only ``prompt``'s ``mask`` ``(B, P)`` (1: a real token, 0: padding) as bools, or
+    None when it marks no padding. Raises a ValueError unless each row's padding comes before its
+    first real token, of which it has at least one."""
+    real = as_padding_mask(mask, prompt, "attention_mask")
+    if real is None or bool(real.all()):
+        return None
+    left = (~real).long().cumprod(1).sum(1)  # the padding before each row's first real token
+    stray = (real != (torch.arange(real.size(1), device=real.device) >= left[:, None])).any(1)
+    if bool(stray.any()):
+        row = int(stray.nonzero()[0])
+        raise ValueError(
+            f"attention_mask marks padding in a decoder-only model's prompt after a real token (row {row}); "
+            "generation continues each row from its last token, so pad on the left (a tokenizer's "
+            "padding_side='left'), or generate each prompt alone"
+        )
+    if bool((left == real.size(1)).any()):
+        row = int((left == real.size(1)).nonzero()[0])
+        raise ValueError(f"row {row} of attention_mask is all padding; give each prompt at least one real token")
+    return real
+
+
+def padding_counts(mask: Tensor) -> Tensor:
+    """The padding tokens of each row of a ``(B, P)`` bool mask (True: a real token): ``(B,)``
+    long, on the CPU, where positions computed from it never read a value back from the device."""
+    return (~mask).sum(1).cpu()
+
+
 class DecodeStep:
     """Next-token logits ``(B, 1, V)`` from ``model.decode`` on ``cache``, then the head.
 
@@ -75,6 +151,11 @@ class DecodeStep:
     cache's fixed buffers, and every later call copies its token into the graph's input and
     replays it. The logits returned then are the graph's output buffer, overwritten by the next
     call: read them before calling again.
+
+    ``prompt_mask``: a decoder-only prompt's ``(B, P)`` bools, False for its left padding
+    (:func:`prompt_padding`); each call's padding mask is it, then True for every token since.
+    The cache must then carry the same rows' ``left_padding``; without a cache (each call runs
+    the whole prefix), each call makes one of its own, which carries the rows' positions.
     """
 
     def __init__(
@@ -85,16 +166,25 @@ class DecodeStep:
         cache: DecoderCache | None,
         *,
         graph: bool = False,
+        prompt_mask: Tensor | None = None,
     ) -> None:
         self.model, self.memory, self.src_mask, self.cache = model, memory, src_mask, cache
         self.graph = graph and isinstance(cache, StaticDecoderCache)
+        self.prompt_mask = prompt_mask
+        self.left_padding = None if prompt_mask is None else padding_counts(prompt_mask)
         self._captured: torch.cuda.CUDAGraph | None = None
         self._input: Tensor | None = None
         self._output: Tensor | None = None
 
     def run(self, tokens: Tensor) -> Tensor:
-        hidden = self.model.decode(tokens, self.memory, src_mask=self.src_mask, cache=self.cache).hidden[:, -1:]
-        return self.model.head(hidden)
+        cache, tgt_mask = self.cache, None
+        if self.prompt_mask is not None:
+            if cache is None:
+                cache = DecoderCache(left_padding=self.left_padding)
+            seen = cache.offset + tokens.size(1)
+            tgt_mask = F.pad(self.prompt_mask, (0, seen - self.prompt_mask.size(1)), value=True)
+        out = self.model.decode(tokens, self.memory, src_mask=self.src_mask, tgt_mask=tgt_mask, cache=cache)
+        return self.model.head(out.hidden[:, -1:])
 
     def __call__(self, tokens: Tensor) -> Tensor:
         if not self.graph or tokens.size(1) != 1 or len(self.cache.layers) == 0:
@@ -142,6 +232,7 @@ def greedy_decode(
     bos_id: int | None = None,
     eos_id: int | None = None,
     prompt: Tensor | None = None,
+    prompt_mask: Tensor | None = None,
     max_new_tokens: int = 64,
     pad_id: int | None = None,
     use_cache: bool = True,
@@ -156,21 +247,26 @@ def greedy_decode(
         bos_id: the first decoder token, when no ``prompt`` is given.
         eos_id: a token that ends a sequence; finished rows are then filled with ``pad_id``.
         prompt: ``(B, P)`` ids to continue instead of a lone ``bos_id``.
+        prompt_mask: a decoder-only ``prompt``'s ``(B, P)`` mask, 1 for real tokens, 0 for the
+            padding before each row's first (left padding): each row's positions start at its
+            first real token, and it decodes as it would alone.
         max_new_tokens: how many tokens to add at most (0: none).
         pad_id: filler after ``eos_id`` (defaults to ``eos_id``).
         use_cache: read earlier keys/values from a cache (fast) instead of re-running the prefix.
         static_cache: with ``use_cache``, preallocate the cache to ``P + max_new_tokens``
             positions and, on CUDA, replay each step as a captured CUDA graph
             (:class:`DecodeStep`). None: on CUDA, when the model allows it
-            (:func:`static_cache_problem`); True: always (a ValueError if the model cannot);
-            False: the dynamic cache. The tokens are the same either way.
+            (:func:`static_cache_problem`) and the prompt has no padding; True: always (a
+            ValueError if the model cannot); False: the dynamic cache. The tokens are the same
+            either way.
 
     Returns:
         ``(B, P + n)`` ids: the prompt (or ``bos_id``) followed by the generated tokens.
 
     Raises:
-        ValueError: ``max_new_tokens`` or a token id is negative or not an integer, or the ids
-            are not ``(batch, seq)`` tensors of ``torch.long``.
+        ValueError: ``max_new_tokens`` or a token id is negative or not an integer, the ids
+            are not ``(batch, seq)`` tensors of ``torch.long``, or ``prompt_mask`` pads a row
+            after a real token.
     """
     return _autoregress(
         model,
@@ -180,6 +276,7 @@ def greedy_decode(
         bos_id=bos_id,
         eos_id=eos_id,
         prompt=prompt,
+        prompt_mask=prompt_mask,
         max_new_tokens=max_new_tokens,
         pad_id=pad_id,
         use_cache=use_cache,
@@ -201,6 +298,7 @@ def _autoregress(
     use_cache: bool,
     static_cache: bool | None,
     stop: Callable[[Tensor], Tensor] | None = None,
+    prompt_mask: Tensor | None = None,
 ) -> Tensor:
     """The decoding loop of :func:`greedy_decode` and :func:`generate`: ``choose`` turns the
     next-token logits ``(B, V)`` into ids ``(B,)``; a row ends at one of ``eos_id`` or where
@@ -226,6 +324,10 @@ def _autoregress(
         batch, device = prompt.size(0), prompt.device
     else:
         raise ValueError("a decoder-only model needs a prompt (batch, seq) to continue")
+    if prompt_mask is not None:
+        if model.encoder is not None:
+            raise ValueError("prompt_mask pads a decoder-only model's prompt; an encoder-decoder's padding is src_mask")
+        prompt_mask = prompt_padding(prompt_mask, prompt)
     if prompt is None:
         if bos_id is None:
             raise ValueError("give bos_id (the start token) or a prompt")
@@ -237,11 +339,12 @@ def _autoregress(
     end_ids = torch.tensor(ends, dtype=torch.long, device=device)
 
     tokens = prompt
-    cache = None
+    cache, capacity = None, prompt.size(1) + max_new_tokens
     if use_cache:
-        static = _uses_static_cache(model, static_cache, prompt.size(1) + max_new_tokens, device)
-        cache = StaticDecoderCache(prompt.size(1) + max_new_tokens, device) if static else DecoderCache()
-    step = DecodeStep(model, memory, src_mask, cache, graph=device.type == "cuda")
+        static = _uses_static_cache(model, static_cache, capacity, device, padded=prompt_mask is not None)
+        left = None if prompt_mask is None else padding_counts(prompt_mask)
+        cache = StaticDecoderCache(capacity, device) if static else make_cache(model, left_padding=left)
+    step = DecodeStep(model, memory, src_mask, cache, graph=device.type == "cuda", prompt_mask=prompt_mask)
     step_input = prompt
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
@@ -359,10 +462,13 @@ def generate(
 
     An encoder-decoder model reads ``input_ids`` (with its padding ``attention_mask``) and
     continues ``decoder_input_ids``, or the start token; a decoder-only model continues
-    ``input_ids``. ``num_beams > 1`` is :func:`beam_search` (encoder-decoder models);
-    ``do_sample`` draws each token with :func:`sample_logits` (``temperature``, ``top_k``,
-    ``top_p``, ``min_p``) from ``generator``, or from a generator seeded with ``seed`` on the
-    model's device (the same seed gives the same tokens); otherwise the most likely token
+    ``input_ids``, whose ``attention_mask`` may pad prompts of different lengths on the left:
+    each row's positions then start at its first real token (as Hugging Face's
+    ``attention_mask.cumsum(-1) - 1``), and it decodes as it would alone. ``num_beams > 1`` is
+    :func:`beam_search` (encoder-decoder models); ``do_sample`` draws each token with
+    :func:`sample_logits` (``temperature``, ``top_k``, ``top_p``, ``min_p``) from ``generator``,
+    or from a generator seeded with ``seed`` on the model's device (the same seed gives the same
+    tokens); otherwise the most likely token
     (:func:`greedy_decode`). The zoo's own names (:data:`ZOO_NAMES`: ``src``, ``prompt``,
     ``bos_id``, ``eos_id``, ...) are accepted too.
 
@@ -385,7 +491,8 @@ def generate(
 
     Raises:
         ValueError: a model that cannot decode (encoder-only, or an image model), an option out
-            of its range, sampling asked of beam search.
+            of its range, sampling asked of beam search, a decoder-only prompt padded after a
+            real token (right padding) or a static cache asked for a padded one.
         TypeError: an argument under neither name, or under both.
     """
     named = _hf_named(
@@ -401,18 +508,11 @@ def generate(
     )
     decoder_only = model.encoder is None
     src, src_mask = (None, None) if decoder_only else (named["input_ids"], named["attention_mask"])
-    prompt = named["input_ids"] if decoder_only else named["decoder_input_ids"]
-    if decoder_only:
-        if named["decoder_input_ids"] is not None:
-            raise ValueError(
-                "decoder_input_ids is an encoder-decoder's prompt; a decoder-only model continues input_ids"
-            )
-        mask = named["attention_mask"]
-        if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
-            raise ValueError(
-                "attention_mask marks padding in a decoder-only model's prompt, which generate does not take; "
-                "give prompts of one length (or generate each alone)"
-            )
+    prompt, prompt_mask = (
+        (named["input_ids"], named["attention_mask"]) if decoder_only else (named["decoder_input_ids"], None)
+    )
+    if decoder_only and named["decoder_input_ids"] is not None:
+        raise ValueError("decoder_input_ids is an encoder-decoder's prompt; a decoder-only model continues input_ids")
     bos_id = named["bos_token_id"] if decoder_start_token_id is None else decoder_start_token_id
     if bos_id is None and prompt is None:
         bos_id = BOS
@@ -472,6 +572,7 @@ def generate(
         use_cache=use_cache,
         static_cache=static_cache,
         stop=stop,
+        prompt_mask=prompt_mask,
     )
 
 
@@ -571,7 +672,7 @@ def beam_search(
     scores[:, 0] = 0.0  # all beams start as one hypothesis
     finished = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
     static = _uses_static_cache(model, static_cache, 1 + max_new_tokens, src.device)
-    cache = StaticDecoderCache(1 + max_new_tokens, src.device) if static else DecoderCache()
+    cache = StaticDecoderCache(1 + max_new_tokens, src.device) if static else make_cache(model)
     step = DecodeStep(model, memory, memory_mask, cache, graph=src.device.type == "cuda")
     step_input = tokens
     for _ in range(max_new_tokens):

@@ -80,15 +80,17 @@ def _check_length(end: int, max_len: int) -> None:
 def position_ids(start: int | Tensor, length: int, device: torch.device | None = None) -> Tensor:
     """``start, start + 1, ..., start + length - 1``: ``(T,)``. ``start`` may be a 0-d tensor on
     the device (a static cache's position), which is never read back to the host, or one start
-    per sequence ``(B,)`` (random starts in training, a CPU tensor): then ``(B, T)``."""
+    per sequence ``(B,)`` (random starts in training; a left-padded row's, negative by its
+    padding; a CPU tensor): then ``(B, T)``, the positions before a row's 0 (its left padding,
+    never attended to) at 0."""
     if isinstance(start, Tensor):
         if start.dim() == 1:
-            return start.to(device, non_blocking=True)[:, None] + torch.arange(length, device=device)
+            return (start.to(device, non_blocking=True)[:, None] + torch.arange(length, device=device)).clamp(min=0)
         return start + torch.arange(length, device=start.device)
     return torch.arange(start, start + length, device=device)
 
 
-def _reach(start: int | Tensor, length: int) -> int | None:
+def positions_end(start: int | Tensor, length: int) -> int | None:
     """How far the positions of an int start, or of per-sequence starts (a CPU tensor: no device
     sync), reach; None for a static cache's 0-d device start, which is never read back (the cache
     is at most ``max_len`` long)."""
@@ -100,8 +102,8 @@ def _reach(start: int | Tensor, length: int) -> int | None:
 
 
 def _check_starts(start: int | Tensor, length: int, max_len: int) -> None:
-    """The length check of :func:`_reach`."""
-    end = _reach(start, length)
+    """The length check of :func:`positions_end`."""
+    end = positions_end(start, length)
     if end is not None:
         _check_length(end, max_len)
 
@@ -210,7 +212,7 @@ class SinusoidalPositional(nn.Module):
             self.table = sinusoid_table(grown_rows(rows, length), dim, self.base, self.layout).to(self.table.device)
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        end = _reach(offset, x.size(1))
+        end = positions_end(offset, x.size(1))
         if end is not None:
             self.cover(end)
         if isinstance(offset, Tensor):  # looked up, not sliced: a static cache's position, or a start per sequence

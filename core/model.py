@@ -138,7 +138,8 @@ class EncoderDecoder(ZooModel):
     ) -> StackOutput:
         """Run the causal decoder on ``tgt`` ids ``(B, T)``, attending to ``memory`` ``(B, S, D)``.
 
-        With a ``cache``, ``tgt`` holds only the new tokens; earlier ones are read from the cache.
+        With a ``cache``, ``tgt`` holds only the new tokens; earlier ones are read from the cache,
+        and a cache's ``left_padding`` starts each row's positions at its first real token.
         ``starts``: as for :meth:`encode`.
         """
         if self.decoder is None:
@@ -173,8 +174,9 @@ class EncoderDecoder(ZooModel):
                     "(batch, source positions); give the mask the source ids were encoded with"
                 )
             memory_padding = src_mask.bool()
+        first = offset if cache is None or cache.left_padding is None else offset - cache.left_padding
         out = self.decoder(
-            self.tgt_embed(tgt, offset, starts=starts),
+            self.tgt_embed(tgt, first, starts=starts),
             memory,
             self_mask=AttentionMask(padding=padding, causal=True),
             memory_mask=AttentionMask(padding=memory_padding),

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .attention import AttentionPositional
-from .embedding import grown_rows, position_ids
+from .embedding import grown_rows, position_ids, positions_end
 
 RotaryLayout = Literal["interleaved", "halves"]
 """Which of the ``r`` rotated channels of a head turn together, pair ``i`` at the inverse frequency
@@ -295,35 +295,43 @@ class RotaryPositional(AttentionPositional):
             turned = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
         return turned if r == x.size(-1) else torch.cat([turned, x[..., r:]], dim=-1)
 
-    def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor) -> tuple[Tensor, Tensor]:
-        """``q`` turned from position ``q_offset`` and ``k`` from 0 (see
+    def rotate(self, q: Tensor, k: Tensor, q_offset: int | Tensor, k_offset: int | Tensor = 0) -> tuple[Tensor, Tensor]:
+        """``q`` turned from position ``q_offset`` and ``k`` from ``k_offset`` (see
         :meth:`AttentionPositional.rotate`). Under dynamic scaling both turn at the frequencies of
         the last query position plus one, the largest in the batch for one start per sequence."""
         q_len, k_len = q.size(-2), k.size(-2)
         grows_past = self.scaling.dynamic_past
-        if isinstance(q_offset, Tensor):  # a static cache's position on the device: looked up, never read back
-            q_positions = position_ids(q_offset, q_len)
-            k_positions = torch.arange(k_len, device=q_positions.device)
-            q_angles, k_angles = self._looked_up(q_positions), self._looked_up(k_positions)
-            if grows_past is not None:  # both sets of angles made, and one chosen on the device
-                length = q_positions.max() + 1
-                past = length > grows_past
-
-                def chosen(positions: Tensor, table: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
-                    grown = self._grown(positions, length)
-                    return torch.where(past, grown[0], table[0]), torch.where(past, grown[1], table[1])
-
-                q_angles, k_angles = chosen(q_positions, q_angles), chosen(k_positions, k_angles)
-            if q_positions.dim() == 2:  # one start per sequence: (B, T) positions, broadcast over the heads
-                q_angles = tuple(t[:, None] for t in q_angles)
-        else:
-            length, rows = q_offset + q_len, max(q_offset + q_len, k_len)
+        if not isinstance(q_offset, Tensor) and not isinstance(k_offset, Tensor):  # slices of the table
+            length, rows = q_offset + q_len, max(q_offset + q_len, k_offset + k_len)
             if grows_past is not None and length > grows_past:
                 cos, sin = self._grown(torch.arange(rows, device=self.cos.device), length)
             else:
                 self.cover(rows)
                 cos, sin = self.cos, self.sin
-            q_angles, k_angles = (cos[q_offset:length], sin[q_offset:length]), (cos[:k_len], sin[:k_len])
+            q_angles = (cos[q_offset:length], sin[q_offset:length])
+            k_angles = (cos[k_offset : k_offset + k_len], sin[k_offset : k_offset + k_len])
+            return self._turn(q, *q_angles), self._turn(k, *k_angles)
+        # looked up: a static cache's position on the device (never read back), or one start per sequence
+        for offset, count in ((q_offset, q_len), (k_offset, k_len)):
+            end = positions_end(offset, count)
+            if end is not None:
+                self.cover(end)
+        q_positions = position_ids(q_offset, q_len, self.cos.device)
+        k_positions = position_ids(k_offset, k_len, self.cos.device)
+        q_angles, k_angles = self._looked_up(q_positions), self._looked_up(k_positions)
+        if grows_past is not None:  # both sets of angles made, and one chosen on the device
+            length = q_positions.max() + 1
+            past = length > grows_past
+
+            def chosen(positions: Tensor, table: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+                grown = self._grown(positions, length)
+                return torch.where(past, grown[0], table[0]), torch.where(past, grown[1], table[1])
+
+            q_angles, k_angles = chosen(q_positions, q_angles), chosen(k_positions, k_angles)
+        if q_positions.dim() == 2:  # one start per sequence: (B, T) positions, broadcast over the heads
+            q_angles = tuple(t[:, None] for t in q_angles)
+        if k_positions.dim() == 2:
+            k_angles = tuple(t[:, None] for t in k_angles)
         return self._turn(q, *q_angles), self._turn(k, *k_angles)
 
 
