@@ -16,7 +16,8 @@ functions. This module does the rest, the same for every family:
 - :func:`write_hf_folder`: ``config.json`` and ``model.safetensors`` as ``save_pretrained``
   writes them, after reading the config back through the same map: the model's config must
   come back field for field, or one ConfigError names each field and the value transformers
-  would need, and nothing is written.
+  would need, and nothing is written. A family with several counterparts in transformers
+  (the decoder-only LMs) writes the first that can hold the model (:func:`closest_map`).
 
 What the bridge needs of :mod:`transformer_zoo.api` (validating a config, building a model) is
 passed in, as ``validate`` and ``build``: core imports nothing above it.
@@ -28,7 +29,7 @@ import functools
 import json
 import re
 import warnings
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,8 @@ class Weight:
         fused: instead of ``theirs``, transformers' separate tensors (the query, key and value
             projections) that ours concatenates along its first dimension, in this order;
             written back split as an attention's ``in_proj`` lays them out (the queries take
-            as many rows as the model is wide, the keys and the values half the rest each).
+            as many rows as the heads are wide, the attention's ``d_inner``: the model's width
+            unless ``head_dim`` sets it apart; the keys and the values half the rest each).
         transposed: transformers holds the weight transposed (GPT-2's ``Conv1D``, ``(in, out)``);
             a bias is the same both ways.
         unsqueezed: transformers holds it with a leading dimension of 1 (ViT's ``(1, n, D)``).
@@ -431,6 +433,15 @@ def _missing(spec: HFMap, matched: tuple[Weight, re.Match[str]] | None, ours: st
     return f"missing from the checkpoint: {lead}{_fill(names, match)} (for {ours})"
 
 
+def shortest_cycle(values: Sequence[Any]) -> list[Any]:
+    """The shortest list whose items, taken in turn (item ``i`` modulo its length), give
+    ``values``: a stack's list of attention kinds for transformers' ``layer_types``, one type a
+    layer (Gemma 2's alternation ``[sliding, full, sliding, full]`` is ``[sliding, full]``)."""
+    count = len(values)
+    period = next(p for p in range(1, count + 1) if all(values[i] == values[i % p] for i in range(count)))
+    return list(values[:period])
+
+
 def num_labels(hf: dict[str, Any]) -> int:
     """The classes of a transformers classifier's ``config.json``: ``num_labels``, else its labels, else 2."""
     return int(hf.get("num_labels") or len(hf.get("id2label") or {}) or 2)
@@ -609,11 +620,14 @@ def _get(dump: dict[str, Any], path: str) -> Any:
 
 
 def _differences(spec: HFMap, ours: Any, theirs: Any, path: str) -> list[str]:
-    """Each field where two config dumps differ: ``norm_placement is 'pre'; transformers' BERT needs 'post'``."""
+    """Each field where two config dumps differ: ``norm_placement is 'pre'; transformers' BERT needs 'post'``;
+    lists of one length item by item (``decoder.attention.2.window``)."""
     if isinstance(ours, dict) and isinstance(theirs, dict):
         if ours.get("kind") != theirs.get("kind"):
             return [f"{path}kind is {ours.get('kind')!r}; transformers' {spec.title} needs {theirs.get('kind')!r}"]
         return [line for key in ours for line in _differences(spec, ours[key], theirs.get(key), f"{path}{key}.")]
+    if isinstance(ours, list) and isinstance(theirs, list) and len(ours) == len(theirs):
+        return [line for i, pair in enumerate(zip(ours, theirs)) for line in _differences(spec, *pair, f"{path}{i}.")]
     name = path[:-1]
     why = spec.why.get(name, "")
     return [] if ours == theirs else [f"{name} is {ours!r}; transformers' {spec.title} needs {theirs!r}{why}"]
@@ -656,7 +670,9 @@ def hf_state_dict(spec: HFMap, model: ZooModel, architecture: str) -> tuple[dict
         lead = "" if base or group[0].startswith("head.") else spec.prefix
         tensor = ours[group[0]].detach()
         if entry.fused:
-            width = ours[_fill(entry.ours, match).rpartition(".")[0] + ".weight"].shape[-1]
+            projection = _fill(entry.ours, match).rpartition(".")[0]
+            attention = model.get_submodule(projection.rpartition(".")[0])
+            width = getattr(attention, "d_inner", None) or ours[projection + ".weight"].shape[-1]
             for name, part in zip(entry.fused, _split(tensor, width, len(entry.fused))):
                 state[lead + _fill(name, match)] = part
             continue
@@ -668,6 +684,39 @@ def hf_state_dict(spec: HFMap, model: ZooModel, architecture: str) -> tuple[dict
             lead = "" if base or entry.ours.startswith("head.") else spec.prefix
             state[lead + entry.theirs[0]] = _as_theirs(entry, torch.zeros(rows))
     return state, unnamed
+
+
+def _planned(
+    spec: HFMap, model: ZooModel, validate: Callable[[dict[str, Any]], Any], options: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Tensor], list[str]]:
+    """``model`` as transformers would hold it as ``spec``'s model: its ``config.json``, its
+    tensors by transformers' names, and each problem that keeps it from being written so."""
+    hf = hf_config(spec, model, **options)
+    state, unnamed = hf_state_dict(spec, model, hf["architectures"][0])
+    problems = spec.save_problems(model, hf)
+    dump = model.config.model_dump(mode="json")
+    problems += _read_back(spec, dump, hf, state.keys(), validate, unreadable_too=not problems)
+    if unnamed and not problems:  # else a field named above is why (a final norm, learned positions)
+        problems.append(f"weights with no name in transformers' {spec.title}: {', '.join(unnamed)}")
+    return hf, state, problems
+
+
+def closest_map(
+    specs: Sequence[HFMap], model: ZooModel, *, validate: Callable[[dict[str, Any]], Any], **options: Any
+) -> HFMap:
+    """The first of ``specs`` that can write ``model`` (its config comes back field for field
+    through that map); where none can, the one with the fewest problems, whose refusal
+    :func:`write_hf_folder` then gives. For a family with several counterparts in transformers,
+    one map each (the decoder-only LMs: GPT-2, Llama, Qwen 3, Gemma 2, OLMo 2)."""
+    if model.config is None:
+        return specs[0]  # write_hf_folder says why nothing can be written
+    counts = []
+    for spec in specs:
+        problems = _planned(spec, model, validate, options)[2]
+        if not problems:
+            return spec
+        counts.append(len(problems))
+    return specs[counts.index(min(counts))]
 
 
 def write_hf_folder(
@@ -698,17 +747,10 @@ def write_hf_folder(
             f"this {type(model).__name__} has no config: it was built by hand; build it with "
             "transformer_zoo.build_model(...) to be able to save it"
         )
-    hf = hf_config(spec, model, **options)
-    architecture = hf["architectures"][0]
-    state, unnamed = hf_state_dict(spec, model, architecture)
-    problems = spec.save_problems(model, hf)
-    dump = config.model_dump(mode="json")
-    problems += _read_back(spec, dump, hf, state.keys(), validate, unreadable_too=not problems)
-    if unnamed and not problems:  # else a field named above is why (a final norm, learned positions)
-        problems.append(f"weights with no name in transformers' {spec.title}: {', '.join(unnamed)}")
+    hf, state, problems = _planned(spec, model, validate, options)
     if problems:
         raise ConfigError(
-            f"this {config.variant} model cannot be saved with format='hf' as transformers' {architecture}:\n"
+            f"this {config.variant} model cannot be saved with format='hf' as transformers' {hf['architectures'][0]}:\n"
             + "\n".join(f"  {line}" for line in problems)
             + "\nchange these fields, or save with format='zoo' (the default), which keeps every option"
         )

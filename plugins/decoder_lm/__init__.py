@@ -32,6 +32,8 @@ from transformer_zoo.core.options import (
 from transformer_zoo.core.validation import MAX_VOCAB, NormPlacement
 from transformer_zoo.registry import hookimpl
 
+from .hf import IMPORTERS
+
 
 class DecoderLMConfig(EncoderDecoderConfig):
     """A decoder-only language model. The defaults are Llama's design (pre-norm RMSNorm, SwiGLU,
@@ -259,3 +261,8 @@ def tzoo_variants():
             "OLMo 2's design at d 64, 4 heads, 2 layers, for CPUs and tests",
         ),
     ]
+
+
+@hookimpl
+def tzoo_importers():
+    return IMPORTERS
