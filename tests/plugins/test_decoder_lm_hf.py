@@ -4,11 +4,12 @@ For each of GPT-2, Llama (with each rotary stretch), Qwen 3, Gemma 2 and OLMo 2,
 transformers model (every weight drawn, norms and biases included, and each mapped field away
 from its default) is saved by transformers and read by the zoo, which then gives transformers'
 logits (float32, 1e-5) on a left-padded batch, with eager and with sdpa attention (Gemma 2: eager
-only, as transformers refuses sdpa for it), and its greedy tokens on the key/value caches (past
-a dynamic stretch's trained length, without them: see CACHED_DYNAMIC); the folder the zoo writes
-back loads into transformers and comes back to the zoo with the same logits, bit for bit. Each
-mapped field, left out of the folder's config.json, takes the logits away from transformers' (so
-the comparison sees a field read wrongly); each refusal names its field.
+only, as transformers refuses sdpa for it), and its greedy tokens on the key/value caches, after
+prompts of one length and after left-padded ones (past a dynamic stretch's trained length,
+without the caches: see CACHED_DYNAMIC); the folder the zoo writes back loads into transformers
+and comes back to the zoo with the same logits, bit for bit. Each mapped field, left out of the
+folder's config.json, takes the logits away from transformers' (so the comparison sees a field
+read wrongly); each refusal names its field.
 """
 
 from __future__ import annotations
@@ -230,6 +231,17 @@ def greedy(folder: Path, use_cache: bool) -> tuple[torch.Tensor, torch.Tensor]:
 def test_greedy_tokens_are_transformers(folders, name, rope):
     """On the key/value caches: 20 new tokens, past Gemma 2's window of 4 and Llama's 8 trained positions."""
     assert torch.equal(*greedy(folders(name, rope), use_cache=True))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_tokens_after_left_padded_prompts_are_transformers(folders, name):
+    """Prompts of 8, 5 and 1 real tokens, padded on the left: each row's positions count from
+    its first real token, as transformers' generate counts them (attention_mask.cumsum(-1) - 1)."""
+    folder = folders(name)
+    model, ours = theirs(folder), tz.from_pretrained(folder)
+    ids, mask = (t[:, :8] for t in left_padded())
+    expected = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
+    assert torch.equal(ours.generate(ids, attention_mask=mask, max_new_tokens=10), expected)
 
 
 def test_greedy_tokens_past_a_dynamic_stretch_are_transformers_without_a_cache(folders):
