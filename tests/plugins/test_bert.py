@@ -209,10 +209,10 @@ def test_a_config_without_model_type_is_read_by_its_architectures(tmp_path):
 def test_a_folder_that_is_not_bert_is_refused(tmp_path):
     _, path = save(tmp_path, transformers.BertModel)
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "mamba"}))
     with pytest.raises(
         ConfigError,
-        match="is not a transformer-zoo config \\(it has model_type 'gpt2'\\) and no "
+        match="is not a transformer-zoo config \\(it has model_type 'mamba'\\) and no "
         "plugin imports it; formats read: hf-bert",
     ):
         tz.from_pretrained(path)
