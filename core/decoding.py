@@ -111,7 +111,11 @@ def make_cache(model: Model, *, left_padding: Tensor | None = None) -> DecoderCa
     the keys of its window only (:func:`window_of`), every other layer every key.
     ``left_padding``: see :class:`~.cache.DecoderCache`."""
     layers = model.decoder.layers if isinstance(model.decoder, StandardStack) else ()
-    windows = {i: window for i, layer in enumerate(layers) if (window := window_of(layer.self_attn)) is not None}
+    windows = {
+        i: window
+        for i, layer in enumerate(layers)
+        if (window := window_of(getattr(layer, "self_attn", None))) is not None
+    }
     return DecoderCache(windows=windows, left_padding=left_padding)
 
 
