@@ -12,6 +12,7 @@ import yaml
 from docs_pages import ROOT
 
 import transformer_zoo as tz
+from transformer_zoo.core.options import AttentionOptions, PositionalOptions
 from transformer_zoo.registry import get_registry
 
 PAGE = (ROOT / "docs" / "configs.md").read_text()
@@ -19,9 +20,14 @@ CATEGORIES = ("attention", "positional", "norm", "ffn", "stack", "head")
 GENERIC = {"tzoo.components", "tzoo.efficient", "tzoo.talking-heads", "tzoo.relative", "tzoo.moe"}
 """The plugins whose kinds the page's table of options lists; a family's own kinds (the sparse
 attention kinds, local 2-D attention, the recurrent stack) are on the family's page."""
-INHERITED = {"attention": {"bias", "scale", "n_kv_heads"}, "positional": {"random_offset"}}
-"""Fields every kind of the category takes, described once above the table (or in a row of the kinds
-that accept a value other than the default)."""
+BASES = {"attention": AttentionOptions, "positional": PositionalOptions}
+"""Categories whose base declares fields every kind takes: the page describes the attention kinds'
+once above the table, and positional random_offset in a row of the kinds that accept a value
+other than its default."""
+
+
+def inherited(category: str) -> set[str]:
+    return set(BASES[category].model_fields) - {"kind"} if category in BASES else set()
 
 
 def table(heading: str) -> list[list[str]]:
@@ -89,7 +95,7 @@ def test_the_options_table_lists_each_kinds_fields_with_their_defaults(category,
     fields = {name: field for name, field in options.model_fields.items() if name != "kind"}
     rows = documented().get((category, kind))
     assert rows is not None, f"docs/configs.md's table of options has no row for {category} {kind!r}"
-    own = set(fields) - INHERITED.get(category, set())
+    own = set(fields) - inherited(category)
     assert own <= set(rows) <= set(fields), f"{category} {kind!r}: the page has {sorted(rows)}, the kind {sorted(own)}"
     for name, default in rows.items():
         assert default == written(fields[name].default), (
@@ -99,3 +105,8 @@ def test_the_options_table_lists_each_kinds_fields_with_their_defaults(category,
 
 def test_the_options_table_names_only_kinds_there_are():
     assert set(documented()) <= set(built_in())
+
+
+def test_the_fields_every_attention_kind_takes_are_named_above_the_table():
+    text = PAGE[PAGE.index("### Component options") : PAGE.index("| kind | field |")]
+    assert not [field for field in sorted(inherited("attention")) if f"`{field}`" not in text]
