@@ -40,14 +40,24 @@ def common_config(name: str, length: int):
     config = tz.load_config(name)
     fields = type(config).model_fields
     overrides = {k: v for k, v in COMMON.items() if k in fields}
+    if "head_dim" in fields:
+        overrides["head_dim"] = None  # d_model / n_heads
     for stack in ("encoder", "decoder"):
         if getattr(config, stack, None) is not None and hasattr(getattr(config, stack), "layers"):
-            overrides[stack] = {"layers": 2}
+            overrides[stack] = {"layers": 2, "attention": whole_heads(getattr(config, stack).attention)}
     if "max_len" in fields:
         overrides["max_len"] = max(length, config.max_len)
     if "tgt_vocab_size" in fields and config.tgt_vocab_size is not None:
         overrides["tgt_vocab_size"] = COMMON["vocab_size"]
     return tz.load_config(config, overrides)
+
+
+def whole_heads(attention):
+    """A stack's attention kinds with grouped key/value heads made whole (n_kv_heads: null), so that
+    the common size's heads divide them."""
+    kinds = attention if isinstance(attention, list) else [attention]
+    dumped = [{**kind.model_dump(mode="json"), "n_kv_heads": None} for kind in kinds]
+    return dumped if isinstance(attention, list) else dumped[0]
 
 
 def random_batch(model: torch.nn.Module, batch: int, length: int) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
