@@ -86,12 +86,7 @@ NOT_EXAMPLES: dict[str, dict[str, str]] = {
 """Blocks that are no example to run: formulas, diagrams, signatures, a folder's layout."""
 
 
-KNOWN_FAILURES: dict[str, dict[str, str]] = {
-    "docs/benchmarks.md": {
-        "tzoo bench throughput": "benchmarks/throughput.py builds every variant with n_heads 4, and the llama "
-        "preset's attention keeps n_kv_heads 8, which does not divide it: the benchmark stops at llama",
-    },
-}
+KNOWN_FAILURES: dict[str, dict[str, str]] = {}  # page: {block key: why the code fails it}
 """Blocks that fail because of the code, each with why: the page's test leaves them out, and
 test_a_block_the_code_fails runs each as a strict expected failure, so that the fix is noticed."""
 

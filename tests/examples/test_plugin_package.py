@@ -21,6 +21,8 @@ from typing import Any
 import jsonschema
 import pytest
 
+from transformer_zoo.core.options import AttentionOptions
+
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "plugin-package"
 BROKEN = Path(__file__).parent / "data" / "broken-plugin"
@@ -145,9 +147,7 @@ def test_tzoo_schema_holds_the_new_kind(site: Path, tmp_path: Path) -> None:
     cosine = find_kind_schemas(schema, "cosine")
     assert cosine, "no schema for the attention kind 'cosine'"
     for options in cosine:
-        assert set(options["properties"]) == {"kind", "bias", "scale", "n_kv_heads", "init_scale"}, (
-            "the inherited fields stay"
-        )
+        assert set(options["properties"]) == {*AttentionOptions.model_fields, "init_scale"}, "the inherited fields stay"
         assert options["properties"]["init_scale"]["description"]
         assert options["properties"]["init_scale"]["exclusiveMinimum"] == 0
 
