@@ -18,7 +18,7 @@ RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "pre-vs-post-norm": ["holds", "holds", "inconclusive"],
     "sagan-attention": ["inconclusive", "inconclusive"],
     "tuned-pre-vs-post-norm": ["holds", "inconclusive", "holds"],
-    "length-extrapolation": ["holds", "holds", "holds"],
+    "length-extrapolation": ["holds", "holds", "holds", "does not hold", "holds", "inconclusive"],
     "modifications": ["inconclusive", "inconclusive", "inconclusive"],
 }
 
