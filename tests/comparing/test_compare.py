@@ -152,18 +152,27 @@ def test_default_spec_covers_the_required_tasks_and_every_family():
         ("transformer-tiny", "digits-generation"),  # generation needs an image generator
         ("bert-tiny", "reverse"),
         ("bert-tiny", "digits-generation"),  # and seq2seq a decoder
+        ("bert-tiny", "python-source"),  # and language modelling a causal stack
         ("universal-transformer-tiny", "digits-generation"),
         ("local-global-encoder-tiny", "reverse"),
         ("local-global-encoder-tiny", "digits-generation"),
+        ("local-global-encoder-tiny", "python-source"),
         ("vit-tiny", "reverse"),
         ("vit-tiny", "listops"),
         ("vit-tiny", "digits-generation"),  # image models need images
+        ("vit-tiny", "python-source"),
         ("sagan-classifier-tiny", "reverse"),
         ("sagan-classifier-tiny", "listops"),
         ("sagan-classifier-tiny", "digits-generation"),
+        ("sagan-classifier-tiny", "python-source"),
         ("sagan-gan", "reverse"),
         ("sagan-gan", "listops"),
         ("sagan-gan", "digits"),  # a generator, not a classifier
+        ("sagan-gan", "python-source"),
+        ("llama-tiny", "reverse"),  # a decoder-only LM: no encoder, no classification head
+        ("llama-tiny", "listops"),
+        ("llama-tiny", "digits"),
+        ("llama-tiny", "digits-generation"),
     ]
     gan = next(config for label, config in runs if label == "sagan-gan")
     assert (gan.lr, gan.schedule, gan.warmup_steps, gan.batch_size, gan.steps) == (4e-4, "constant", 0, 32, 600), (
