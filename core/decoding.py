@@ -27,7 +27,6 @@ from torch import Tensor, nn
 from .attention import MultiHeadAttention, SoftcapKernel, as_padding_mask, math_kernel, sdpa_kernel
 from .cache import DecoderCache, StaticDecoderCache
 from .embedding import BOS, LearnedPositional, SinusoidalPositional, check_token_ids
-from .layers import StandardStack
 from .local_attention import PatternKernel
 from .relative import RotaryPositional
 
@@ -107,10 +106,12 @@ def window_of(attention: nn.Module | None) -> int | None:
 
 
 def make_cache(model: Model, *, left_padding: Tensor | None = None) -> DecoderCache:
-    """The dynamic cache ``model`` decodes on: a sliding-window layer of its standard stack keeps
-    the keys of its window only (:func:`window_of`), every other layer every key.
-    ``left_padding``: see :class:`~.cache.DecoderCache`."""
-    layers = model.decoder.layers if isinstance(model.decoder, StandardStack) else ()
+    """The dynamic cache ``model`` decodes on: a sliding-window layer of a stack of distinct layers
+    (one with a ``layers`` list, as the standard stack has; a recurrent stack applies one layer
+    again and again) keeps the keys of its window only (:func:`window_of`), every other layer
+    every key. ``left_padding``: see :class:`~.cache.DecoderCache`."""
+    layers = getattr(model.decoder, "layers", None)
+    layers = layers if isinstance(layers, nn.ModuleList) else ()
     windows = {
         i: window
         for i, layer in enumerate(layers)
