@@ -42,15 +42,14 @@ class KVCache:
         self.state: dict[str, Tensor] = {}
         self.in_place = in_place
         self.left_padding = left_padding
-        self.seen = 0  # tokens appended so far
 
     def __len__(self) -> int:
         return 0 if self.key is None else self.key.size(-2)
 
     @property
     def start(self) -> int | Tensor:
-        """The position of the next token's key: the number of tokens appended so far."""
-        return self.seen
+        """The position of the next token's key: the number of keys held, every key so far."""
+        return len(self)
 
     @property
     def key_start(self) -> int | Tensor:
@@ -59,7 +58,6 @@ class KVCache:
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new tokens' keys and values ``(B, H, T, Dh)``; returns every key and value so far."""
-        self.seen += key.size(-2)
         if self.key is not None:
             key = torch.cat([self.key, key], dim=-2)
             value = torch.cat([self.value, value], dim=-2)
@@ -101,13 +99,19 @@ class WindowKVCache(KVCache):
         if window < 1:
             raise ValueError(f"a window cache keeps at least one key, got window={window}")
         self.window = window
+        self.seen = 0  # tokens appended so far: more than the keys held, once some are dropped
         self.returned = 0  # keys the last append returned
+
+    @property
+    def start(self) -> int:
+        return self.seen
 
     @property
     def key_start(self) -> int:
         return self.seen - self.returned
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        self.seen += key.size(-2)
         key, value = super().append(key, value)
         self.returned = key.size(-2)
         if self.returned > self.window:
