@@ -97,12 +97,7 @@ def window_of(attention: nn.Module | None) -> int | None:
         or type(attention).kernel_inputs is not MultiHeadAttention.kernel_inputs
     ):
         return None
-    key_range = getattr(attention.kernel.pattern, "key_range", None)  # a band's contiguous keys (1-D patterns)
-    if key_range is None:
-        return None
-    query = 1 << 40  # past any window's reach
-    span = key_range(query, query + 1, query + 1)
-    return None if span is None else query - span[0]
+    return attention.kernel.pattern.lookback()
 
 
 def make_cache(model: Model, *, left_padding: Tensor | None = None) -> DecoderCache:

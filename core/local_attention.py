@@ -59,6 +59,12 @@ class AttentionPattern(ABC):
         Out-of-place tensor operations only: FlexAttention compiles the rule.
         """
 
+    def lookback(self) -> int | None:
+        """How many keys before a causal query it may see, where that is one number at every
+        position (a band): all that a decoding cache of its layer must keep between steps. None
+        (the default): a rule over absolute positions (blocks, global or random keys)."""
+        return None
+
     def rule(self, length: int, device: torch.device | None = None) -> Callable[[Tensor, Tensor], Tensor]:
         """:meth:`allowed` for ``length`` keys, with what it needs computed once (FlexAttention's
         ``mask_mod`` calls it for every block)."""

@@ -132,10 +132,15 @@ class Pattern(AttentionPattern):
         """Queries per chunk: one block, or the window's width (at least 32)."""
         return self.block if self.block else max(32, self.window)
 
+    def lookback(self) -> int | None:
+        """A plain band's reach (no blocks, no global or random keys); None otherwise."""
+        plain = not (self.block or self.global_positions or self.global_every or self.random_blocks)
+        return self.reach() if plain else None
+
     def key_range(self, start: int, end: int, length: int) -> tuple[int, int] | None:
         """For a plain band (no blocks, no global or random keys): the contiguous key range
         queries ``start .. end - 1`` need; None otherwise."""
-        if self.block or self.global_positions or self.global_every or self.random_blocks:
+        if self.lookback() is None:
             return None
         return max(0, start - self.reach()), min(length, end if self.causal else end + self.reach())
 
