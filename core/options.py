@@ -75,10 +75,6 @@ class LayerSpec:
     head_dim: int | None = None
 
     @property
-    def pre_norm(self) -> bool:
-        return self.norm_placement == "pre"
-
-    @property
     def uses_final_norm(self) -> bool:
         """A norm after the last layer: as ``final_norm`` says, else for every placement that
         leaves a layer's output unnormalised (all but ``post``)."""
