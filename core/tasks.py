@@ -507,6 +507,93 @@ class MaskedLMTask(Task):
         return {"masked_accuracy": scores.pop("token_accuracy"), **scores}
 
 
+class AnswerTask(Task):
+    """A sequence in, an answer asked at some of its positions; scored by the answers right.
+
+    The form of the synthetic suites (MQAR, the MAD tasks, the Chomsky hierarchy): examples are
+    ``{"ids": [...], "answers": [...]}`` of one length, ``answers[t]`` the token the model must
+    give at position ``t`` having read ``ids`` (up to ``t`` for a causal model), and ``pad_id``
+    where nothing is asked. A model with a decoder reads ``ids`` causally, as a decoder-only LM
+    (an encoder-decoder keeps its decoder); one with an encoder only reads them bidirectionally,
+    with a token head over the vocabulary.
+    """
+
+    objective: ClassVar[str] = "answer-positions"
+    metrics: ClassVar[dict[str, Better]] = {"accuracy": "higher", "sequence_accuracy": "higher"}
+    bounds: ClassVar[dict[str, tuple[float, float]]] = {"accuracy": (0.0, 1.0), "sequence_accuracy": (0.0, 1.0)}
+    baseline: ClassVar[str] = "Chance (a uniform guess among the answers the task can ask)"
+    vocab_size: int = 0
+    pad_id: int = PAD
+    answer_ids: tuple[int, ...] = ()
+    """The ids an answer can take; chance accuracy is one over their number (:meth:`baselines`)."""
+
+    def unfit_reason(self, config: Any) -> str | None:
+        if reason := super().unfit_reason(config):
+            return reason
+        if getattr(config, "decoder", None) is None and getattr(config, "encoder", None) is None:
+            return "an answer-positions task needs a decoder (read causally) or an encoder (read bidirectionally)"
+        return None
+
+    def model_overrides(self, config: Any) -> dict[str, Any]:
+        stack = {"encoder": None} if getattr(config, "decoder", None) is not None else {"decoder": None}
+        return {
+            "vocab_size": self.vocab_size,
+            "tgt_vocab_size": None,
+            "pad_id": self.pad_id,
+            **stack,
+            "head": {"kind": "lm"},
+        }
+
+    def reads(self, model: nn.Module) -> str:
+        """``"tgt"`` for a model with a decoder (causal), ``"src"`` for an encoder alone."""
+        return "tgt" if getattr(getattr(model, "config", None), "decoder", None) is not None else "src"
+
+    def collate(self, rows: list[dict[str, Any]]) -> dict[str, Tensor]:
+        self.check_rows(rows, ("ids", "answers"))
+        ids, mask = pad_batch([r["ids"] for r in rows], self.pad_id)
+        answers, _ = pad_batch([r["answers"] for r in rows], self.pad_id)
+        return {"ids": ids, "mask": mask, "targets": answers}
+
+    def model_inputs(self, model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        side = self.reads(model)
+        return {side: batch["ids"], f"{side}_mask": batch["mask"]}
+
+    def tokens_in(self, batch: dict[str, Tensor]) -> int:
+        return int(batch["ids"].numel())
+
+    @torch.no_grad()
+    def predictions(self, model: nn.Module, rows: list[dict[str, Any]]) -> tuple[Tensor, Tensor]:
+        """The model's answer at every position of ``rows``, and the answers asked (``pad_id``
+        where none is): two ``(B, T)`` tensors on the CPU."""
+        batch = self.collate(rows)
+        device = next(model.parameters()).device
+        logits = model(**{k: v.to(device) for k, v in self.model_inputs(model, batch).items()}).logits
+        return logits.argmax(-1).cpu(), batch["targets"]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:
+        """``accuracy``: the share of asked positions answered right (Zoology's MQAR accuracy);
+        ``sequence_accuracy``: the share of examples with every answer right."""
+        data = self.dataset(split)
+        was_training = model.training
+        model.eval()
+        right = asked = whole = 0
+        for start in range(0, len(data), batch_size):
+            predicted, answers = self.predictions(
+                model, [data[i] for i in range(start, min(start + batch_size, len(data)))]
+            )
+            ask = answers != self.pad_id
+            hits = (predicted == answers) & ask
+            right += int(hits.sum())
+            asked += int(ask.sum())
+            whole += int((hits.sum(1) == ask.sum(1)).sum())
+        model.train(was_training)
+        return {"accuracy": right / max(asked, 1), "sequence_accuracy": whole / max(len(data), 1)}
+
+    def baselines(self, split: str) -> dict[str, float]:
+        return {"accuracy": 1.0 / len(self.answer_ids)} if self.answer_ids else {}
+
+
 def _token_scores(task: Task, model: nn.Module, split: str, batch_size: int, **collate: Any) -> dict[str, float]:
     """Perplexity and top-1 accuracy over the targets that are not padding."""
     data = task.dataset(split)
