@@ -166,7 +166,7 @@ def _compare(args: argparse.Namespace) -> Any:
     from .comparing import compare, load_spec
     from .training.distributed import job, world
 
-    spec = load_spec(args.spec, seeds=args.seeds)
+    spec = load_spec(args.spec, seeds=args.seeds, suite=args.suite)
     given = {
         key: value
         for key, value in (
@@ -416,6 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", nargs="?", help="a YAML or JSON spec (default: the built-in comparison)")
     p.add_argument("--out", type=Path, help="report folder (default: reports/<spec name>)")
     p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the spec's, e.g. 0,1,2")
+    p.add_argument(
+        "--suite",
+        metavar="NAME",
+        help="run a suite's tasks (mqar, mad, chomsky-hierarchy, or a suite's YAML file) in place of the spec's, on "
+        "its variants and budget, and report the suite's aggregate; with no spec, the suite's own variants",
+    )
     p.add_argument(
         "--executor",
         choices=("local", "ray"),

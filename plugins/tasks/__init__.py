@@ -10,6 +10,7 @@ from .digits import DigitsOptions
 from .digits_generation import DigitsGenerationOptions
 from .language_modeling import LanguageModelingOptions
 from .listops import ListOpsOptions
+from .mqar import MQAROptions
 from .pairs import FarPairOptions, NearPairOptions, OrderedPairOptions
 from .pathfinder import PathfinderOptions
 from .python_source import PythonSourceOptions
@@ -29,6 +30,7 @@ def tzoo_tasks():
         NearPairOptions,
         FarPairOptions,
         OrderedPairOptions,
+        MQAROptions,
         DigitsOptions,
         DigitsGenerationOptions,
         LanguageModelingOptions,

@@ -10,6 +10,7 @@ range over seeds. Log axes are ticked at 1-2-5 values written plainly (20k, 100k
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import textwrap
 from collections import defaultdict
@@ -169,6 +170,49 @@ def lengths_figure(records: list[RunRecord], task: str, lengths: dict[str, int])
 def plot_lengths(records: list[RunRecord], task: str, lengths: dict[str, int], path: Path) -> None:
     """``path``: see :func:`lengths_figure`."""
     save(lengths_figure(records, task, lengths), path)
+
+
+# ---- a metric against the model's width ------------------------------------------------------
+def width_stem(variant: str, width: int | None) -> str:
+    """The line a variant joins in a plot against width: its label less a ``-d{width}`` (or
+    ``-{width}``) ending, so ``linear-d64`` and ``linear-d128`` draw one line, ``linear``."""
+    return re.sub(rf"[-_@]d?{width}$", "", variant) if width else variant
+
+
+def widths_figure(records: list[RunRecord], task: str) -> Figure:
+    """The headline metric on the test split against the model's width (d_model, log x): a line
+    per variant stem (:func:`width_stem`), mean over seeds with 95% intervals, as Zoology's
+    Figure 2 draws MQAR accuracy against model dimension."""
+    lines: dict[str, dict[int, list[float]]] = {}
+    for r in records:
+        value = r.metrics.get("test", {}).get(r.metric)
+        if r.width and value is not None and math.isfinite(value):
+            lines.setdefault(width_stem(r.variant, r.width), {}).setdefault(r.width, []).append(value)
+    first = records[0]
+    fig = Figure(figsize=(WIDTH, 4.4 + 0.25 * math.ceil(len(lines) / 3)), layout="constrained")
+    ax = fig.subplots()
+    colors = matplotlib.colormaps["tab10"].colors
+    for i, (stem, points) in enumerate(lines.items()):
+        widths = sorted(points)
+        means = [_mean_and_error(points[w]) for w in widths]
+        color = colors[i % len(colors)]
+        ax.plot(widths, [m for m, _ in means], color=color, linewidth=1.2, marker="o", label=_name(stem))
+        for w, (mean, error) in zip(widths, means):
+            ax.errorbar([w], [mean], yerr=error, capsize=3, linestyle="none", color=color)
+    every = [w for points in lines.values() for w in points]
+    log_axis(ax, "x", min(every), max(every))
+    metric = first.metric
+    ax.set(xlabel="model width (d_model)", ylabel=f"test {metric.replace('_', ' ')} ({first.better[metric]} is better)")
+    ax.grid(alpha=0.3)
+    seeds = max(len(v) for points in lines.values() for v in points.values())
+    fig.suptitle(f"{task}: {metric} by model width: up to {seeds} seeds a point, error bars: 95% interval", fontsize=10)
+    _outer_legend(fig, [ax])
+    return fig
+
+
+def plot_widths(records: list[RunRecord], task: str, path: Path) -> None:
+    """``path``: see :func:`widths_figure`."""
+    save(widths_figure(records, task), path)
 
 
 # ---- learning curves ----------------------------------------------------------------------

@@ -122,6 +122,12 @@ class RunRecord(BaseModel):
     )
     probes: dict[str, float] = Field({}, description="the spec's probes of the trained model, by measurement name")
     samples_plot: str | None = Field(None, description="a generation task: a grid of samples, relative to the report")
+    width: int | None = Field(None, description="the model's width (d_model); None: not recorded")
+    aggregate_of: list[str] = Field(
+        [],
+        description="a suite's aggregate, not a run: the tasks whose headline metric it averages for this variant "
+        "and seed (its costs are their sums); empty for a run",
+    )
     tuning_seconds: float | None = Field(
         None,
         description="wall seconds of the tuning trials that chose this variant's setting on this task (the "
@@ -302,3 +308,8 @@ class CompareResults(BaseModel):
         description="by task: every column's mean and 95% interval over seeds, each variant tested against the "
         "reference, and the verdict",
     )
+
+    @property
+    def trained(self) -> list[RunRecord]:
+        """The runs, without the suites' aggregates."""
+        return [run for run in self.runs if not run.aggregate_of]

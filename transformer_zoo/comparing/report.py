@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from .plots import (
     plot_scaling,
     plot_throughput,
     plot_tuning,
+    plot_widths,
 )
 from .records import ALPHA, MODE_NAMES, MODES, CompareResults, RunRecord, ScalingPoint, TaskSummary
 from .stats import TEST_NAMES
@@ -98,23 +98,23 @@ def task_verdict_lines(summaries: list[TaskSummary]) -> list[str]:
 def condition_lines(results: CompareResults) -> list[str]:
     """Warnings about how the runs were measured: retried, kept from another invocation, or under load."""
     lines = []
-    retried = [r for r in results.runs if r.attempts > 1]
+    retried = [r for r in results.trained if r.attempts > 1]
     if retried:
         lost = sum(r.wall_seconds - (r.last_attempt_seconds or r.wall_seconds) for r in retried)
         lines.append(
-            f"- {len(retried)} of {len(results.runs)} runs were started more than once (a worker or node died): "
+            f"- {len(retried)} of {len(results.trained)} runs were started more than once (a worker or node died): "
             "each went on from its last checkpoint, at the step its attempts column gives. Their wall s counts "
             f"from the first start, so the {lost:.0f} s their earlier starts took are in it, and in the cost "
             "tests of wall time."
         )
-    kept = [r for r in results.runs if r.reused]
+    kept = [r for r in results.trained if r.reused]
     if kept:
         lines.append(
-            f"- {len(kept)} of {len(results.runs)} runs (marked {KEPT}) were kept from an earlier invocation "
+            f"- {len(kept)} of {len(results.trained)} runs (marked {KEPT}) were kept from an earlier invocation "
             f"({_started(kept)}); their times were measured under other conditions, so times of tasks that mix "
             "invocations are neither bolded nor compared."
         )
-    loaded = [r for r in results.runs if r.cpus and r.load_average >= r.cpus + 1]  # a process more than cores
+    loaded = [r for r in results.trained if r.cpus and r.load_average >= r.cpus + 1]  # a process more than cores
     if loaded:
         worst = max(loaded, key=lambda r: r.load_average / r.cpus)
         lines.append(
@@ -134,16 +134,49 @@ def _started(runs: list[RunRecord]) -> str:
 
 
 def scored_lengths(spec: dict[str, Any], task: str, runs: list[RunRecord]) -> dict[str, int]:
-    """The splits of ``task`` scored at a multiple of its ``max_len`` (``test_Nx``: inputs of N times
-    ``max_len`` tokens; ``test``: ``max_len``), by split, with the tokens of their inputs: what a plot
-    of the metric against the length shows; empty for a task with no such splits."""
+    """The splits of ``task`` its options name a length for (their ``lengths``: ``python-source``'s
+    ``test`` and ``test_Nx``, a Chomsky task's length buckets), with the tokens of their inputs:
+    what a plot of the metric against the length shows; empty for a task with none."""
+    from ..api import get_registry
+
     splits = {split for run in runs for split in run.metrics}
-    options = next((t for t in spec.get("tasks", []) if isinstance(t, dict) and t.get("kind") == task), {})
-    length = options.get("max_len")
-    multiples = {split: int(found[1]) for split in splits if (found := re.fullmatch(r"test_(\d+)x", split))}
-    if not multiples or not isinstance(length, int):
+    given = next((t for t in spec.get("tasks", []) if isinstance(t, dict) and t.get("kind") == task), None)
+    kinds = get_registry().components("task")
+    if given is None or task not in kinds:
         return {}
-    return {split: n * length for split, n in {"test": 1, **multiples}.items() if split in splits}
+    options = kinds[task].model_validate(given, context={"registry": get_registry()})
+    return {split: n for split, n in getattr(options, "lengths", {}).items() if split in splits}
+
+
+def suite_lines(spec: dict[str, Any], aggregate: RunRecord) -> str:
+    """What a suite's aggregate is."""
+    from .suites import load_suite
+
+    suite = load_suite(spec["suite"])
+    text = (
+        f"The {suite.name} suite ({suite.title}; {suite.source}): for each variant and seed, the mean of test "
+        f"{aggregate.metric} over its {len(aggregate.aggregate_of)} tasks ({', '.join(aggregate.aggregate_of)}), "
+        "each weighted equally; its costs are the sums over those runs."
+    )
+    return text + (f" {suite.notes}" if suite.notes else "")
+
+
+def suite_section(results: CompareResults, out_dir: Path) -> list[str]:
+    """The suite's source, and the metric against model width on each of its tasks where its
+    variants differ in width (a line per variant stem, Zoology's Figure 2); a task's plot against
+    input length is in its own section."""
+    from .suites import load_suite
+
+    suite = load_suite(results.spec["suite"])
+    lines = [f"## Suite: {suite.name}", "", f"{suite.title} ({suite.source}).", ""]
+    for kind in (task["kind"] for task in suite.tasks):
+        runs = [r for r in results.trained if r.task == kind]
+        if not runs:
+            continue
+        if "width" in suite.plots and len({r.width for r in runs}) > 1:
+            plot_widths(runs, kind, out_dir / f"widths-{kind}.png")
+            lines += [f"![{kind}: {runs[0].metric} by model width](widths-{kind}.png)", ""]
+    return lines
 
 
 def runs_table(records: list[RunRecord]) -> str:
@@ -233,7 +266,7 @@ def _method(results: CompareResults) -> str:
 
 def write_report(results: CompareResults, out_dir: Path) -> Path:
     """Write ``report.md`` and the plots; returns the report's path."""
-    records, spec = results.runs, results.spec
+    records, spec = results.trained, results.spec
     threads = sorted({r.threads for r in records if r.threads})
     lines = [f"# Comparison: {spec.get('name', 'compare')}", ""]
     places = sorted({r.placed_on for r in records if r.placed_on and not r.reused})
@@ -247,6 +280,8 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         "",
     ]
     lines += ["## Summary", "", *task_verdict_lines(results.summaries), ""]
+    if spec.get("suite"):
+        lines += suite_section(results, out_dir)
     warnings = condition_lines(results)
     if warnings:
         lines += ["Measurement conditions:", "", *warnings, ""]
@@ -254,8 +289,13 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         lines += ["## Tuning", "", *tuning_lines(results, out_dir), ""]
     for summary in results.summaries:
         task = summary.task
-        runs = [r for r in records if r.task == task]
+        runs = [r for r in results.runs if r.task == task]
         lines += [f"## {task}", "", summary.verdict, "", task_table(summary, runs), ""]
+        if runs[0].aggregate_of:  # a suite's aggregate: no runs of its own to plot
+            lines += [suite_lines(spec, runs[0]), ""]
+            if len(summary.cells) > 1:
+                lines += [tests_table(summary), ""]
+            continue
         if len(summary.cells) > 1:
             lines += [tests_table(summary), ""]
         if task in results.baselines:

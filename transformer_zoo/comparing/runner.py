@@ -64,6 +64,7 @@ from .runs import (
 )
 from .scaling import measure_scaling
 from .spec import CompareSpec, plan
+from .suites import load_suite, suite_records
 from .summary import summarize
 from .tuning import TrialJob, TrialResult, Tuning, short, tuned_runs
 
@@ -420,6 +421,8 @@ def summarize_runs(
 
     spec, out_dir, tasks = comparison.spec, comparison.out_dir, comparison.tasks
     records, failures = collect_records(comparison, runs, trained, tuned)
+    if spec.suite is not None:  # the suite's aggregate, a task of its own
+        records += suite_records(load_suite(spec.suite), records)
     baselines = {kind: task.baselines("test") for kind, task in tasks.items()}
     if spec.scaling is not None:
         comparison.say("measuring time and memory against length")

@@ -235,6 +235,7 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
         ponder_plot=plot,
         probes=probed,
         samples_plot=None if samples is None else samples.name,
+        width=getattr(model, "d_model", None),
         started=when,
         timespan=(begun, time.time()),
         threads=torch.get_num_threads(),

@@ -35,6 +35,11 @@ class CompareSpec(Options):
         "report gives it (otherwise its name and the values it sets)",
     )
     tasks: list[TaskField] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
+    suite: str | None = Field(
+        None,
+        description="a suite (mqar, mad, chomsky-hierarchy, or a suite's YAML file) whose tasks join the spec's: a "
+        "task of the spec replaces the suite's of its kind; the report adds the suite's aggregate",
+    )
     steps: int = Field(500, ge=1, description="training steps of every run")
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
     seeds: list[int] = Field([0, 1, 2], min_length=1, description="seeds; every variant and task runs once per seed")
@@ -118,6 +123,15 @@ class CompareSpec(Options):
         + "; ".join(f"{name}: {text}" for name, text in PROBE_NAMES.items()),
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _suite_tasks(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("suite") is not None:
+            from .suites import load_suite, with_suite_tasks
+
+            data = {**data, "tasks": with_suite_tasks(list(data.get("tasks") or []), load_suite(data["suite"]))}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> CompareSpec:
         """Every section against the others, each problem found in one message."""
@@ -161,18 +175,30 @@ def default_spec_path() -> Path:
     return Path(str(resources.files("transformer_zoo") / "specs" / "default.yaml"))
 
 
-def load_spec(source: str | os.PathLike | dict | None = None, seeds: list[int] | None = None) -> CompareSpec:
+def load_spec(
+    source: str | os.PathLike | dict | None = None, seeds: list[int] | None = None, suite: str | None = None
+) -> CompareSpec:
     """A validated spec from a YAML/JSON file or mapping; the built-in default when None.
 
     Args:
         seeds: replace the spec's seeds (``tzoo compare --seeds 0,1,2``).
+        suite: run this suite's tasks in place of the spec's (``tzoo compare --suite mad``), on
+            the spec's variants and budget; with no spec, on the suite's own (its ``compare``).
     """
-    data = read_config(
-        default_spec_path() if source is None else source,
-        "compare spec file",
-        "the path of a YAML or JSON spec (its variants, tasks and seeds; docs: Comparing), or no spec for the "
-        "built-in comparison",
-    )
+    if suite is not None and source is None:
+        from .suites import load_suite
+
+        found = load_suite(suite)
+        data = {"name": found.name, **found.compare}
+    else:
+        data = read_config(
+            default_spec_path() if source is None else source,
+            "compare spec file",
+            "the path of a YAML or JSON spec (its variants, tasks and seeds; docs: Comparing), or no spec for the "
+            "built-in comparison",
+        )
+    if suite is not None:
+        data = {**data, "suite": suite, "tasks": []}
     if seeds is not None:
         data = {**data, "seeds": seeds}
     return validate(CompareSpec, data, "compare spec")

@@ -26,6 +26,7 @@ from ...core.tasks import Better
 from ...core.validation import Options
 from ..probes import PROBE_OUTPUTS
 from ..spec import CompareSpec, plan
+from ..suites import load_suite
 from ..tallies import Tally
 from ..tuning import tuned_runs
 
@@ -156,6 +157,11 @@ class Study(Options):
         ran = {(label, config.task.kind) for label, config in runs}
         tasks = {options.kind: options for options in spec.tasks}
         built: dict[str, Any] = {}
+        if spec.suite is not None:  # its aggregate, a task whose headline is its tasks' (the first's metrics)
+            suite = load_suite(spec.suite)
+            kinds = [task["kind"] for task in suite.tasks]
+            tasks[suite.name] = tasks[kinds[0]]
+            ran |= {(label, suite.name) for label, _ in runs if all((label, kind) in ran for kind in kinds)}
         probed = {name for probe in spec.probes for name in PROBE_OUTPUTS[probe]}
         for i, claim in enumerate(self.claims):
             where = f"study {self.name!r}, claims.{i}"

@@ -1,0 +1,120 @@
+"""Suites: the public benchmarks of several tasks that the field compares designs on (MQAR, the
+MAD tasks, the Chomsky hierarchy), each run by one command, ``tzoo compare --suite NAME``.
+
+A suite is a YAML file of the package's ``suites/`` folder: its tasks, the source that defines
+them, how the source aggregates them (MAD and the Chomsky hierarchy: the mean of the headline
+metric over the tasks) and the plot its source draws. A spec's ``suite: NAME`` adds the suite's
+tasks to the spec's own (a task of the spec replaces the suite's task of its kind); the report
+then gives the aggregate as a task of its own, named after the suite: for each variant and
+seed, the mean of the tasks' headline metric on their test splits (:func:`suite_records`), so
+the aggregate gets intervals over seeds and tests like any task, and a study may claim on it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..configs import read_config, validate
+from ..core.errors import UnknownNameError
+from ..core.validation import Options
+from .records import RunRecord
+
+Plot = Literal["width", "length"]
+PLOTS: dict[str, str] = {
+    "width": "the headline metric against the model's width, a line per variant stem (Zoology's Figure 2)",
+    "length": "the headline metric against the input length of each split (Delétang et al.'s length plots)",
+}
+
+
+class Suite(Options):
+    """A suite's file."""
+
+    name: str = Field("", description="the suite's name (its file's, for a built-in one)")
+    title: str = Field(description="what the suite measures, in a line")
+    source: str = Field(description="the paper and code that define the tasks")
+    notes: str = Field("", description="how the tasks here differ from the source's, and why")
+    aggregate: bool = Field(
+        True, description="report the mean of the tasks' headline metric over the tasks, per seed, as a task"
+    )
+    plots: list[Plot] = Field([], description="; ".join(f"{k}: {v}" for k, v in PLOTS.items()))
+    tasks: list[dict[str, Any]] = Field(min_length=1, description="the tasks, as a spec's tasks")
+    compare: dict[str, Any] = Field(
+        {}, description="the rest of a compare spec (variants, steps, seeds, ...) for `tzoo compare --suite NAME` alone"
+    )
+
+
+def suites_dir() -> Path:
+    return Path(str(resources.files("transformer_zoo") / "suites"))
+
+
+def available_suites() -> dict[str, Path]:
+    """The built-in suites, by name."""
+    return {path.stem: path for path in sorted(suites_dir().glob("*.yaml"))}
+
+
+def load_suite(source: str | os.PathLike) -> Suite:
+    """A validated suite from a built-in name or a YAML file."""
+    if not str(source).endswith((".yaml", ".yml", ".json")):
+        found = available_suites()
+        if str(source) not in found:
+            raise UnknownNameError("suite (or a path to a suite's YAML file)", str(source), found)
+        source = found[str(source)]
+    data = read_config(source, "suite file", "a built-in suite's name (mqar, mad, chomsky-hierarchy) or a YAML file")
+    data.setdefault("name", Path(source).stem)
+    return validate(Suite, data, "suite")
+
+
+def with_suite_tasks(tasks: list[Any], suite: Suite) -> list[Any]:
+    """The suite's tasks, each replaced by the spec's task of its kind where there is one, then
+    the spec's other tasks: the same list however often it is applied."""
+    kinds = {task if isinstance(task, str) else task.get("kind"): task for task in tasks}
+    own = [kinds.pop(task["kind"], task) for task in suite.tasks]
+    return [*own, *kinds.values()]
+
+
+def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
+    """The suite's aggregate as records of a task named after the suite: one per variant and seed
+    that finished every task of the suite, whose headline metric on the ``test`` split is the mean
+    of the tasks' (each task weighted equally, as MAD and Delétang et al. average). Costs are
+    the sums over the tasks' runs; a suite whose tasks' headline metrics differ has none."""
+    kinds = [task["kind"] for task in suite.tasks]
+    runs = [r for r in records if r.task in kinds]
+    metrics = {r.metric for r in runs}
+    if not suite.aggregate or len(metrics) != 1:
+        return []
+    (metric,) = metrics
+    found = []
+    for variant in dict.fromkeys(r.variant for r in runs):
+        for seed in dict.fromkeys(r.seed for r in runs):
+            mine = {r.task: r for r in runs if r.variant == variant and r.seed == seed}
+            if set(mine) != set(kinds):
+                continue
+            scores = [mine[kind].metrics.get("test", {}).get(metric) for kind in kinds]
+            if any(score is None for score in scores):
+                continue
+            first = mine[kinds[0]]
+            found.append(
+                first.model_copy(
+                    update={
+                        "task": suite.name,
+                        "metrics": {"test": {metric: statistics.fmean(scores)}},
+                        "better": {metric: first.better[metric]},
+                        "bounds": {k: v for k, v in first.bounds.items() if k == metric},
+                        "curve": [],
+                        "wall_seconds": sum(r.wall_seconds for r in mine.values()),
+                        "steps": sum(r.steps for r in mine.values()),
+                        "run_folder": "",
+                        "samples_plot": None,
+                        "ponder_plot": None,
+                        "probes": {},
+                        "aggregate_of": kinds,
+                    }
+                )
+            )
+    return found
