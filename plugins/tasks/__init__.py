@@ -5,11 +5,29 @@ from __future__ import annotations
 from transformer_zoo.registry import hookimpl
 
 from .algorithmic import AdditionOptions, CopyOptions, ReverseOptions, SortOptions
+from .chomsky import (
+    BinaryAdditionOptions,
+    CycleNavigationOptions,
+    DuplicateStringOptions,
+    EvenPairsOptions,
+    ParityCheckOptions,
+    ReverseStringOptions,
+    StackManipulationOptions,
+)
 from .datasets import TextClassificationOptions
 from .digits import DigitsOptions
 from .digits_generation import DigitsGenerationOptions
 from .language_modeling import LanguageModelingOptions
 from .listops import ListOpsOptions
+from .mad import (
+    CompressionOptions,
+    FuzzyRecallOptions,
+    InContextRecallOptions,
+    MADCompressionDecoderOptions,
+    MemorizationOptions,
+    NoisyRecallOptions,
+    SelectiveCopyingOptions,
+)
 from .mqar import MQAROptions
 from .pairs import FarPairOptions, NearPairOptions, OrderedPairOptions
 from .pathfinder import PathfinderOptions
@@ -31,6 +49,19 @@ def tzoo_tasks():
         FarPairOptions,
         OrderedPairOptions,
         MQAROptions,
+        InContextRecallOptions,
+        FuzzyRecallOptions,
+        NoisyRecallOptions,
+        SelectiveCopyingOptions,
+        CompressionOptions,
+        MemorizationOptions,
+        ParityCheckOptions,
+        EvenPairsOptions,
+        CycleNavigationOptions,
+        ReverseStringOptions,
+        StackManipulationOptions,
+        DuplicateStringOptions,
+        BinaryAdditionOptions,
         DigitsOptions,
         DigitsGenerationOptions,
         LanguageModelingOptions,
@@ -39,3 +70,8 @@ def tzoo_tasks():
         Seq2SeqOptions,
         TextClassificationOptions,
     ]
+
+
+@hookimpl
+def tzoo_components():
+    return [MADCompressionDecoderOptions]
