@@ -90,8 +90,8 @@ class Task:
 
     @property
     def name(self) -> str:
-        """The task's kind, as named in configs."""
-        return getattr(self.options, "kind", type(self).__name__)
+        """The task's name: its options' ``label``, or else its kind, as named in configs."""
+        return getattr(self.options, "label", None) or getattr(self.options, "kind", type(self).__name__)
 
     @property
     def metric(self) -> str:
@@ -646,6 +646,17 @@ class TaskOptions(ComponentOptions):
     default_kind: ClassVar[str] = "reverse"
 
     seed: int = Field(0, description="seed of the generated data and of its split")
+    label: str | None = Field(
+        None,
+        min_length=1,
+        description="the task's name in a comparison (its tables, claims and task_train), where it is not the kind: "
+        "two tasks of one kind in a spec, such as two of MAD's difficulty settings, each need one",
+    )
+
+    @property
+    def name(self) -> str:
+        """The task's name in a comparison: its ``label``, or else its kind."""
+        return self.label or self.kind
 
     def build(self, **context: Any) -> Any:
         raise NotImplementedError

@@ -144,3 +144,53 @@ def test_a_suite_alone_runs_on_its_own_variants(tmp_path, monkeypatch):
     spec = captured["spec"]
     assert spec.suite == "mqar" and spec.name == "mqar" and [t.kind for t in spec.tasks] == ["mqar"]
     assert len(spec.variants) > 1
+
+
+def test_a_kinds_settings_are_averaged_before_the_kinds_are():
+    suite = Suite(
+        name="grid",
+        label="g",
+        title="t",
+        source="x",
+        tasks=[{"kind": "near-pair"}, {"kind": "near-pair", "label": "near-long", "length": 32}, {"kind": "far-pair"}],
+    )
+    runs = [record("a", "near-pair", 0, 1.0), record("a", "near-long", 0, 0.5), record("a", "far-pair", 0, 0.25)]
+    (found,) = suite_records(suite, runs)
+    assert found.task == "g" and found.metrics["test"]["accuracy"] == pytest.approx((0.75 + 0.25) / 2)
+
+
+def test_two_tasks_of_one_kind_run_under_their_labels(tmp_path):
+    small = {"kind": "near-pair", "length": 4, "symbols": 2, "train_size": 32, "test_size": 8}
+    spec = load_spec(
+        {
+            "name": "labels",
+            "variants": [{"variant": "transformer-tiny", "decoder": None}],
+            "tasks": [small, {**small, "label": "near-pair-6", "length": 6}],
+            "task_train": {"near-pair-6": {"steps": 3}},
+            "steps": 2,
+            "seeds": [0],
+            "train": {"batch_size": 4},
+        }
+    )
+    results = compare(spec, tmp_path)
+    assert {(r.task, r.steps) for r in results.runs} == {("near-pair", 2), ("near-pair-6", 3)}
+    assert [s.task for s in results.summaries] == ["near-pair", "near-pair-6"]
+    with pytest.raises(ConfigError, match="give each task of one kind a label"):
+        load_spec({**spec.model_dump(), "tasks": [small, small]})
+
+
+def test_a_spec_task_named_as_a_suite_task_sets_its_options_and_others_are_dropped():
+    spec = {"name": "s", "variants": ["transformer-tiny"], "tasks": [SMALL_MQAR, {"kind": "copy"}]}
+    found = load_spec(spec, suite="mqar")
+    assert [(t.kind, t.pairs) for t in found.tasks] == [("mqar", 2)]
+    with pytest.raises(ConfigError, match="names no variants of its own"):
+        load_spec(None, suite="mad-grid")
+
+
+def test_the_mad_grid_suite_is_mads_difficulty_grid():
+    from transformer_zoo.plugins.tasks.mad import DIFFICULTIES, difficulty_settings
+
+    grid = load_suite("mad-grid")
+    expected = [{"kind": kind, **setting} for kind in DIFFICULTIES for setting in difficulty_settings(kind)]
+    assert [{k: v for k, v in t.items() if k != "label"} for t in grid.tasks] == expected
+    assert grid.aggregate_name == "mad" == load_suite("mad").aggregate_name

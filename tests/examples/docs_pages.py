@@ -26,7 +26,7 @@ A comment right before a block, ``<!-- test: ITEM; ITEM -->``, says what the tes
   COMMAND's words (``tzoo train --set steps=20``: a smaller budget; argparse and ``--set`` keep
   the last value given); with no COMMAND, to every ``tzoo`` and ``python`` command. For ``tzoo
   compare``, which has no ``--set``, its ``--set KEY=VALUE`` items change a copy of its spec (the
-  built-in one where it names none). Before a YAML block, ``--set KEY=VALUE`` items change the
+  built-in one where it names none, or a ``--suite``'s own). Before a YAML block, ``--set KEY=VALUE`` items change the
   block's data.
 - ``in PATH``: a YAML fragment, read merged over the YAML file PATH of the checkout.
 - ``excerpt of PATH [PATH ...]``: not run, but every line of the block (comments and blank
@@ -249,9 +249,24 @@ def _with_args(words: list[str], args: list[str], folder: Path) -> list[str]:
 
     sets = [args[i + 1] for i, arg in enumerate(args) if arg == "--set"]
     rest = [arg for i, arg in enumerate(args) if arg != "--set" and (i == 0 or args[i - 1] != "--set")]
-    spec_at = next((i for i, word in enumerate(words) if i >= 2 and word.endswith((".yaml", ".yml"))), None)
+    suite = words[words.index("--suite") + 1] if "--suite" in words else None
+    spec_at = next(
+        (
+            i
+            for i, word in enumerate(words)
+            if i >= 2 and word.endswith((".yaml", ".yml")) and words[i - 1] != "--suite"
+        ),
+        None,
+    )
     source = default_spec_path() if spec_at is None else folder / words[spec_at]
-    data = merge(yaml.safe_load(source.read_text()), parse_overrides(sets))
+    if spec_at is None and suite is not None:  # a suite alone: its own variants and budget
+        from transformer_zoo.comparing.suites import load_suite
+
+        found = load_suite(suite)
+        source, given = Path(f"{found.name}.yaml"), {"name": found.name, **found.compare}
+    else:
+        given = yaml.safe_load(source.read_text())
+    data = merge(given, parse_overrides(sets))
     copy = folder / ".smaller" / Path(source).name
     copy.parent.mkdir(exist_ok=True)
     copy.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -18,6 +18,7 @@ from .plots import (
 )
 from .records import ALPHA, MODE_NAMES, MODES, CompareResults, RunRecord, ScalingPoint, TaskSummary
 from .stats import TEST_NAMES
+from .suites import task_name
 from .summary import column_decimals, format_cell, format_number
 
 KEPT = "†"  # marks a variant with runs kept from an earlier invocation
@@ -140,11 +141,11 @@ def scored_lengths(spec: dict[str, Any], task: str, runs: list[RunRecord]) -> di
     from ..api import get_registry
 
     splits = {split for run in runs for split in run.metrics}
-    given = next((t for t in spec.get("tasks", []) if isinstance(t, dict) and t.get("kind") == task), None)
+    given = next((t for t in spec.get("tasks", []) if isinstance(t, dict) and task_name(t) == task), None)
     kinds = get_registry().components("task")
-    if given is None or task not in kinds:
+    if given is None or given.get("kind") not in kinds:
         return {}
-    options = kinds[task].model_validate(given, context={"registry": get_registry()})
+    options = kinds[given["kind"]].model_validate(given, context={"registry": get_registry()})
     return {split: n for split, n in getattr(options, "lengths", {}).items() if split in splits}
 
 
@@ -153,10 +154,12 @@ def suite_lines(spec: dict[str, Any], aggregate: RunRecord) -> str:
     from .suites import load_suite
 
     suite = load_suite(spec["suite"])
+    kinds = list(dict.fromkeys(task["kind"] for task in suite.tasks))
     text = (
         f"The {suite.name} suite ({suite.title}; {suite.source}): for each variant and seed, the mean of test "
-        f"{aggregate.metric} over its {len(aggregate.aggregate_of)} tasks ({', '.join(aggregate.aggregate_of)}), "
-        "each weighted equally; its costs are the sums over those runs."
+        f"{aggregate.metric} over its {len(kinds)} task kinds ({', '.join(kinds)}), each weighted equally"
+        + (f", a kind's {len(suite.tasks)} settings averaged first" if len(kinds) < len(suite.tasks) else "")
+        + "; its costs are the sums over those runs."
     )
     return text + (f" {suite.notes}" if suite.notes else "")
 
@@ -169,7 +172,7 @@ def suite_section(results: CompareResults, out_dir: Path) -> list[str]:
 
     suite = load_suite(results.spec["suite"])
     lines = [f"## Suite: {suite.name}", "", f"{suite.title} ({suite.source}).", ""]
-    for kind in (task["kind"] for task in suite.tasks):
+    for kind in map(task_name, suite.tasks):
         runs = [r for r in results.trained if r.task == kind]
         if not runs:
             continue
@@ -324,7 +327,7 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
                     "",
                 ]
     if results.scaling:
-        task = spec["scaling"].get("task") or spec["tasks"][0]["kind"]
+        task = spec["scaling"].get("task") or task_name(spec["tasks"][0])
         plot_scaling(results.scaling, out_dir / "scaling.png")
         lines += [
             f"## Time and memory against length ({task} models)",

@@ -106,12 +106,12 @@ def scaling_points(spec: CompareSpec, runs: list[tuple[str, TrainConfig]], out_d
     ``scaling.json``, so a compare that is run again does not measure twice)."""
     if spec.scaling is None:
         return []
-    options = next(t for t in spec.tasks if t.kind == (spec.scaling.task or spec.tasks[0].kind))
+    options = next(t for t in spec.tasks if t.name == (spec.scaling.task or spec.tasks[0].name))
     task = built_task(options)
-    configs = {label: config for label, config in runs if config.task.kind == options.kind}
+    configs = {label: config for label, config in runs if config.task.name == options.name}
     models = [(label, model_config_for(config, task)) for label, config in configs.items()]
     if not models:
-        print(f"scaling: no variant ran on {options.kind}; nothing to measure", file=sys.stderr)
+        print(f"scaling: no variant ran on {options.name}; nothing to measure", file=sys.stderr)
         return []
     device = resolve_device(next(iter(configs.values())).device)
     key = {
@@ -177,7 +177,7 @@ class Comparison:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.invocation = uuid.uuid4().hex
         self.started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self.tasks = {options.kind: built_task(options) for options in self.spec.tasks}
+        self.tasks = {options.name: built_task(options) for options in self.spec.tasks}
 
     def say(self, message: str) -> None:
         """A progress line, from process 0; to stderr, since stdout is the command's result (--json)."""
@@ -378,7 +378,7 @@ def run_folders(comparison: Comparison, runs: list[tuple[str, TrainConfig]]) -> 
     by_key: dict[str, str] = {}
     folders = []
     for label, config in runs:
-        key = run_key(config, model_config_for(config, comparison.tasks[config.task.kind]), spec.probes)
+        key = run_key(config, model_config_for(config, comparison.tasks[config.task.name]), spec.probes)
         folders.append(by_key.setdefault(key, str(cache.folder(label, config, key))))
     return cache, folders
 
@@ -391,13 +391,13 @@ def run_jobs(
     order = sorted(todo.items(), key=lambda item: -item[1][1].steps * item[1][1].batch_size)
     return [
         RunJob(
-            name=f"{config.task.kind}/{label}/seed{config.seed}",
+            name=f"{config.task.name}/{label}/seed{config.seed}",
             config=config.model_dump(mode="json"),
             run_dir=folder,
             invocation=comparison.invocation,
             probes=tuple(comparison.spec.probes),
             rerun=rerun or folder in fresh,
-            tags={"task": config.task.kind, "variant": label, "seed": str(config.seed)},
+            tags={"task": config.task.name, "variant": label, "seed": str(config.seed)},
         )
         for folder, (label, config) in order
     ]
@@ -461,14 +461,14 @@ def collect_records(
     out_dir, invocation = comparison.out_dir, comparison.invocation
     done = [(label, config, folder) for (label, config), folder in zip(runs, trained.folders)]
     records = [
-        _as_run(trained.finished[folder], label, folder, out_dir, invocation)
-        for label, _, folder in done
+        _as_run(trained.finished[folder], label, config.task.name, folder, out_dir, invocation)
+        for label, config, folder in done
         if folder in trained.finished
     ]
     failures = [
         Failed(
             variant=label,
-            task=config.task.kind,
+            task=config.task.name,
             seed=config.seed,
             attempts=trained.failed[folder].attempt,
             error=trained.failed[folder].error,
@@ -555,15 +555,22 @@ def _relative(folder: str | os.PathLike, out_dir: Path) -> str:
         return str(folder)
 
 
-def _as_run(record: dict[str, Any], label: str, folder: str, out_dir: Path, invocation: str) -> RunRecord:
-    """A run's record as this report shows it: under this spec's label, its plots and folder
+def _as_run(record: dict[str, Any], label: str, task: str, folder: str, out_dir: Path, invocation: str) -> RunRecord:
+    """A run's record as this report shows it: under this spec's labels (variant and task), its plots and folder
     named from the report, and reused when another invocation trained it."""
     where = _relative(folder, out_dir)
     plots = {
         key: str(Path(where) / Path(record[key]).name) for key in ("ponder_plot", "samples_plot") if record.get(key)
     }
     return RunRecord.model_validate(
-        {**record, **plots, "variant": label, "run_folder": where, "reused": record.get("invocation") != invocation}
+        {
+            **record,
+            **plots,
+            "variant": label,
+            "task": task,
+            "run_folder": where,
+            "reused": record.get("invocation") != invocation,
+        }
     )
 
 

@@ -34,7 +34,9 @@ class CompareSpec(Options):
         description="variant names or model configs; a config may carry a 'label', the short name the "
         "report gives it (otherwise its name and the values it sets)",
     )
-    tasks: list[TaskField] = Field(min_length=1, description="tasks (kind names or mappings with 'kind')")
+    tasks: list[TaskField] = Field(
+        min_length=1, description="tasks (kind names or mappings with 'kind'; two of one kind each with a 'label')"
+    )
     suite: str | None = Field(
         None,
         description="a suite (mqar, mad, chomsky-hierarchy, or a suite's YAML file) whose tasks join the spec's: a "
@@ -100,7 +102,7 @@ class CompareSpec(Options):
     train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
     task_train: dict[str, dict[str, Any]] = Field(
         {},
-        description="by task kind: training options for the runs on that task, over 'train', 'steps' and "
+        description="by task (its label, or else its kind): training options for the runs on that task, over 'train', 'steps' and "
         "'seconds' (a GAN's recipe, or its own budget)",
     )
     variant_train: dict[str, dict[str, Any]] = Field(
@@ -146,12 +148,12 @@ class CompareSpec(Options):
                 f"reference {self.reference!r} is not one of the spec's variants {labels}; name one "
                 "of them (a config variant by its label, as the report shows it)"
             )
-        kinds = [task.kind for task in self.tasks]
+        kinds = [task.name for task in self.tasks]
         twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
         if twice:
             problems.append(
-                f"tasks name the kind {twice[0]!r} more than once; a report keys its tables by task kind, "
-                "so compare each dataset of one kind in a spec of its own"
+                f"tasks name {twice[0]!r} more than once; a report keys its tables by task, so give each task of "
+                "one kind a label of its own (label: ...)"
             )
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
@@ -183,12 +185,19 @@ def load_spec(
     Args:
         seeds: replace the spec's seeds (``tzoo compare --seeds 0,1,2``).
         suite: run this suite's tasks in place of the spec's (``tzoo compare --suite mad``), on
-            the spec's variants and budget; with no spec, on the suite's own (its ``compare``).
+            the spec's variants and budget (a task of the spec named as one of the suite's sets
+            that task's options); with no spec, on the suite's own (its ``compare``).
     """
-    if suite is not None and source is None:
-        from .suites import load_suite
+    if suite is not None:
+        from .suites import load_suite, task_name
 
         found = load_suite(suite)
+    if suite is not None and source is None:
+        if not found.compare:
+            raise ConfigError(
+                f"suite {found.name!r} names no variants of its own (it has no compare: section); give a spec "
+                f"whose variants run it: tzoo compare SPEC --suite {suite}"
+            )
         data = {"name": found.name, **found.compare}
     else:
         data = read_config(
@@ -197,8 +206,11 @@ def load_spec(
             "the path of a YAML or JSON spec (its variants, tasks and seeds; docs: Comparing), or no spec for the "
             "built-in comparison",
         )
-    if suite is not None:
-        data = {**data, "suite": suite, "tasks": []}
+    if (
+        suite is not None
+    ):  # the suite's tasks in place of the spec's; one of the spec's of a suite task's name sets its options
+        names = {task_name(task) for task in found.tasks}
+        data = {**data, "suite": suite, "tasks": [t for t in data.get("tasks") or [] if task_name(t) in names]}
     if seeds is not None:
         data = {**data, "seeds": seeds}
     return validate(CompareSpec, data, "compare spec")
@@ -288,7 +300,7 @@ def _task_runs(
                 **spec.train,
                 "steps": spec.steps,
                 "max_seconds": spec.seconds,
-                **spec.task_train.get(task_options.kind, {}),
+                **spec.task_train.get(task_options.name, {}),
                 **spec.variant_train.get(label, {}),
                 "model": variant,
                 "task": task_options,
@@ -297,11 +309,11 @@ def _task_runs(
             "compare spec 'train', 'task_train' and 'variant_train' options",
         )
         if processes > 1 and config.batch_size % processes:
-            where = "task_train" if "batch_size" in spec.task_train.get(task_options.kind, {}) else "train"
+            where = "task_train" if "batch_size" in spec.task_train.get(task_options.name, {}) else "train"
             raise ConfigError(
                 f"batch_size {config.batch_size} is each run's global batch, split over the job's "
                 f"{processes} processes; set the spec's {where} batch_size "
-                f"({task_options.kind!r}) to a multiple of {processes}"
+                f"({task_options.name!r}) to a multiple of {processes}"
             )
         try:
             model = model_config_for(config, task)
@@ -312,7 +324,7 @@ def _task_runs(
                     "compare it in a job of one process"
                 )
         except ValueError as exc:
-            return Skipped(variant=label, task=task_options.kind, reason=str(exc))
+            return Skipped(variant=label, task=task_options.name, reason=str(exc))
         runs.append((label, config))
     return runs
 

@@ -42,11 +42,17 @@ class Suite(Options):
     aggregate: bool = Field(
         True, description="report the mean of the tasks' headline metric over the tasks, per seed, as a task"
     )
+    label: str = Field("", description="the aggregate's name in a report and in claims (default: the suite's name)")
     plots: list[Plot] = Field([], description="; ".join(f"{k}: {v}" for k, v in PLOTS.items()))
     tasks: list[dict[str, Any]] = Field(min_length=1, description="the tasks, as a spec's tasks")
     compare: dict[str, Any] = Field(
         {}, description="the rest of a compare spec (variants, steps, seeds, ...) for `tzoo compare --suite NAME` alone"
     )
+
+    @property
+    def aggregate_name(self) -> str:
+        """The aggregate's name: :attr:`label`, or else the suite's name."""
+        return self.label or self.name
 
 
 def suites_dir() -> Path:
@@ -70,20 +76,26 @@ def load_suite(source: str | os.PathLike) -> Suite:
     return validate(Suite, data, "suite")
 
 
+def task_name(task: str | dict[str, Any]) -> str:
+    """A spec's task entry's name: its label, or else its kind."""
+    return task if isinstance(task, str) else str(task.get("label") or task.get("kind"))
+
+
 def with_suite_tasks(tasks: list[Any], suite: Suite) -> list[Any]:
-    """The suite's tasks, each replaced by the spec's task of its kind where there is one, then
+    """The suite's tasks, each replaced by the spec's task of its name where there is one, then
     the spec's other tasks: the same list however often it is applied."""
-    kinds = {task if isinstance(task, str) else task.get("kind"): task for task in tasks}
-    own = [kinds.pop(task["kind"], task) for task in suite.tasks]
-    return [*own, *kinds.values()]
+    names = {task_name(task): task for task in tasks}
+    own = [names.pop(task_name(task), task) for task in suite.tasks]
+    return [*own, *names.values()]
 
 
 def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
     """The suite's aggregate as records of a task named after the suite: one per variant and seed
     that finished every task of the suite, whose headline metric on the ``test`` split is the mean
-    of the tasks' (each task weighted equally, as MAD and Delétang et al. average). Costs are
-    the sums over the tasks' runs; a suite whose tasks' headline metrics differ has none."""
-    kinds = [task["kind"] for task in suite.tasks]
+    over the suite's kinds of each kind's mean over its tasks (its settings, labelled apart): each
+    kind weighted equally, as MAD and Delétang et al. average. Costs are the sums over the tasks'
+    runs; a suite whose tasks' headline metrics differ has none."""
+    kinds = [task_name(task) for task in suite.tasks]
     runs = [r for r in records if r.task in kinds]
     metrics = {r.metric for r in runs}
     if not suite.aggregate or len(metrics) != 1:
@@ -95,15 +107,18 @@ def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
             mine = {r.task: r for r in runs if r.variant == variant and r.seed == seed}
             if set(mine) != set(kinds):
                 continue
-            scores = [mine[kind].metrics.get("test", {}).get(metric) for kind in kinds]
-            if any(score is None for score in scores):
+            scores = {name: mine[name].metrics.get("test", {}).get(metric) for name in kinds}
+            if any(score is None for score in scores.values()):
                 continue
+            by_kind: dict[str, list[float]] = {}
+            for task in suite.tasks:  # a kind's settings (MAD's difficulties) first averaged together
+                by_kind.setdefault(task["kind"], []).append(scores[task_name(task)])
             first = mine[kinds[0]]
             found.append(
                 first.model_copy(
                     update={
-                        "task": suite.name,
-                        "metrics": {"test": {metric: statistics.fmean(scores)}},
+                        "task": suite.aggregate_name,
+                        "metrics": {"test": {metric: statistics.fmean(map(statistics.fmean, by_kind.values()))}},
                         "better": {metric: first.better[metric]},
                         "bounds": {k: v for k, v in first.bounds.items() if k == metric},
                         "curve": [],

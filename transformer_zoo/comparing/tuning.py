@@ -329,7 +329,7 @@ class Tuning:
         self.storage = _storage(self.optuna, self.journal)
         self.base: dict[tuple[str, str], TrainConfig] = {}
         for label, config in runs:
-            self.base.setdefault((label, config.task.kind), config)
+            self.base.setdefault((label, config.task.name), config)
         self.metrics = metrics
         self.names = {pair: f"{pair[1]}/{pair[0]}/{self.setup_key(config)}" for pair, config in self.base.items()}
         self.studies = {
@@ -489,7 +489,7 @@ def tuned_runs(
     tuned = [
         (
             label if spec.compare == "tuned" else f"{label} tuned",
-            with_values(config, best.get((label, config.task.kind), {})),
+            with_values(config, best.get((label, config.task.name), {})),
         )
         for label, config in runs
     ]

@@ -26,7 +26,7 @@ from ...core.tasks import Better
 from ...core.validation import Options
 from ..probes import PROBE_OUTPUTS
 from ..spec import CompareSpec, plan
-from ..suites import load_suite
+from ..suites import load_suite, task_name, with_suite_tasks
 from ..tallies import Tally
 from ..tuning import tuned_runs
 
@@ -133,6 +133,10 @@ class Study(Options):
                 "its scales:, or run it at one it has"
             )
         data = dict(self.compare)
+        suite = next((c["suite"] for c in (overrides or {}, self.scales.get(scale, {})) if c.get("suite")), None)
+        if (suite := suite or data.get("suite")) is not None:  # the suite's tasks, for a scale to change
+            data["suite"] = suite
+            data["tasks"] = with_suite_tasks(list(data.get("tasks") or []), load_suite(suite))
         for change in (self.scales.get(scale, {}), overrides or {}):
             change = dict(change)
             tasks = change.pop("tasks", None)
@@ -154,14 +158,14 @@ class Study(Options):
     def check(self, spec: CompareSpec) -> None:
         """Raise a ConfigError unless every claim can be judged from ``spec``'s runs."""
         runs, skipped = planned_runs(spec)
-        ran = {(label, config.task.kind) for label, config in runs}
-        tasks = {options.kind: options for options in spec.tasks}
+        ran = {(label, config.task.name) for label, config in runs}
+        tasks = {options.name: options for options in spec.tasks}
         built: dict[str, Any] = {}
         if spec.suite is not None:  # its aggregate, a task whose headline is its tasks' (the first's metrics)
             suite = load_suite(spec.suite)
-            kinds = [task["kind"] for task in suite.tasks]
-            tasks[suite.name] = tasks[kinds[0]]
-            ran |= {(label, suite.name) for label, _ in runs if all((label, kind) in ran for kind in kinds)}
+            kinds = [task_name(task) for task in suite.tasks]
+            tasks[suite.aggregate_name] = tasks[kinds[0]]
+            ran |= {(label, suite.aggregate_name) for label, _ in runs if all((label, kind) in ran for kind in kinds)}
         probed = {name for probe in spec.probes for name in PROBE_OUTPUTS[probe]}
         for i, claim in enumerate(self.claims):
             where = f"study {self.name!r}, claims.{i}"
@@ -233,7 +237,7 @@ def _merged_tasks(tasks: list[Any], changes: dict[str, Any], study: str) -> list
             f"study {study!r}: a scale's 'tasks' is a mapping by task kind of the options that change, "
             f"such as {{reverse: {{train_size: 100000}}}}; got {type(changes).__name__}"
         )
-    kinds = [task if isinstance(task, str) else task.get("kind") for task in tasks]
+    kinds = [task_name(task) for task in tasks]
     unknown = sorted(set(changes) - set(kinds))
     if unknown:
         raise ConfigError(f"study {study!r}: a scale changes tasks {unknown}, which are not among the spec's {kinds}")

@@ -293,7 +293,7 @@ def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, st
     """The runs that stopped before their steps (the spec's ``seconds`` ran out): their variant,
     task, and ``variant on task, seed S: N of M steps``, M from the run's own plan (a task's or a
     variant's budget, and a tuned twin's, its variant's)."""
-    planned = {(label, config.task.kind): config.steps for label, config in planned_runs(spec)[0]}
+    planned = {(label, config.task.name): config.steps for label, config in planned_runs(spec)[0]}
     short = []
     for run in results.runs:
         steps = planned.get((run.variant, run.task), spec.steps)
