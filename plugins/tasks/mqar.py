@@ -73,7 +73,7 @@ class MQAROptions(TaskOptions):
         if self.pairs >= self.vocab_size // 2:
             raise ValueError(
                 f"pairs={self.pairs} distinct keys need more than vocab_size // 2 - 1 = {self.vocab_size // 2 - 1} key "
-                f"tokens; raise vocab_size above {2 * self.pairs + 2} or lower pairs"
+                f"tokens; use vocab_size >= {2 * self.pairs + 2} or pairs <= {self.vocab_size // 2 - 1}"
             )
         return self
 
