@@ -357,8 +357,8 @@ def train_plain(task: MQARTask, seed: int) -> PlainTransformer:
     return model.eval()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.heavy
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # the second seed under -m slow
 def test_the_zoo_learns_mqar_as_a_plain_transformer_does(tmp_path, seed):
     """The zoo's softmax model and one written here with plain torch (same width, optimizer,
     schedule, clipping, batches and steps) both reach 0.95 test accuracy in 400 steps (0.998-1.0
