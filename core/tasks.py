@@ -90,8 +90,8 @@ class Task:
 
     @property
     def name(self) -> str:
-        """The task's name: its options' ``label``, or else its kind, as named in configs."""
-        return getattr(self.options, "label", None) or getattr(self.options, "kind", type(self).__name__)
+        """The task's name: its options' ``id``, or else its kind, as named in configs."""
+        return getattr(self.options, "id", None) or getattr(self.options, "kind", type(self).__name__)
 
     @property
     def metric(self) -> str:
@@ -526,12 +526,17 @@ class AnswerTask(Task):
     pad_id: int = PAD
     answer_ids: tuple[int, ...] = ()
     """The ids an answer can take; chance accuracy is one over their number (:meth:`baselines`)."""
+    causal: ClassVar[bool] = False
+    """True: a language model's task, as its source defines it (MQAR): a model without a decoder is refused."""
 
     def unfit_reason(self, config: Any) -> str | None:
         if reason := super().unfit_reason(config):
             return reason
-        if getattr(config, "decoder", None) is None and getattr(config, "encoder", None) is None:
-            return "an answer-positions task needs a decoder (read causally) or an encoder (read bidirectionally)"
+        if getattr(config, "decoder", None) is None:
+            if self.causal:
+                return f"{self.name} is read causally, as a language model reads it: it needs a model with a decoder"
+            if getattr(config, "encoder", None) is None:
+                return "an answer-positions task needs a decoder (read causally) or an encoder (read bidirectionally)"
         return None
 
     def model_overrides(self, config: Any) -> dict[str, Any]:
@@ -646,17 +651,18 @@ class TaskOptions(ComponentOptions):
     default_kind: ClassVar[str] = "reverse"
 
     seed: int = Field(0, description="seed of the generated data and of its split")
-    label: str | None = Field(
+    id: str | None = Field(
         None,
-        min_length=1,
-        description="the task's name in a comparison (its tables, claims and task_train), where it is not the kind: "
-        "two tasks of one kind in a spec, such as two of MAD's difficulty settings, each need one",
+        pattern=r"^[A-Za-z0-9][\w.+-]*$",
+        description="the task's name in a comparison (its tables, claims, task_train and file names) where it is not "
+        "the kind: two tasks of one kind in a spec, such as two of MAD's difficulty settings, each need one; letters, "
+        "digits and . _ + -",
     )
 
     @property
     def name(self) -> str:
-        """The task's name in a comparison: its ``label``, or else its kind."""
-        return self.label or self.kind
+        """The task's name in a comparison: its ``id``, or else its kind."""
+        return self.id or self.kind
 
     def build(self, **context: Any) -> Any:
         raise NotImplementedError

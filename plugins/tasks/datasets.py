@@ -283,7 +283,8 @@ class DatasetTask(Tokenized, Task):
 
     def _encoding_key(self, split: str) -> str:
         """Identifies a split's encoded examples: the cache key of ``dataset(split)``."""
-        return fingerprint(None, self.tokens_key, self.name, split, self.options.model_dump(mode="json"))
+        options = self.options.model_dump(mode="json", exclude={"id"})  # a comparison's name for it: not the data
+        return fingerprint(None, self.tokens_key, self.options.kind, split, options)
 
     @functools.cache
     def dataset(self, split: str) -> datasets.Dataset:

@@ -82,9 +82,11 @@ class MQAROptions(TaskOptions):
 
 
 class MQARTask(AnswerTask):
-    """Generated MQAR examples; the test split has no example of the training split."""
+    """Generated MQAR examples, read causally (a decoder); the test split has no example of the
+    training split."""
 
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
+    causal: ClassVar[bool] = True  # Zoology trains language models on it
 
     def __init__(self, options: MQAROptions) -> None:
         self.options = options

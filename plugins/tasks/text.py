@@ -273,7 +273,7 @@ class TextTask(Tokenized, Task):
             batched=True,
             batch_size=10_000,
             remove_columns=["text"],
-            new_fingerprint=f"{self.tokens_key}-{self.name}-{split}-{self.options.seq_len}",
+            new_fingerprint=f"{self.tokens_key}-{self.options.kind}-{split}-{self.options.seq_len}",
         )
 
     def _chunk(self, batch: dict[str, list]) -> dict[str, list]:

@@ -186,6 +186,9 @@ STUDIES = [
     "tuned-pre-vs-post-norm",
     "length-extrapolation",
     "modifications",
+    "associative-recall",
+    "mad",
+    "chomsky-hierarchy",
 ]
 
 
@@ -231,12 +234,15 @@ def small_data(study, scale: str = "cpu") -> dict:
     overrides = {"steps": 2, "seeds": [0], "workers": 1, "threads": 1, "tasks": {}, "train": {"batch_size": 2}}
     for options in study.spec(scale).tasks:
         fields = type(options).model_fields
-        change = {key: value for key, value in (("train_size", 64), ("test_size", 4)) if key in fields}
+        sizes = (("train_size", 64), ("test_size", 4), ("num_train_examples", 64), ("num_test_examples", 4))
+        change = {key: value for key, value in sizes if key in fields}
         if "test_lengths" in fields:
             change["test_lengths"] = [41, 44]  # the gpu and paper scales' long tests start past 40
+        if "buckets" in fields:  # the Chomsky tasks: one example a length, at each, in one bucket
+            change.update(test_stride=1, test_size_per_length=1, buckets=1)
         if "train_tokens" in fields:  # python-source: one input of each length scored, up to the claims' 4L
             change.update(train_tokens=8 * options.max_len, longer=[2, 4], test_tokens=4 * options.max_len)
-        overrides["tasks"][options.kind] = change
+        overrides["tasks"][options.name] = change
     if study.compare.get("tune"):
         overrides["tune"] = {"trials": 1, "startup_trials": 1}
     model = study.scales.get(scale, {}).get("model", {})

@@ -152,20 +152,20 @@ def test_a_kinds_settings_are_averaged_before_the_kinds_are():
         label="g",
         title="t",
         source="x",
-        tasks=[{"kind": "near-pair"}, {"kind": "near-pair", "label": "near-long", "length": 32}, {"kind": "far-pair"}],
+        tasks=[{"kind": "near-pair"}, {"kind": "near-pair", "id": "near-long", "length": 32}, {"kind": "far-pair"}],
     )
     runs = [record("a", "near-pair", 0, 1.0), record("a", "near-long", 0, 0.5), record("a", "far-pair", 0, 0.25)]
     (found,) = suite_records(suite, runs)
     assert found.task == "g" and found.metrics["test"]["accuracy"] == pytest.approx((0.75 + 0.25) / 2)
 
 
-def test_two_tasks_of_one_kind_run_under_their_labels(tmp_path):
+def test_two_tasks_of_one_kind_run_under_their_ids(tmp_path):
     small = {"kind": "near-pair", "length": 4, "symbols": 2, "train_size": 32, "test_size": 8}
     spec = load_spec(
         {
             "name": "labels",
             "variants": [{"variant": "transformer-tiny", "decoder": None}],
-            "tasks": [small, {**small, "label": "near-pair-6", "length": 6}],
+            "tasks": [small, {**small, "id": "near-pair-6", "length": 6}],
             "task_train": {"near-pair-6": {"steps": 3}},
             "steps": 2,
             "seeds": [0],
@@ -175,7 +175,7 @@ def test_two_tasks_of_one_kind_run_under_their_labels(tmp_path):
     results = compare(spec, tmp_path)
     assert {(r.task, r.steps) for r in results.runs} == {("near-pair", 2), ("near-pair-6", 3)}
     assert [s.task for s in results.summaries] == ["near-pair", "near-pair-6"]
-    with pytest.raises(ConfigError, match="give each task of one kind a label"):
+    with pytest.raises(ConfigError, match="give each task of one kind an id"):
         load_spec({**spec.model_dump(), "tasks": [small, small]})
 
 
@@ -192,5 +192,5 @@ def test_the_mad_grid_suite_is_mads_difficulty_grid():
 
     grid = load_suite("mad-grid")
     expected = [{"kind": kind, **setting} for kind in DIFFICULTIES for setting in difficulty_settings(kind)]
-    assert [{k: v for k, v in t.items() if k != "label"} for t in grid.tasks] == expected
+    assert [{k: v for k, v in t.items() if k != "id"} for t in grid.tasks] == expected
     assert grid.aggregate_name == "mad" == load_suite("mad").aggregate_name

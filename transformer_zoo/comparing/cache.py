@@ -77,7 +77,7 @@ def run_key(config: TrainConfig, model: Any, probes: list[str] = ()) -> str:
         model: the run's resolved model config (:func:`~transformer_zoo.training.trainer.model_config_for`).
         probes: the measurements of the trained model its record holds.
     """
-    task = config.task.model_dump(mode="json", exclude={"label"})  # a report's name for it: the same run under any
+    task = config.task.model_dump(mode="json", exclude={"id"})  # a report's name for the task, not part of the run
     held = set() if config.holdout is not None else {"holdout", "holdout_seed"}  # the keys of runs before them
     train = config.model_dump(mode="json", exclude={"model", "task", *NOT_IN_KEY, *held})
     content = {

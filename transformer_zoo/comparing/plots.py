@@ -175,8 +175,10 @@ def plot_lengths(records: list[RunRecord], task: str, lengths: dict[str, int], p
 # ---- a metric against the model's width ------------------------------------------------------
 def width_stem(variant: str, width: int | None) -> str:
     """The line a variant joins in a plot against width: its label less a ``-d{width}`` (or
-    ``-{width}``) ending, so ``linear-d64`` and ``linear-d128`` draw one line, ``linear``."""
-    return re.sub(rf"[-_@]d?{width}$", "", variant) if width else variant
+    ``-{width}``) ending, so ``linear-d64`` and ``linear-d128`` draw one line, ``linear`` (and their
+    tuned twins ``linear tuned``)."""
+    stem, tuned = (variant.removesuffix(" tuned"), " tuned") if variant.endswith(" tuned") else (variant, "")
+    return (re.sub(rf"[-_@]d?{width}$", "", stem) if width else stem) + tuned
 
 
 def widths_figure(records: list[RunRecord], task: str) -> Figure:

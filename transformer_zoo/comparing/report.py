@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +177,8 @@ def suite_section(results: CompareResults, out_dir: Path) -> list[str]:
         runs = [r for r in results.trained if r.task == kind]
         if not runs:
             continue
-        if "width" in suite.plots and len({r.width for r in runs}) > 1:
+        widths = {r.width for r in runs if r.width and math.isfinite(r.metrics.get("test", {}).get(r.metric, math.nan))}
+        if "width" in suite.plots and len(widths) > 1:
             plot_widths(runs, kind, out_dir / f"widths-{kind}.png")
             lines += [f"![{kind}: {runs[0].metric} by model width](widths-{kind}.png)", ""]
     return lines
@@ -283,11 +285,11 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         "",
     ]
     lines += ["## Summary", "", *task_verdict_lines(results.summaries), ""]
-    if spec.get("suite"):
-        lines += suite_section(results, out_dir)
     warnings = condition_lines(results)
     if warnings:
         lines += ["Measurement conditions:", "", *warnings, ""]
+    if spec.get("suite"):
+        lines += suite_section(results, out_dir)
     if results.tuning:
         lines += ["## Tuning", "", *tuning_lines(results, out_dir), ""]
     for summary in results.summaries:

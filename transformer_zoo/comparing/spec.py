@@ -35,12 +35,12 @@ class CompareSpec(Options):
         "report gives it (otherwise its name and the values it sets)",
     )
     tasks: list[TaskField] = Field(
-        min_length=1, description="tasks (kind names or mappings with 'kind'; two of one kind each with a 'label')"
+        min_length=1, description="tasks (kind names or mappings with 'kind'; two of one kind each with an 'id')"
     )
     suite: str | None = Field(
         None,
         description="a suite (mqar, mad, chomsky-hierarchy, or a suite's YAML file) whose tasks join the spec's: a "
-        "task of the spec replaces the suite's of its kind; the report adds the suite's aggregate",
+        "task of the spec replaces the suite's of its name (id, or else kind); the report adds the suite's aggregate",
     )
     steps: int = Field(500, ge=1, description="training steps of every run")
     seconds: float | None = Field(None, gt=0, description="also stop each run after this much training time")
@@ -102,7 +102,7 @@ class CompareSpec(Options):
     train: dict[str, Any] = Field({}, description="other training options for every run (batch_size, lr, ...)")
     task_train: dict[str, dict[str, Any]] = Field(
         {},
-        description="by task (its label, or else its kind): training options for the runs on that task, over 'train', 'steps' and "
+        description="by task (its id, or else its kind): training options for the runs on that task, over 'train', 'steps' and "
         "'seconds' (a GAN's recipe, or its own budget)",
     )
     variant_train: dict[str, dict[str, Any]] = Field(
@@ -153,7 +153,7 @@ class CompareSpec(Options):
         if twice:
             problems.append(
                 f"tasks name {twice[0]!r} more than once; a report keys its tables by task, so give each task of "
-                "one kind a label of its own (label: ...)"
+                "one kind an id of its own (id: ...)"
             )
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
@@ -206,9 +206,13 @@ def load_spec(
             "the path of a YAML or JSON spec (its variants, tasks and seeds; docs: Comparing), or no spec for the "
             "built-in comparison",
         )
-    if (
-        suite is not None
-    ):  # the suite's tasks in place of the spec's; one of the spec's of a suite task's name sets its options
+    named = data.get("suite")
+    if isinstance(source, (str, os.PathLike)) and isinstance(named, str) and named.endswith((".yaml", ".yml", ".json")):
+        beside = Path(source).parent / named  # a suite file named by a spec: beside the spec, where it is there
+        if not Path(named).is_absolute() and beside.is_file():
+            data = {**data, "suite": str(beside)}
+    if suite is not None:
+        # the suite's tasks in place of the spec's; one of the spec's of a suite task's name sets its options
         names = {task_name(task) for task in found.tasks}
         data = {**data, "suite": suite, "tasks": [t for t in data.get("tasks") or [] if task_name(t) in names]}
     if seeds is not None:

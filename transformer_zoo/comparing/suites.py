@@ -4,7 +4,8 @@ MAD tasks, the Chomsky hierarchy), each run by one command, ``tzoo compare --sui
 A suite is a YAML file of the package's ``suites/`` folder: its tasks, the source that defines
 them, how the source aggregates them (MAD and the Chomsky hierarchy: the mean of the headline
 metric over the tasks) and the plot its source draws. A spec's ``suite: NAME`` adds the suite's
-tasks to the spec's own (a task of the spec replaces the suite's task of its kind); the report
+tasks to the spec's own (a task of the spec replaces the suite's task of its name: its id, or else
+its kind); the report
 then gives the aggregate as a task of its own, named after the suite: for each variant and
 seed, the mean of the tasks' headline metric on their test splits (:func:`suite_records`), so
 the aggregate gets intervals over seeds and tests like any task, and a study may claim on it.
@@ -18,17 +19,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..configs import read_config, validate
 from ..core.errors import UnknownNameError
 from ..core.validation import Options
 from .records import RunRecord
 
-Plot = Literal["width", "length"]
+Plot = Literal["width"]
 PLOTS: dict[str, str] = {
-    "width": "the headline metric against the model's width, a line per variant stem (Zoology's Figure 2)",
-    "length": "the headline metric against the input length of each split (Delétang et al.'s length plots)",
+    "width": "the headline metric against the model's width, a line per variant stem (Zoology's Figure 2); a task "
+    "whose options give its splits' lengths (the Chomsky tasks) is drawn against length in any report",
 }
 
 
@@ -48,6 +49,18 @@ class Suite(Options):
     compare: dict[str, Any] = Field(
         {}, description="the rest of a compare spec (variants, steps, seeds, ...) for `tzoo compare --suite NAME` alone"
     )
+
+    @model_validator(mode="after")
+    def _named_apart(self) -> Suite:
+        if any("kind" not in task for task in self.tasks):
+            raise ValueError("every task of a suite is a mapping with its 'kind' (and its options)")
+        names = [task_name(task) for task in self.tasks]
+        if self.aggregate and self.aggregate_name in names:
+            raise ValueError(
+                f"the aggregate's name {self.aggregate_name!r} is one of the suite's tasks; give the suite a label "
+                "of its own (label: ...)"
+            )
+        return self
 
     @property
     def aggregate_name(self) -> str:
@@ -77,8 +90,8 @@ def load_suite(source: str | os.PathLike) -> Suite:
 
 
 def task_name(task: str | dict[str, Any]) -> str:
-    """A spec's task entry's name: its label, or else its kind."""
-    return task if isinstance(task, str) else str(task.get("label") or task.get("kind"))
+    """A spec's task entry's name: its id, or else its kind."""
+    return task if isinstance(task, str) else str(task.get("id") or task.get("kind"))
 
 
 def with_suite_tasks(tasks: list[Any], suite: Suite) -> list[Any]:
@@ -93,8 +106,10 @@ def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
     """The suite's aggregate as records of a task named after the suite: one per variant and seed
     that finished every task of the suite, whose headline metric on the ``test`` split is the mean
     over the suite's kinds of each kind's mean over its tasks (its settings, labelled apart): each
-    kind weighted equally, as MAD and Delétang et al. average. Costs are the sums over the tasks'
-    runs; a suite whose tasks' headline metrics differ has none."""
+    kind weighted equally, as MAD and Delétang et al. average. Its costs: wall time and steps summed
+    over the runs, tuning time too where every run has one, peak memory and parameters their
+    largest, FLOPs per token their mean and throughput weighted by wall time. A suite whose tasks'
+    headline metrics differ has none."""
     kinds = [task_name(task) for task in suite.tasks]
     runs = [r for r in records if r.task in kinds]
     metrics = {r.metric for r in runs}
@@ -114,6 +129,9 @@ def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
             for task in suite.tasks:  # a kind's settings (MAD's difficulties) first averaged together
                 by_kind.setdefault(task["kind"], []).append(scores[task_name(task)])
             first = mine[kinds[0]]
+            parts = list(mine.values())
+            invocations = {r.invocation for r in parts}
+            seconds = sum(r.wall_seconds for r in parts)
             found.append(
                 first.model_copy(
                     update={
@@ -122,10 +140,21 @@ def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
                         "better": {metric: first.better[metric]},
                         "bounds": {k: v for k, v in first.bounds.items() if k == metric},
                         "curve": [],
-                        "wall_seconds": sum(r.wall_seconds for r in mine.values()),
-                        "steps": sum(r.steps for r in mine.values()),
+                        "parameters": max(r.parameters for r in parts),
+                        "flops_per_token": statistics.fmean(r.flops_per_token for r in parts),
+                        "train_tokens_per_second": sum(r.train_tokens_per_second * r.wall_seconds for r in parts)
+                        / max(seconds, 1e-9),
+                        "peak_memory_mb": max(r.peak_memory_mb for r in parts),
+                        "wall_seconds": seconds,
+                        "steps": sum(r.steps for r in parts),
+                        "invocation": invocations.pop() if len(invocations) == 1 else "",
+                        "reused": any(r.reused for r in parts),
+                        "tuning_seconds": None
+                        if any(r.tuning_seconds is None for r in parts)
+                        else sum(r.tuning_seconds for r in parts),
                         "run_folder": "",
                         "samples_plot": None,
+                        "ponder_time": {},
                         "ponder_plot": None,
                         "probes": {},
                         "aggregate_of": kinds,

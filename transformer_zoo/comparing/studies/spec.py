@@ -50,7 +50,9 @@ class Claim(Options):
     """One stated claim: ``a`` relates to ``b`` so on ``task``'s ``metric``."""
 
     statement: str = Field(description="the claim in words, as the report prints it")
-    task: str = Field(description="the task kind, one of the spec's tasks")
+    task: str = Field(
+        description="the task's name (its id, or else its kind), one of the spec's tasks, or a suite's aggregate"
+    )
     metric: str = Field(description="a metric of the task, or a measurement of one of the spec's probes")
     split: str = Field("test", description="the evaluation split of a task metric (a probe's is the test split)")
     split_b: str | None = Field(
@@ -95,7 +97,7 @@ class SourceFigure(Options):
     """A figure the source reports for one of the study's variants, set beside ours."""
 
     variant: str = Field(description="the variant it stands beside, by its label in the spec")
-    task: str = Field(description="the task kind")
+    task: str = Field(description="the task's name (its id, or else its kind)")
     metric: str = Field(description="a metric of the task")
     split: str = Field("test", description="the evaluation split")
     value: float = Field(description="the source's figure, in the metric's units")
@@ -112,7 +114,7 @@ class Study(Options):
     compare: dict[str, Any] = Field(description="the compare spec of the cpu scale (see `tzoo compare`)")
     scales: dict[Scale, dict[str, Any]] = Field(
         {},
-        description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task kind "
+        description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task name (id, or else kind) "
         "of the task options that change",
     )
     claims: list[Claim] = Field(min_length=1, description="the claims, each judged on its own")
@@ -161,11 +163,12 @@ class Study(Options):
         ran = {(label, config.task.name) for label, config in runs}
         tasks = {options.name: options for options in spec.tasks}
         built: dict[str, Any] = {}
-        if spec.suite is not None:  # its aggregate, a task whose headline is its tasks' (the first's metrics)
-            suite = load_suite(spec.suite)
-            kinds = [task_name(task) for task in suite.tasks]
-            tasks[suite.aggregate_name] = tasks[kinds[0]]
-            ran |= {(label, suite.aggregate_name) for label, _ in runs if all((label, kind) in ran for kind in kinds)}
+        suite = None if spec.suite is None else load_suite(spec.suite)
+        names = [] if suite is None else [task_name(task) for task in suite.tasks]
+        if suite is not None and suite.aggregate and len({tasks[name].build().metric for name in names}) == 1:
+            # the aggregate, a task whose headline is its tasks' own (the first's metrics and splits)
+            tasks[suite.aggregate_name] = tasks[names[0]]
+            ran |= {(label, suite.aggregate_name) for label, _ in runs if all((label, name) in ran for name in names)}
         probed = {name for probe in spec.probes for name in PROBE_OUTPUTS[probe]}
         for i, claim in enumerate(self.claims):
             where = f"study {self.name!r}, claims.{i}"
@@ -231,10 +234,10 @@ def planned_runs(spec: CompareSpec) -> tuple[list[tuple[str, Any]], list[Any]]:
 
 
 def _merged_tasks(tasks: list[Any], changes: dict[str, Any], study: str) -> list[Any]:
-    """The spec's tasks with a scale's changes merged into the task of each named kind."""
+    """The spec's tasks with a scale's changes merged into the task of each name (its id, or else its kind)."""
     if not isinstance(changes, dict):
         raise ConfigError(
-            f"study {study!r}: a scale's 'tasks' is a mapping by task kind of the options that change, "
+            f"study {study!r}: a scale's 'tasks' is a mapping by task name (id, or else kind) of the options that change, "
             f"such as {{reverse: {{train_size: 100000}}}}; got {type(changes).__name__}"
         )
     kinds = [task_name(task) for task in tasks]

@@ -259,9 +259,16 @@ def verdict(
     """The study's outcome from its comparison's results: each claim judged, the source's figures
     beside ours, and the runs that stopped short of their steps (a time cap)."""
     short = short_runs(spec, results)
+    parts = {run.task: set(run.aggregate_of) for run in results.runs if run.aggregate_of}  # a suite's aggregate
     claims = [
         judge(
-            claim, results, [text for label, task, text in short if task == claim.task and label in (claim.a, claim.b)]
+            claim,
+            results,
+            [
+                text
+                for label, task, text in short
+                if task in parts.get(claim.task, {claim.task}) and label in (claim.a, claim.b)
+            ],
         )
         for claim in study.claims
     ]
@@ -295,7 +302,7 @@ def short_runs(spec: CompareSpec, results: CompareResults) -> list[tuple[str, st
     variant's budget, and a tuned twin's, its variant's)."""
     planned = {(label, config.task.name): config.steps for label, config in planned_runs(spec)[0]}
     short = []
-    for run in results.runs:
+    for run in results.trained:
         steps = planned.get((run.variant, run.task), spec.steps)
         if run.steps < steps:
             short.append(
