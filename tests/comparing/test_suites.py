@@ -81,7 +81,9 @@ def test_the_aggregate_is_the_per_seed_mean_over_the_suites_tasks():
 def test_a_plot_against_width_joins_the_labels_of_one_stem():
     assert width_stem("linear-d128", 128) == "linear" and width_stem("softmax_d32", 32) == "softmax"
     assert width_stem("softmax-1layer-d32", 32) == "softmax-1layer" and width_stem("d128", 64) == "d128"
-    runs = [record(f"{kind}-d{w}", "mqar", s, 0.5, w) for kind in ("softmax", "linear") for w in (32, 64) for s in (0, 1)]
+    runs = [
+        record(f"{kind}-d{w}", "mqar", s, 0.5, w) for kind in ("softmax", "linear") for w in (32, 64) for s in (0, 1)
+    ]
     figure = widths_figure(runs, "mqar")
     lines = figure.axes[0].get_lines()
     drawn = {line.get_label(): list(line.get_xdata()) for line in lines if not line.get_label().startswith("_")}
