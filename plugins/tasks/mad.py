@@ -1,7 +1,7 @@
 """The six MAD tasks: synthetic token tasks that rank sequence-mixing architectures.
 
-Poli et al. 2024, "Mechanistic Design and Scaling of Hybrid Architectures" (MAD), section 3 and
-appendix B; the generators follow the authors' code (github.com/athms/mad-lab,
+Poli et al. 2024, "Mechanistic Design and Scaling of Hybrid Architectures" (MAD, ICML);
+the generators follow the authors' code (github.com/athms/mad-lab,
 ``mad/data/instances.py``), the defaults its baseline settings (``configs/tasks/*.yml``), and the
 option names its ``MADConfig`` (``mad/configs.py``), the test set size included (1,280).
 
@@ -94,7 +94,7 @@ DIFFICULTIES: dict[str, dict[str, tuple[int | float, ...]]] = {
     },
     "mad-memorization": {"vocab_size": (512, 1024, 2048, 4096, 8192)},
 }
-"""MAD's difficulty grid (mad-lab ``configs/tasks/*.yml``, ``changes``; the paper's appendix B):
+"""MAD's difficulty grid (mad-lab ``configs/tasks/*.yml``, ``changes``):
 for each task, the values each option takes, one option at a time, the others at the task's
 defaults (MAD's baseline). :func:`difficulty_settings` lists the settings."""
 

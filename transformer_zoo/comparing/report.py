@@ -160,7 +160,7 @@ def suite_lines(spec: dict[str, Any], aggregate: RunRecord) -> str:
         f"The {suite.name} suite ({suite.title}; {suite.source}): for each variant and seed, the mean of test "
         f"{aggregate.metric} over its {len(kinds)} task kinds ({', '.join(kinds)}), each weighted equally"
         + (f", a kind's {len(suite.tasks)} settings averaged first" if len(kinds) < len(suite.tasks) else "")
-        + "; its costs are the sums over those runs."
+        + "; its wall time and steps are the sums over those runs, its parameters and peak memory their largest."
     )
     return text + (f" {suite.notes}" if suite.notes else "")
 
