@@ -20,6 +20,9 @@ RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "tuned-pre-vs-post-norm": ["holds", "inconclusive", "holds"],
     "length-extrapolation": ["holds", "holds", "holds", "does not hold", "holds", "inconclusive"],
     "modifications": ["inconclusive", "inconclusive", "inconclusive"],
+    "associative-recall": ["holds", "holds", "holds", "holds", "inconclusive"],
+    "mad": ["holds", "holds", "holds", "holds", "holds"],
+    "chomsky-hierarchy": ["holds", "does not hold", "inconclusive"],
 }
 
 
