@@ -400,8 +400,9 @@ class RecallOptions(MADOptions):
 
 
 class InContextRecallOptions(RecallOptions):
-    """In-context recall: the value of every key seen before (mad-lab ``configs/tasks/
-    in-context-recall.yml``: vocab_size 16, seq_len 128, 12,800 training examples, multi_query)."""
+    """In-context recall: the value of every key seen before (mad-lab
+    ``configs/tasks/in-context-recall.yml``: vocab_size 16, seq_len 128, 12,800 training examples,
+    multi_query)."""
 
     kind: Literal["mad-in-context-recall"] = "mad-in-context-recall"
 
@@ -446,9 +447,9 @@ class NoisyRecallOptions(InContextRecallOptions):
 
 
 class FuzzyRecallOptions(RecallOptions):
-    """Fuzzy in-context recall: keys and values of several tokens (mad-lab ``configs/tasks/
-    fuzzy-in-context-recall.yml``: vocab_size 16, seq_len 128, motifs of up to 3 tokens, 12,800
-    training examples, multi_query)."""
+    """Fuzzy in-context recall: keys and values of several tokens (mad-lab
+    ``configs/tasks/fuzzy-in-context-recall.yml``: vocab_size 16, seq_len 128, motifs of up to 3
+    tokens, 12,800 training examples, multi_query)."""
 
     kind: Literal["mad-fuzzy-recall"] = "mad-fuzzy-recall"
     k_motif_size: int = Field(3, ge=1, description="most tokens of a key; test keys have this many (MADConfig)")

@@ -139,7 +139,7 @@ def scored_lengths(spec: dict[str, Any], task: str, runs: list[RunRecord]) -> di
     """The splits of ``task`` its options name a length for (their ``lengths``: ``python-source``'s
     ``test`` and ``test_Nx``, a Chomsky task's length buckets), with the tokens of their inputs:
     what a plot of the metric against the length shows; empty for a task with none."""
-    from ..api import get_registry
+    from ..registry import get_registry
 
     splits = {split for run in runs for split in run.metrics}
     given = next((t for t in spec.get("tasks", []) if isinstance(t, dict) and task_name(t) == task), None)
