@@ -190,7 +190,7 @@ def test_a_spec_task_named_as_a_suite_task_sets_its_options_and_others_are_dropp
 
 
 def test_the_mad_grid_suite_is_mads_difficulty_grid():
-    from transformer_zoo.plugins.tasks.mad import DIFFICULTIES, difficulty_settings
+    from transformer_zoo.plugins.tasks.mad_instances import DIFFICULTIES, difficulty_settings
 
     grid = load_suite("mad-grid")
     expected = [{"kind": kind, **setting} for kind in DIFFICULTIES for setting in difficulty_settings(kind)]

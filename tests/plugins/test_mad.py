@@ -14,7 +14,7 @@ from pydantic import ValidationError
 import transformer_zoo as tz
 from transformer_zoo import hookimpl
 from transformer_zoo.core.embedding import PAD
-from transformer_zoo.plugins.tasks import mad
+from transformer_zoo.plugins.tasks import mad, mad_instances
 from transformer_zoo.plugins.tasks.mad import FIRST_TOKEN
 from transformer_zoo.registry import get_registry
 
@@ -277,8 +277,8 @@ def test_defaults_are_mads_baselines():
 
 
 def test_every_difficulty_setting_is_valid():
-    assert set(mad.DIFFICULTIES) == set(OPTIONS)
-    counts = {kind: len(mad.difficulty_settings(kind)) for kind in OPTIONS}
+    assert set(mad_instances.DIFFICULTIES) == set(OPTIONS)
+    counts = {kind: len(mad_instances.difficulty_settings(kind)) for kind in OPTIONS}
     assert counts == {
         "mad-in-context-recall": 11,
         "mad-noisy-recall": 14,
@@ -287,12 +287,12 @@ def test_every_difficulty_setting_is_valid():
         "mad-compression": 11,
         "mad-memorization": 6,
     }
-    for kind, settings in ((k, mad.difficulty_settings(k)) for k in OPTIONS):
+    for kind, settings in ((k, mad_instances.difficulty_settings(k)) for k in OPTIONS):
         assert settings[0] == {}
         for setting in settings:
             OPTIONS[kind](**setting)
     with pytest.raises(ValueError, match="no MAD difficulty grid for task 'reverse'"):
-        mad.difficulty_settings("reverse")
+        mad_instances.difficulty_settings("reverse")
 
 
 # ---- with a model -----------------------------------------------------------------------------
