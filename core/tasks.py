@@ -578,11 +578,12 @@ class AnswerTask(Task):
     @torch.no_grad()
     def evaluate(self, model: nn.Module, split: str, batch_size: int = 128) -> dict[str, float]:
         """``accuracy``: the share of asked positions answered right (Zoology's MQAR accuracy);
-        ``sequence_accuracy``: the share of examples with every answer right."""
+        ``sequence_accuracy``: the share of examples with every answer right (of those that ask
+        something)."""
         data = self.dataset(split)
         was_training = model.training
         model.eval()
-        right = asked = whole = 0
+        right = asked = whole = rows = 0
         for start in range(0, len(data), batch_size):
             predicted, answers = self.predictions(
                 model, [data[i] for i in range(start, min(start + batch_size, len(data)))]
@@ -591,9 +592,10 @@ class AnswerTask(Task):
             hits = (predicted == answers) & ask
             right += int(hits.sum())
             asked += int(ask.sum())
-            whole += int((hits.sum(1) == ask.sum(1)).sum())
+            rows += int((ask.sum(1) > 0).sum())  # an example that asks nothing is not scored
+            whole += int(((hits.sum(1) == ask.sum(1)) & (ask.sum(1) > 0)).sum())
         model.train(was_training)
-        return {"accuracy": right / max(asked, 1), "sequence_accuracy": whole / max(len(data), 1)}
+        return {"accuracy": right / max(asked, 1), "sequence_accuracy": whole / max(rows, 1)}
 
     def baselines(self, split: str) -> dict[str, float]:
         return {"accuracy": 1.0 / len(self.answer_ids)} if self.answer_ids else {}

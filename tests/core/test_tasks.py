@@ -108,3 +108,34 @@ def test_a_model_of_a_new_input_kind_gets_the_batch_key_of_that_name():
     assert list(Sounds().model_inputs(reader, batch)) == ["src"]
     with pytest.raises(ValueError, match="reads audio, and task .* has none"):
         Sounds().model_inputs(listener, {"src": batch["src"]})
+
+
+def test_an_answer_task_scores_the_asked_positions_and_leaves_out_examples_that_ask_nothing():
+    import datasets
+
+    from transformer_zoo.core.tasks import AnswerTask
+
+    class Echo(torch.nn.Module):
+        """Answers each position with its own input id (an encoder's reading: src)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, src, src_mask):
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(src, 8).float())
+
+    class Asked(AnswerTask):
+        splits = ("train", "test")
+        vocab_size = 8
+
+        def dataset(self, split):
+            rows = [
+                {"ids": [3, 4, 5], "answers": [0, 4, 6]},  # one right of two asked
+                {"ids": [3, 4, 5], "answers": [3, 0, 5]},  # both right
+                {"ids": [3, 4, 5], "answers": [0, 0, 0]},  # asks nothing: not an example scored
+            ]
+            return datasets.Dataset.from_list(rows)
+
+    scores = Asked().evaluate(Echo(), "test")
+    assert scores == {"accuracy": 3 / 4, "sequence_accuracy": 1 / 2}

@@ -249,7 +249,9 @@ def _with_args(words: list[str], args: list[str], folder: Path) -> list[str]:
 
     sets = [args[i + 1] for i, arg in enumerate(args) if arg == "--set"]
     rest = [arg for i, arg in enumerate(args) if arg != "--set" and (i == 0 or args[i - 1] != "--set")]
-    suite = words[words.index("--suite") + 1] if "--suite" in words else None
+    given = [word.split("=", 1)[1] for word in words if word.startswith("--suite=")]
+    at = words.index("--suite") + 1 if "--suite" in words else len(words)
+    suite = given[0] if given else words[at] if at < len(words) else None
     spec_at = next(
         (
             i
