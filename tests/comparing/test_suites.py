@@ -196,3 +196,19 @@ def test_the_mad_grid_suite_is_mads_difficulty_grid():
     expected = [{"kind": kind, **setting} for kind in DIFFICULTIES for setting in difficulty_settings(kind)]
     assert [{k: v for k, v in t.items() if k != "id"} for t in grid.tasks] == expected
     assert grid.aggregate_name == "mad" == load_suite("mad").aggregate_name
+
+
+def test_a_report_plots_against_length_the_splits_a_tasks_options_give_lengths_to():
+    from transformer_zoo.comparing.report import scored_lengths
+
+    chomsky = {"kind": "reverse-string", "test_lengths": [41, 100], "test_stride": 3, "buckets": 2}
+    source = {"kind": "python-source", "max_len": 64, "longer": [4]}
+    spec = {"tasks": [chomsky, source, {"kind": "mqar", "id": "recall"}]}
+    splits = ["test", "test_1-40", "test_41-68", "test_71-98"]
+    runs = [
+        record("a", "reverse-string", 0, 0.5).model_copy(update={"metrics": {s: {"accuracy": 0.5} for s in splits}})
+    ]
+    assert scored_lengths(spec, "reverse-string", runs) == {"test_1-40": 20, "test_41-68": 54, "test_71-98": 84}
+    runs = [record("a", "python-source", 0, 1.0).model_copy(update={"metrics": {"test": {}, "test_4x": {}}})]
+    assert scored_lengths(spec, "python-source", runs) == {"test": 64, "test_4x": 256}
+    assert scored_lengths(spec, "recall", runs) == {}  # mqar names no lengths
