@@ -188,11 +188,10 @@ def load_spec(
             the spec's variants and budget (a task of the spec named as one of the suite's sets
             that task's options); with no spec, on the suite's own (its ``compare``).
     """
-    if suite is not None:
-        from .suites import load_suite, task_name
+    from .suites import load_suite, task_name
 
-        found = load_suite(suite)
-    if suite is not None and source is None:
+    found = None if suite is None else load_suite(suite)
+    if found is not None and source is None:
         if not found.compare:
             raise ConfigError(
                 f"suite {found.name!r} names no variants of its own (it has no compare: section); give a spec "
@@ -211,7 +210,7 @@ def load_spec(
         beside = Path(source).parent / named  # a suite file named by a spec: beside the spec, where it is there
         if not Path(named).is_absolute() and beside.is_file():
             data = {**data, "suite": str(beside)}
-    if suite is not None:
+    if found is not None:
         # the suite's tasks in place of the spec's; one of the spec's of a suite task's name sets its options
         names = {task_name(task) for task in found.tasks}
         data = {**data, "suite": suite, "tasks": [t for t in data.get("tasks") or [] if task_name(t) in names]}

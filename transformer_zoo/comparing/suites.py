@@ -110,8 +110,8 @@ def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
     over the runs, tuning time too where every run has one, peak memory and parameters their
     largest, FLOPs per token their mean and throughput weighted by wall time. A suite whose tasks'
     headline metrics differ has none."""
-    kinds = [task_name(task) for task in suite.tasks]
-    runs = [r for r in records if r.task in kinds]
+    names = [task_name(task) for task in suite.tasks]
+    runs = [r for r in records if r.task in names]
     metrics = {r.metric for r in runs}
     if not suite.aggregate or len(metrics) != 1:
         return []
@@ -120,15 +120,15 @@ def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
     for variant in dict.fromkeys(r.variant for r in runs):
         for seed in dict.fromkeys(r.seed for r in runs):
             mine = {r.task: r for r in runs if r.variant == variant and r.seed == seed}
-            if set(mine) != set(kinds):
+            if set(mine) != set(names):
                 continue
-            scores = {name: mine[name].metrics.get("test", {}).get(metric) for name in kinds}
+            scores = {name: mine[name].metrics.get("test", {}).get(metric) for name in names}
             if any(score is None for score in scores.values()):
                 continue
             by_kind: dict[str, list[float]] = {}
             for task in suite.tasks:  # a kind's settings (MAD's difficulties) first averaged together
                 by_kind.setdefault(task["kind"], []).append(scores[task_name(task)])
-            first = mine[kinds[0]]
+            first = mine[names[0]]
             parts = list(mine.values())
             invocations = {r.invocation for r in parts}
             seconds = sum(r.wall_seconds for r in parts)
@@ -157,7 +157,7 @@ def suite_records(suite: Suite, records: list[RunRecord]) -> list[RunRecord]:
                         "ponder_time": {},
                         "ponder_plot": None,
                         "probes": {},
-                        "aggregate_of": kinds,
+                        "aggregate_of": names,
                     }
                 )
             )
