@@ -25,6 +25,60 @@ from .stats import TEST_NAMES
 from .tuning import TuneSpec
 
 
+Pairing = Literal["none", "seeds"]
+PAIRINGS: dict[str, str] = {
+    "none": "runs at one seed share the data order only; differences between variants use the spec's test",
+    "seeds": "runs at one seed also share every random draw that does not depend on the architecture and the "
+    "initial value of every parameter whose name and shape agree; differences between variants use the paired "
+    "t-test on the per-seed differences",
+}
+
+
+def budget_seconds(value: Any) -> float:
+    """A time budget as seconds: a number of seconds, or ``90s``, ``20m``, ``1.5h``.
+
+    >>> budget_seconds("20m"), budget_seconds(90)
+    (1200.0, 90.0)
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        unit = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+        try:
+            seconds = float(text[:-1] if unit else text) * (unit or 1)
+        except ValueError:
+            raise ValueError(
+                f"budget {value!r} is not a duration; give seconds (1200) or a number with s, m or h (20m, 1.5h)"
+            ) from None
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"budget {value!r} must be a positive, finite duration, such as 20m")
+    return seconds
+
+
+class UntilDecided(Options):
+    """Seeds added in rounds until every claim (or test) is decided, or the time budget is spent;
+    each round judged by a sequential procedure that keeps the false-verdict rate at alpha
+    (:mod:`~transformer_zoo.comparing.sequential`)."""
+
+    budget: float = Field(1200.0, description="wall time for all rounds together: seconds, or 20m, 1.5h")
+    round: int = Field(2, ge=1, le=100, description="seeds added by each round after the first (the spec's seeds)")
+    most_seeds: int = Field(
+        10,
+        ge=2,
+        le=1000,
+        description="the most seeds a variant runs: the planned last look, over which alpha is spent (a "
+        "round that the budget would not leave time for is not started)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "budget" in data:
+            data = {**data, "budget": budget_seconds(data["budget"])}
+        return data
+
+
 class CompareSpec(Options):
     """What to compare: variants x tasks x seeds, under one budget."""
 
@@ -123,6 +177,20 @@ class CompareSpec(Options):
         [],
         description="measurements of each trained model on test examples, reported beside the metrics: "
         + "; ".join(f"{name}: {text}" for name, text in PROBE_NAMES.items()),
+    )
+    pairing: Pairing = Field(
+        "none",
+        description="declared before any run: " + "; ".join(f"{name}: {text}" for name, text in PAIRINGS.items()),
+    )
+    effect: float | dict[str, float] | None = Field(
+        None,
+        description="the smallest difference of interest in the headline metric's units, for every task or by task "
+        "name: a test whose interval lies within (-effect, effect) finds no difference that large; null: none",
+    )
+    until_decided: UntilDecided | None = Field(
+        None,
+        description="add seeds in rounds until every test against the reference is decided (or the budget is "
+        "spent); null: the spec's seeds only",
     )
 
     @model_validator(mode="before")
