@@ -162,6 +162,25 @@ def _tune(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"{text!r} trials: {exc.errors()[0]['msg']}") from None
 
 
+def _budget(text: str) -> float:
+    from .comparing.spec import budget_seconds
+
+    try:
+        return budget_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _until_decided(args: argparse.Namespace, current: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The until_decided settings that --until-decided and --budget ask for (None: neither given)."""
+    if not args.until_decided and args.budget is None:
+        return None
+    settings = dict(current or {})
+    if args.budget is not None:
+        settings["budget"] = args.budget
+    return settings
+
+
 def _compare(args: argparse.Namespace) -> Any:
     from .comparing import compare, load_spec
     from .training.distributed import job, world
@@ -186,6 +205,13 @@ def _compare(args: argparse.Namespace) -> Any:
         tune = args.tune if spec.tune is None else spec.tune.model_copy(update={"trials": args.tune.trials})
         spec = spec.model_copy(update={"tune": tune})
     out = args.out or Path("reports") / spec.name
+    until = _until_decided(args, spec.until_decided and spec.until_decided.model_dump())
+    if until is not None or spec.until_decided is not None:
+        from .comparing.rounds import compare_until_decided
+
+        spec = load_spec({**spec.model_dump(mode="json"), "until_decided": until or spec.until_decided.model_dump()})
+        results, _ = compare_until_decided(spec, out)
+        return {"report": str(out / "report.md"), **results.model_dump(mode="json")}
     with job():  # one process, or one of torchrun's
         results = compare(spec, out, rerun=args.rerun)
         if results is None:  # another process of a torchrun job: process 0 reports
@@ -199,6 +225,9 @@ def _reproduce(args: argparse.Namespace) -> Any:
     from .comparing.studies.verdicts import as_json
 
     overrides = {key: value for key, value in (("seeds", args.seeds), ("steps", args.steps)) if value is not None}
+    until = _until_decided(args, None)
+    if until is not None:
+        overrides["until_decided"] = {"budget": 1200.0, **until}
     if not args.names and args.scale is None and args.out is None and args.at_once is None and not overrides:
         return study_rows()
     names = args.names or list(available_studies())  # a scale, a folder or a budget given: every study
@@ -448,6 +477,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="tune every variant with this many trials before comparing (the spec's tune: section, or the "
         "learning rate on a log scale; the [tune] extra), or off: compare at the spec's own settings",
     )
+    p.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add seeds in rounds until every test against the reference is decided or the budget is spent, each round judged by a "
+        "sequential procedure that keeps the error rate at alpha (the spec's until_decided: settings, or 2 seeds a "
+        "round up to 10)",
+    )
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        metavar="DURATION",
+        help="wall time for all the rounds of --until-decided (which it implies): seconds, or 20m, 1.5h; default: "
+        "the spec's, else 20m",
+    )
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 
@@ -483,6 +526,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the study's")
     p.add_argument("--steps", type=int, metavar="N", help="train every run this many steps instead (a quick look)")
+    p.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add seeds in rounds until every claim is decided or the budget is spent, each round judged by a "
+        "sequential procedure that keeps the error rate at alpha (the spec's until_decided: settings, or 2 seeds a "
+        "round up to 10)",
+    )
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        metavar="DURATION",
+        help="wall time for all the rounds of --until-decided (which it implies): seconds, or 20m, 1.5h; default: "
+        "the spec's, else 20m",
+    )
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(run=_reproduce)
 

@@ -63,14 +63,14 @@ def spread(mean: float, width: float = 1.0) -> list[float]:
         (spread(0.5), spread(0.8), {}, "does not hold"),  # clearly worse
         (spread(0.5, 10), spread(0.52, 10), {}, "inconclusive"),  # within each other's noise
         ([0.0] * 3, [0.0] * 3, {}, "does not hold"),  # identical: no advantage at all
-        (spread(0.5), spread(0.5), {"margin": 0.05}, "does not hold"),  # any advantage is below the margin
+        (spread(0.5), spread(0.5), {"effect": 0.05}, "does not hold"),  # any advantage is below the margin
         (spread(0.5), spread(0.8), {"direction": "lower"}, "holds"),  # lower is better: a's lower mean wins
-        (spread(0.50), spread(0.51), {"relation": "not-worse", "margin": 0.05}, "holds"),
-        (spread(0.30), spread(0.51), {"relation": "not-worse", "margin": 0.05}, "does not hold"),
-        (spread(0.50, 10), spread(0.51, 10), {"relation": "not-worse", "margin": 0.05}, "inconclusive"),
-        (spread(0.50), spread(0.51), {"relation": "matches", "margin": 0.05}, "holds"),
-        (spread(0.30), spread(0.51), {"relation": "matches", "margin": 0.05}, "does not hold"),
-        (spread(0.50, 10), spread(0.51, 10), {"relation": "matches", "margin": 0.05}, "inconclusive"),
+        (spread(0.50), spread(0.51), {"relation": "not-worse", "effect": 0.05}, "holds"),
+        (spread(0.30), spread(0.51), {"relation": "not-worse", "effect": 0.05}, "does not hold"),
+        (spread(0.50, 10), spread(0.51, 10), {"relation": "not-worse", "effect": 0.05}, "inconclusive"),
+        (spread(0.50), spread(0.51), {"relation": "matches", "effect": 0.05}, "holds"),
+        (spread(0.30), spread(0.51), {"relation": "matches", "effect": 0.05}, "does not hold"),
+        (spread(0.50, 10), spread(0.51, 10), {"relation": "matches", "effect": 0.05}, "inconclusive"),
         ([0.5, 0.5, 0.5, 0.5], [0.1, 0.9, 0.2, 0.8], {"relation": "steadier"}, "holds"),
         ([0.1, 0.9, 0.2, 0.8], [0.5, 0.5, 0.5, 0.5], {"relation": "steadier"}, "does not hold"),
         ([0.5, 0.6, 0.4], [0.5, 0.61, 0.39], {"relation": "steadier"}, "inconclusive"),
@@ -100,9 +100,9 @@ def test_one_variant_on_two_splits_is_judged_seed_by_seed():
     worse = judge(claim(metric="perplexity", a="a", b="a", split="test", split_b="test_4x"), lengths(seeds))
     assert worse.verdict == "holds", worse.reason  # lower perplexity at the training length
     assert worse.difference == pytest.approx(-0.2, abs=0.01) and worse.high < 0 and worse.p < 0.01
-    flat = claim(metric="perplexity", a="a", b="a", split="test_4x", split_b="test", relation="not-worse", margin=0.5)
+    flat = claim(metric="perplexity", a="a", b="a", split="test_4x", split_b="test", relation="not-worse", effect=0.5)
     assert judge(flat, lengths(seeds)).verdict == "holds"
-    assert judge(flat.model_copy(update={"margin": 0.1}), lengths(seeds)).verdict == "does not hold"
+    assert judge(flat.model_copy(update={"effect": 0.1}), lengths(seeds)).verdict == "does not hold"
     unpaired = judge(
         claim(metric="perplexity", a="a", b="b", split="test"),
         CompareResults(
@@ -169,8 +169,12 @@ def test_a_study_holds_only_when_every_claim_holds():
 
 
 def test_bad_claims_are_refused_with_what_would_be_right():
-    with pytest.raises(ValueError, match="needs a margin"):
-        claim(relation="matches")
+    with pytest.raises(ValueError, match="needs an effect > 0"):
+        claim(relation="matches", effect=0)
+    study = load_study("local-vs-global").model_dump()
+    study["claims"][0].pop("effect")
+    with pytest.raises(ConfigError, match="'matches' claim with no effect"):
+        load_study({**study, "effect": None})
     with pytest.raises(ValueError, match="compares two variants"):
         claim(b="a")
 

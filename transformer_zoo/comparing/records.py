@@ -207,7 +207,7 @@ class Test(BaseModel):
     low: float | None = Field(description="the difference's 95% interval (Welch-Satterthwaite)")
     high: float | None
     p: float | None = Field(description="two-sided p of the test; None: fewer than two seeds on a side, no test")
-    test: TestKind
+    test: TestKind | Literal["paired"] = Field(description="the test: the spec's, or paired (pairing: seeds)")
     separable: bool = Field(description=f"p < {ALPHA}")
     p_holm: float | None = Field(
         None,

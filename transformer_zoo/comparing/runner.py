@@ -439,7 +439,9 @@ def summarize_runs(
         scaling=scaling_points(spec, runs, out_dir),
         tuning=tuned,
     )
-    results.summaries = summarize(results.runs, spec.reference, spec.test, comparison.invocation)
+    results.summaries = summarize(
+        results.runs, spec.reference, spec.test, comparison.invocation, paired=spec.pairing == "seeds"
+    )
     (out_dir / "results.json").write_text(results.model_dump_json(indent=2))
     write_report(results, out_dir)
     comparison.say(

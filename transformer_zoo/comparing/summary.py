@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from .records import ALPHA, Cell, Column, RunRecord, TaskSummary, Test, TestKind
 from .stats import (
     TEST_NAMES,
+    Difference,
     Interval,
     bounded_interval,
     difference,
     holm,
     interval,
     log_interval,
+    paired_difference,
     smallest_p,
 )
 
@@ -101,7 +103,11 @@ TIMES = ("train tokens/s", "wall s")  # costs that depend on the machine's load 
 
 
 def summarize_task(
-    records: list[RunRecord], reference: str | None = None, test: TestKind = "welch", invocation: str | None = None
+    records: list[RunRecord],
+    reference: str | None = None,
+    test: TestKind = "welch",
+    invocation: str | None = None,
+    paired: bool = False,
 ) -> TaskSummary:
     """The statistics of one task's runs (every variant, every seed).
 
@@ -109,6 +115,8 @@ def summarize_task(
         reference: the variant to test the others against; None or absent from the task: the
             first variant of ``records``.
         invocation: this comparison's; runs of another make the task's times incomparable.
+        paired: the runs at one seed were paired (``pairing: seeds``): each variant is tested
+            against the reference by the paired t-test on the per-seed differences.
     """
     variants = list(dict.fromkeys(r.variant for r in records))
     reference = reference if reference in variants else variants[0]
@@ -140,8 +148,8 @@ def summarize_task(
     task, metric = records[0].task, records[0].metric
     headline = f"{HEADLINE_SPLIT} {metric}"
     tested = [
-        (c.name, v, difference(values[v][c.name], values[reference][c.name], test))
-        for c in columns
+        (c.name, v, _against(records, g, v, reference, test, paired))
+        for c, g in zip(columns, getters)
         if c.kind == "metric"
         for v in variants
         if v != reference and values[v][c.name] and values[reference][c.name]
@@ -151,7 +159,7 @@ def summarize_task(
             variant=v,
             reference=reference,
             column=name,
-            test=test,
+            test=d.test,
             separable=d.separable(),
             p_holm=q,
             survives_holm=q is not None and q < ALPHA,
@@ -201,12 +209,33 @@ def summarize_task(
     )
 
 
+def _against(
+    records: list[RunRecord], getter: _Getter, variant: str, reference: str, test: TestKind, paired: bool
+) -> Difference:
+    """``variant`` against ``reference`` in ``getter``'s column: by ``test``, or, ``paired``, by the
+    paired t-test on the seeds both ran."""
+    by_seed = [
+        {r.seed: x for r in records if r.variant == v and (x := getter.get(r)) is not None}
+        for v in (variant, reference)
+    ]
+    if not paired:
+        return difference(list(by_seed[0].values()), list(by_seed[1].values()), test)
+    seeds = sorted(by_seed[0].keys() & by_seed[1].keys())
+    return paired_difference([by_seed[0][s] for s in seeds], [by_seed[1][s] for s in seeds])
+
+
 def summarize(
-    records: list[RunRecord], reference: str | None = None, test: TestKind = "welch", invocation: str | None = None
+    records: list[RunRecord],
+    reference: str | None = None,
+    test: TestKind = "welch",
+    invocation: str | None = None,
+    paired: bool = False,
 ) -> list[TaskSummary]:
     """:func:`summarize_task` for every task of ``records``, in their order."""
     tasks = list(dict.fromkeys(r.task for r in records))
-    return [summarize_task([r for r in records if r.task == task], reference, test, invocation) for task in tasks]
+    return [
+        summarize_task([r for r in records if r.task == task], reference, test, invocation, paired) for task in tasks
+    ]
 
 
 def _ranked(values: dict, name: str, higher: bool) -> list[str]:

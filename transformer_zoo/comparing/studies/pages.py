@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from ..progress import duration
-from ..records import Cell
+from ..records import ALPHA, Cell
 from ..summary import format_cell, format_number
 from ..tallies import tally_lines
-from .verdicts import StudyResult
+from .verdicts import ClaimResult, StudyResult
 
 
 def study_lines(result: StudyResult) -> list[str]:
@@ -15,6 +15,7 @@ def study_lines(result: StudyResult) -> list[str]:
     lines = [f"# {result.name}: {result.verdict}", "", f"**{result.title}** ({result.source})", ""]
     if result.notes:
         lines += [result.notes.strip(), ""]
+    sequential = bool(result.rounds)
     lines += [
         (
             f"{result.scale} scale: seeds {result.seeds}, {result.steps} steps, {duration(result.wall_seconds)}; "
@@ -24,13 +25,31 @@ def study_lines(result: StudyResult) -> list[str]:
                 if any(c.claim.paired for c in result.claims)
                 else ""
             )
-            + "; 95% Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
+            + (
+                "; runs paired by seed (shared initial weights where names and shapes agree): claims between "
+                "variants by the paired t-test on the per-seed differences"
+                if result.pairing == "seeds"
+                else ""
+            )
+            + "; Student-t intervals over seeds (costs on the log scale, bounded metrics on the "
             f"arcsine-square-root scale). Rerun: `{result.command}`. Full comparison: "
             f"[{result.report}]({result.report})."
         ),
         "",
-        "| claim | a | b | a - b [95% CI] | p | verdict |",
-        "|---|---|---|---|---|---|",
+    ]
+    if sequential:
+        lines += [
+            (
+                f"Seeds added until decided: looks at {', '.join(str(len(r['seeds'])) for r in result.rounds)} "
+                f"seeds; {result.stopped}. Each look spends its share of alpha = {ALPHA} (Lan-DeMets Pocock-type "
+                "spending), shared among the claims by Bonferroni's correction counted in the statements that can "
+                "be false at once; a claim keeps the verdict, seeds and interval of the look that decided it."
+            ),
+            "",
+        ]
+    lines += [
+        "| claim | effect | a | b | a - b [CI] | CI level | seeds | p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result.claims:
         cl = c.claim
@@ -41,10 +60,26 @@ def study_lines(result: StudyResult) -> list[str]:
             )
         delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.a.n))
         p = "n/a" if c.p is None else f"{c.p:.3g}"
+        effect = "n/a" if cl.relation == "steadier" else f"{c.effect:g}"
+        level = f"{100 * c.confidence:.3g}%" + (f" (look {c.look})" if c.look else "")
         lines.append(
-            f"| {cl.statement} ({where}; {cl.relation}) | {cl.a}: {format_cell(c.a)} | {cl.b}: "
-            f"{format_cell(c.b)} | {delta} | {p} | **{c.verdict}** |"
+            f"| {cl.statement} ({where}; {cl.relation}) | {effect} | {cl.a}: {format_cell(c.a)} | {cl.b}: "
+            f"{format_cell(c.b)} | {delta} | {level} | {c.seeds}{' paired' if c.paired else ''} | {p} | "
+            f"**{verdict_words(c)}** |"
         )
+    widths = [c for c in result.claims if c.unpaired_low is not None and c.low is not None]
+    if widths:
+        lines += [
+            "",
+            "The paired interval against Welch's unpaired one on the same runs (width = high - low):",
+            "",
+            "| claim | paired width | unpaired width | paired / unpaired |",
+            "|---|---|---|---|",
+        ]
+        for c in widths:
+            paired, unpaired = c.high - c.low, c.unpaired_high - c.unpaired_low
+            ratio = "n/a" if unpaired == 0 else f"{paired / unpaired:.2f}"
+            lines.append(f"| {c.claim.statement} | {paired:.4g} | {unpaired:.4g} | {ratio} |")
     lines += [
         "",
         *[f"- {c.claim.statement}: {c.verdict}. {c.reason[0].upper() + c.reason[1:]}." for c in result.claims],
@@ -75,16 +110,26 @@ def study_lines(result: StudyResult) -> list[str]:
     return lines
 
 
+def verdict_words(c: ClaimResult) -> str:
+    """A claim's verdict with its qualifier: smaller than the effect of interest, or the verdict an
+    inconclusive one leans to."""
+    if c.below_effect:
+        return f"{c.verdict} (smaller than the effect of interest)"
+    if c.leaning:
+        return f"{c.verdict} (nearer to {c.leaning})"
+    return c.verdict
+
+
 def studies_table_lines(results: list[StudyResult]) -> list[str]:
     """One row per study: claim | source | figures | verdict | time."""
     lines = [
-        "| study | claim | source | our figures (mean [95% CI]; seeds, steps) | verdict | time |",
+        "| study | claim | source | our figures (mean [CI]; seeds, steps) | verdict | time |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:
         figures = "; ".join(
             f"{c.claim.a} {format_cell(c.a)} vs {c.claim.b} {format_cell(c.b)} "
-            f"({c.claim.task} {c.claim.metric}: {c.verdict})"
+            f"({c.claim.task} {c.claim.metric}: {verdict_words(c)}, {c.seeds} seeds{' paired' if c.paired else ''})"
             for c in r.claims
         )
         short = f"; {len(r.short_runs)} run(s) stopped at the time cap" if r.short_runs else ""

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from functools import partial
 from multiprocessing import connection, get_context
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,14 @@ from ...core.files import atomic_write
 from ...registry import get_registry
 from ...training.run_folder import read_json
 from ..progress import duration
+from ..records import CompareResults
+from ..rounds import Looks, run_rounds
 from ..runner import ComparisonInterrupted, compare
+from ..sequential import claim_share
+from ..spec import CompareSpec
 from .pages import studies_table_lines, study_lines
-from .spec import Scale, Study, load_study
-from .verdicts import StudyResult, verdict
+from .spec import Claim, Scale, Study, load_study
+from .verdicts import ClaimResult, StudyResult, judge, stopped_runs, verdict
 
 
 def command(name: str, scale: Scale, overrides: dict[str, Any] | None = None) -> str:
@@ -30,6 +35,8 @@ def command(name: str, scale: Scale, overrides: dict[str, Any] | None = None) ->
         for key, value in overrides.items()
         if key in ("seeds", "steps")
     ]
+    if overrides.get("until_decided"):
+        given += ["--until-decided", f"--budget {overrides['until_decided']['budget'] / 60:g}m"]
     return " ".join([f"tzoo reproduce {name}", *([] if scale == "cpu" else [f"--scale {scale}"]), *given])
 
 
@@ -47,15 +54,52 @@ def reproduce(
     spec = study.spec(scale, overrides)
     out_dir = Path(out_dir)
     started = time.perf_counter()
-    results = compare(spec, out_dir, plugins=plugins)
-    if results is None:  # another process of a torchrun job
-        raise RuntimeError("reproduce runs in one process; run it without torchrun")
-    result = verdict(study, spec, results, scale, time.perf_counter() - started, command(study.name, scale, overrides))
+    rerun = command(study.name, scale, overrides)
+    if spec.until_decided is not None:
+        result = _until_decided(study, spec, out_dir, scale, rerun, plugins)
+    else:
+        results = compare(spec, out_dir, plugins=plugins)
+        if results is None:  # another process of a torchrun job
+            raise RuntimeError("reproduce runs in one process; run it without torchrun")
+        result = verdict(study, spec, results, scale, time.perf_counter() - started, rerun)
     text = result.model_dump_json(indent=2)
     atomic_write(out_dir / "verdict.json", lambda tmp: tmp.write_text(text))
     page = "\n".join(study_lines(result))
     atomic_write(out_dir / "verdict.md", lambda tmp: tmp.write_text(page))
     return result
+
+
+def _until_decided(
+    study: Study, spec: CompareSpec, out_dir: Path, scale: Scale, rerun: str, plugins: list[str] | None
+) -> StudyResult:
+    """The study with seeds added in rounds until each claim is decided (:mod:`..rounds`): a claim
+    keeps the verdict of the look that decided it."""
+    looks: Looks[ClaimResult] = Looks(list(range(len(study.claims))), claim_share([c.relation for c in study.claims]))
+
+    def judge_look(results: CompareResults, look: int, alpha: float) -> bool:
+        judges = {
+            i: partial(_judged, claim, results, stopped_runs(claim, spec, results), look)
+            for i, claim in enumerate(study.claims)
+        }
+        return looks.judge(look, alpha, judges, lambda c: c.verdict != "inconclusive")
+
+    started = time.perf_counter()
+    results, rounds, why = run_rounds(spec, out_dir, judge_look, spec.until_decided, plugins)
+    claims = [looks.outcome(i)[1] for i in range(len(study.claims))]
+    result = verdict(
+        study,
+        spec.model_copy(update={"seeds": rounds[-1].seeds}),
+        results,
+        scale,
+        time.perf_counter() - started,
+        rerun,
+        claims,
+    )
+    return result.model_copy(update={"rounds": [r.__dict__ for r in rounds], "stopped": why})
+
+
+def _judged(claim: Claim, results: CompareResults, stopped: list[str], look: int, alpha: float) -> ClaimResult:
+    return judge(claim, results, stopped, alpha).model_copy(update={"look": look + 1})
 
 
 def default_at_once(scale: Scale, count: int) -> int:

@@ -63,17 +63,37 @@ class Claim(Options):
     a: str = Field(description="the variant claimed to do better, by its label in the spec")
     b: str = Field(description="the variant it is compared with, by its label")
     relation: Relation = Field("better", description="; ".join(f"{k}: {v}" for k, v in RELATIONS.items()))
-    margin: float = Field(0.0, ge=0.0, description="the least difference that counts, in the metric's units")
+    effect: float | None = Field(
+        None,
+        ge=0.0,
+        description="the smallest effect of interest, in the metric's units: better: a gain smaller than it does not "
+        "count (the claim does not hold when its interval reaches 0 or below and ends below it); not-worse and "
+        "matches: the margin; null: the study's effect (steadier claims have none); 'margin' is read as effect",
+    )
     direction: Better | None = Field(
         None, description="which way the metric is better; null: as the task declares it (a probe needs it)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _margin_is_effect(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "margin" in data:
+            if "effect" in data:
+                raise ValueError("give the claim's effect once: as effect (margin is its older name), not both")
+            data = {**{k: v for k, v in data.items() if k != "margin"}, "effect": data["margin"]}
+        return data
+
     @model_validator(mode="after")
-    def _margin(self) -> Claim:
-        if self.relation == "matches" and self.margin == 0:
+    def _effect(self) -> Claim:
+        if self.relation == "matches" and self.effect == 0:
             raise ValueError(
-                "a 'matches' claim needs a margin > 0: no interval lies within [0, 0]; give the largest "
+                "a 'matches' claim needs an effect > 0: no interval lies within [0, 0]; give the largest "
                 "difference that still counts as a match, in the metric's units"
+            )
+        if self.relation == "steadier" and self.effect is not None:
+            raise ValueError(
+                "a 'steadier' claim is judged by a test of equal spread over seeds, which has no effect of interest; "
+                "drop its effect"
             )
         if self.a == self.b and self.split_b in (None, self.split):
             raise ValueError(
@@ -81,6 +101,11 @@ class Claim(Options):
                 "variant on two splits (give split_b)"
             )
         return self
+
+    @property
+    def delta(self) -> float:
+        """The smallest effect of interest (the margin of not-worse and matches); 0 when none is given."""
+        return self.effect or 0.0
 
     @property
     def b_split(self) -> str:
@@ -117,6 +142,12 @@ class Study(Options):
         description="by scale: spec values that replace the cpu scale's; under 'tasks', a mapping by task name (id, or else kind) "
         "of the task options that change",
     )
+    effect: float | None = Field(
+        None,
+        ge=0.0,
+        description="the smallest effect of interest of every claim that gives none of its own, in the metrics' "
+        "units (see Claim.effect); say in the notes why it is the least that counts",
+    )
     claims: list[Claim] = Field(min_length=1, description="the claims, each judged on its own")
     figures: list[SourceFigure] = Field([], description="the source's own figures, reported beside ours")
     tally: Tally | None = Field(
@@ -124,6 +155,19 @@ class Study(Options):
         description="also count every other variant against one reference after Holm's correction (better, not "
         "separable, worse); with tuning compared both ways, the untuned and the tuned runs each",
     )
+
+    @model_validator(mode="after")
+    def _claims_effects(self) -> Study:
+        """The study's effect on each claim that gives none (but steadier claims, which have none)."""
+        for i, claim in enumerate(self.claims):
+            if claim.effect is None and claim.relation != "steadier" and self.effect is not None:
+                self.claims[i] = claim.model_copy(update={"effect": self.effect})
+            if self.claims[i].relation == "matches" and not self.claims[i].delta:
+                raise ValueError(
+                    f"claims.{i} ({claim.statement!r}) is a 'matches' claim with no effect: give it (or the study) "
+                    "the largest difference that still counts as a match, in the metric's units"
+                )
+        return self
 
     def spec(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> CompareSpec:
         """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top;

@@ -1,18 +1,23 @@
 """A study's claims judged from its comparison's runs, and the study's outcome.
 
-A claim's verdict comes from the 95% interval over seeds of the difference ``a - b``, taken in
-the direction in which the metric is better:
+A claim's verdict comes from the interval over seeds (95%, or a sequential look's level) of the
+gain of ``a`` over ``b``: the difference ``a - b`` taken in the direction in which the metric is
+better. Each relation has its smallest effect of interest δ (the claim's ``effect``), and three
+regions (:func:`~transformer_zoo.comparing.sequential.region`):
 
-- ``better``: **holds** when the interval lies above 0 (the test rejects equal means, the
-  claimed way); **does not hold** when it lies at or below ``margin`` (an advantage, if any, is
-  smaller than the least that would count); **inconclusive** otherwise.
-- ``not-worse``: holds when the interval lies at or above ``-margin``; does not hold when it
-  lies below ``-margin``.
-- ``matches``: holds when the interval lies within ``[-margin, margin]``; does not hold when it
-  lies wholly outside.
+- ``better``: **holds** when the interval lies above 0 (marked "smaller than the effect of
+  interest" when it also lies below δ); **does not hold** when it reaches 0 or below and ends
+  below δ (no gain as large as δ; with δ = 0, when it lies at or below 0); **inconclusive**
+  otherwise.
+- ``not-worse``: holds when the interval lies at or above ``-δ``; does not hold when it lies below
+  ``-δ``.
+- ``matches``: holds when the interval lies within ``[-δ, δ]``; does not hold when it lies
+  wholly outside.
 - ``steadier``: ``a``'s standard deviation over seeds is below ``b``'s and the Brown-Forsythe
   test of equal spread rejects (holds), or above it and the test rejects (does not hold).
 
+The interval is the paired t-test's, on the per-seed differences, for one variant on two splits
+and for two variants of a comparison declared ``pairing: seeds``; else the spec's test's (Welch's).
 A study holds when every claim holds, does not hold when one does not, and is inconclusive
 otherwise.
 """
@@ -28,6 +33,7 @@ from pydantic import BaseModel, Field
 from ...core.errors import ConfigError
 from ...core.tasks import Better
 from ..records import ALPHA, Cell, CompareResults
+from ..sequential import region, smaller_than_effect
 from ..spec import CompareSpec
 from ..stats import TEST_NAMES, bounded_interval, difference, interval, paired_difference, seeds_needed, spread
 from ..summary import format_number
@@ -58,6 +64,23 @@ class ClaimResult(BaseModel):
         description="inconclusive: about how many seeds a side would decide the claim at the spreads seen "
         "(stats.seeds_needed); None: decided, or no practical number would",
     )
+    effect: float = Field(0.0, description="the smallest effect of interest the claim was judged with (the margin)")
+    below_effect: bool = Field(
+        False, description="holds, but the whole interval lies below the effect of interest: a gain smaller than it"
+    )
+    leaning: Verdict | None = Field(
+        None, description="inconclusive: the verdict its interval is nearer to reaching (holds or does not hold)"
+    )
+    paired: bool = Field(False, description="judged by the paired t-test on the per-seed differences")
+    unpaired_low: float | None = Field(
+        None, description="paired claims between two variants: Welch's interval on the same runs, for comparison"
+    )
+    unpaired_high: float | None = None
+    seeds: int = Field(0, description="the seeds the claim was judged on (the fewer of a's and b's)")
+    confidence: float = Field(1 - ALPHA, description="the confidence level of the interval it was judged by")
+    look: int | None = Field(
+        None, description="seeds added until decided: the look (1, 2, ...) at which it was decided or last judged"
+    )
 
 
 class FigureResult(BaseModel):
@@ -85,16 +108,21 @@ class StudyResult(BaseModel):
     tallies: list[TallyResult] = Field([], description="the tally's outcome, by family (untuned, tuned)")
     short_runs: list[str] = Field([], description="runs that stopped before their steps when the time cap ran out")
     wall_seconds: float = Field(description="wall time of the study's comparison")
+    pairing: str = Field("none", description="the comparison's pairing of runs at one seed (none, seeds)")
+    rounds: list[dict[str, Any]] = Field(
+        [], description="seeds added until decided: each look's seeds, wall seconds and share of alpha"
+    )
+    stopped: str = Field("", description="seeds added until decided: why the rounds stopped")
     report: str = Field(description="the comparison's report.md, relative to the study's folder")
     command: str = Field(description="the command that runs the study again")
 
 
 def _values(results: CompareResults, label: str, task: str, split: str, metric: str) -> list[float]:
     """A variant's figure on ``task`` from each of its runs: a probe's measurement, or a split's metric."""
-    return list(_by_seed(results, label, task, split, metric).values())
+    return list(values_by_seed(results, label, task, split, metric).values())
 
 
-def _by_seed(results: CompareResults, label: str, task: str, split: str, metric: str) -> dict[int, float]:
+def values_by_seed(results: CompareResults, label: str, task: str, split: str, metric: str) -> dict[int, float]:
     """:func:`_values` by the seed of each run."""
     found = {}
     for run in results.runs:
@@ -111,19 +139,21 @@ def _cell(results: CompareResults, metric: str, values: list[float]) -> Cell:
     return Cell(**(interval(values) if bounds is None else bounded_interval(values, bounds)).__dict__)
 
 
-def judge(claim: Claim, results: CompareResults, stopped: list[str] = ()) -> ClaimResult:
+def judge(claim: Claim, results: CompareResults, stopped: list[str] = (), alpha: float = ALPHA) -> ClaimResult:
     """A claim's verdict from the comparison's runs (see the module's docstring for the rules).
 
     Args:
         stopped: the claim's runs that stopped at the time cap before their steps: then the claim
             is not judged (inconclusive, the measured verdict in its reason), since a and b did not
             train alike.
+        alpha: one minus the interval's confidence (a sequential look's level; 0.05: the 95% interval).
     """
     by_seed = [
-        _by_seed(results, label, claim.task, split, claim.metric)
+        values_by_seed(results, label, claim.task, split, claim.metric)
         for label, split in ((claim.a, claim.split), (claim.b, claim.b_split))
     ]
-    if claim.paired:  # the seeds scored on both splits, each against itself
+    paired = claim.paired or results.spec.get("pairing") == "seeds"
+    if paired:  # the seeds scored on both sides, each against itself
         by_seed = [{seed: side[seed] for seed in sorted(by_seed[0].keys() & by_seed[1].keys())} for side in by_seed]
     a, b = (list(side.values()) for side in by_seed)
     if not a or not b:
@@ -133,9 +163,9 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = ()) -> Cla
         (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher"
     )
     cells = {"a": _cell(results, claim.metric, a), "b": _cell(results, claim.metric, b)}
-    diff = paired_difference(a, b) if claim.paired else difference(a, b, results.spec.get("test", "welch"))
+    welch = difference(a, b, results.spec.get("test", "welch"), 1 - alpha)
+    diff = paired_difference(a, b, 1 - alpha) if paired else welch
     sd = spread(a, b)
-    probe = any(claim.metric in run.probes for run in results.runs)
     figures = dict(
         a=cells["a"],
         b=cells["b"],
@@ -144,27 +174,44 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = ()) -> Cla
         high=diff.high,
         sd_a=sd.sd_a,
         sd_b=sd.sd_b,
-        probe=probe,
+        probe=any(claim.metric in run.probes for run in results.runs),
         direction=direction,
+        effect=claim.delta,
+        paired=paired,
+        unpaired_low=welch.low if paired and not claim.paired else None,
+        unpaired_high=welch.high if paired and not claim.paired else None,
+        seeds=min(len(a), len(b)),
+        confidence=1 - alpha,
     )
-    needed, p = None, diff.p
+    needed, p, leaning, below = None, diff.p, None, False
     if claim.relation == "steadier":
-        (verdict, reason), p = _steadier(sd, claim, min(len(a), len(b))), sd.p
+        (verdict, reason), p = _steadier(sd, claim, min(len(a), len(b)), alpha), sd.p
     else:
-        verdict, reason = _by_interval(claim, diff.low, diff.high, direction, diff.difference)
+        verdict, reason, leaning, below = _by_interval(claim, diff.low, diff.high, direction, diff.difference, alpha)
     if stopped:
         verdict, reason = _not_judged(verdict, reason, len(stopped))
+        leaning = None
     elif verdict == "inconclusive" and diff.low is not None and claim.relation != "steadier":
         sides = (sd.sd_a, sd.sd_b)
-        if claim.paired:  # the interval is of the per-seed differences: half their variance on each side
+        if paired:  # the interval is of the per-seed differences: half their variance on each side
             sides = (statistics.stdev(x - y for x, y in zip(a, b)) / math.sqrt(2),) * 2
-        needed = seeds_needed(*sides, _gap(claim, (1.0 if direction == "higher" else -1.0) * diff.difference))
+        gain = (1.0 if direction == "higher" else -1.0) * diff.difference
+        needed = seeds_needed(*sides, _gap(claim, gain), 1 - alpha)
         reason += (
             f"; at these spreads about {needed} seeds a side would decide it"
             if needed
             else "; at these spreads no practical number of seeds would decide it (the mean lies at or near the boundary)"
         )
-    return ClaimResult(claim=claim, p=p, verdict=verdict, reason=reason, seeds_needed=needed, **figures)
+    return ClaimResult(
+        claim=claim,
+        p=p,
+        verdict=verdict,
+        reason=reason,
+        seeds_needed=needed,
+        leaning=leaning,
+        below_effect=below,
+        **figures,
+    )
 
 
 def _not_judged(verdict: Verdict, reason: str, stopped: int) -> tuple[Verdict, str]:
@@ -179,9 +226,9 @@ def _not_judged(verdict: Verdict, reason: str, stopped: int) -> tuple[Verdict, s
 
 def _gap(claim: Claim, gain: float) -> float:
     """How far the mean gain of a over b lies from the boundary the claim's verdict turns on."""
-    m = claim.margin
+    m = claim.delta
     if claim.relation == "better":
-        return max(gain, m - gain)  # above 0: holds; at or below the margin: does not hold
+        return max(gain, m - gain)  # above 0: holds; below the effect: does not hold
     if claim.relation == "not-worse":
         return abs(gain + m)
     return abs(m - abs(gain))  # matches
@@ -194,41 +241,62 @@ def beside(figure: SourceFigure, results: CompareResults) -> FigureResult | None
 
 
 def _by_interval(
-    claim: Claim, low: float | None, high: float | None, direction: str, mean: float
-) -> tuple[Verdict, str]:
+    claim: Claim, low: float | None, high: float | None, direction: str, mean: float, alpha: float = ALPHA
+) -> tuple[Verdict, str, Verdict | None, bool]:
+    """The verdict, its reason, the verdict an inconclusive interval leans to, and whether a claim
+    that holds does so by less than its effect of interest."""
     if low is None or high is None:
-        return "inconclusive", "one seed a side gives no interval: run two or more seeds"
+        return "inconclusive", "one seed a side gives no interval: run two or more seeds", None, False
     sign = 1.0 if direction == "higher" else -1.0
     lo, hi = sorted((sign * low, sign * high))  # the gain of a over b, the way the metric is better
+    level = f"{100 * (1 - alpha):.3g}%"
     gain = (
         f"the gain of a over b ({direction} is better) is {format_number(sign * mean, 4)} "
-        f"[{format_number(lo, 4)}, {format_number(hi, 4)}]"
+        f"[{format_number(lo, 4)}, {format_number(hi, 4)}] ({level} interval)"
     )
-    m = claim.margin
-    if claim.relation == "better":
-        if lo > 0:
-            return "holds", f"{gain}: the interval lies above 0"
-        if hi <= m:
-            return "does not hold", f"{gain}: the interval lies at or below {_margin(m)}"
-        return "inconclusive", f"{gain}: the interval spans 0{'' if m == 0 else f' and {m:g}'}"
-    if claim.relation == "not-worse":
-        if lo >= -m:
-            return "holds", f"{gain}: the interval lies at or above {_margin(-m)}"
-        if hi < -m:
-            return "does not hold", f"{gain}: the interval lies below {_margin(-m)}"
-        return "inconclusive", f"{gain}: the interval spans {_margin(-m)}"
-    if -m <= lo and hi <= m:
-        return "holds", f"{gain}: the interval lies within the margin ±{m:g}"
-    if lo > m or hi < -m:
-        return "does not hold", f"{gain}: the interval lies outside the margin ±{m:g}"
-    return "inconclusive", f"{gain}: the interval reaches beyond the margin ±{m:g}"
+    m, relation = claim.delta, claim.relation
+    verdict: Verdict = {1: "holds", -1: "does not hold", 0: "inconclusive"}[int(region(lo, hi, relation, m))]
+    shortfall = _shortfalls(lo, hi, relation, m)  # how far the interval is from each decision
+    leaning = None if verdict != "inconclusive" else min(shortfall, key=shortfall.get)
+    below = verdict == "holds" and relation == "better" and bool(smaller_than_effect(lo, hi, m))
+    if relation == "better":
+        effect = "0" if m == 0 else f"{m:g} (the effect of interest)"
+        reason = {
+            "holds": "the interval lies above 0"
+            + (f", and below {m:g}: a gain smaller than the effect of interest" if below else ""),
+            "does not hold": f"the interval reaches 0 or below and ends below {effect}"
+            if m
+            else "the interval lies at or below 0",
+            "inconclusive": f"the interval spans 0 and {m:g}" if m else "the interval spans 0",
+        }[verdict]
+    elif relation == "not-worse":
+        bound = f"-{m:g} (the margin)" if m else "0"
+        reason = {
+            "holds": f"the interval lies at or above {bound}",
+            "does not hold": f"the interval lies below {bound}",
+            "inconclusive": f"the interval spans {bound}",
+        }[verdict]
+    else:
+        reason = {
+            "holds": f"the interval lies within the margin ±{m:g}",
+            "does not hold": f"the interval lies outside the margin ±{m:g}",
+            "inconclusive": f"the interval reaches beyond the margin ±{m:g}",
+        }[verdict]
+    if leaning is not None:
+        reason += f"; nearer to '{leaning}'"
+    return verdict, f"{gain}: {reason}", leaning, below
 
 
-def _margin(value: float) -> str:
-    return "0" if value == 0 else f"{value:g} (the margin)"
+def _shortfalls(lo: float, hi: float, relation: str, m: float) -> dict[Verdict, float]:
+    """How far the gain's interval [lo, hi] is from holding and from not holding (0: there)."""
+    if relation == "better":
+        return {"holds": max(0.0, -lo), "does not hold": max(0.0, hi - m)}
+    if relation == "not-worse":
+        return {"holds": max(0.0, -m - lo), "does not hold": max(0.0, hi + m)}
+    return {"holds": max(0.0, -m - lo, hi - m), "does not hold": max(0.0, min(m - lo, hi + m))}
 
 
-def _steadier(sd: Any, claim: Claim, seeds: int) -> tuple[Verdict, str]:
+def _steadier(sd: Any, claim: Claim, seeds: int, alpha: float = ALPHA) -> tuple[Verdict, str]:
     text = f"standard deviation over seeds: a {sd.sd_a:.4g}, b {sd.sd_b:.4g}"
     if seeds < 2:
         return "inconclusive", "one seed a side gives no spread: run two or more seeds"
@@ -237,13 +305,13 @@ def _steadier(sd: Any, claim: Claim, seeds: int) -> tuple[Verdict, str]:
             return "does not hold", f"{text}: equal, so a is not steadier"
         return "inconclusive", f"{text}: too few seeds to test the spread"
     tested = f"{text}, Brown-Forsythe p = {sd.p:.3g}"
-    if sd.p < ALPHA:
+    if sd.p < alpha:
         return (
             ("holds", f"{tested}: a's is smaller")
             if sd.sd_a < sd.sd_b
             else ("does not hold", f"{tested}: a's is larger")
         )
-    return "inconclusive", f"{tested}: not separable at alpha = {ALPHA}"
+    return "inconclusive", f"{tested}: not separable at alpha = {alpha:.3g}"
 
 
 def overall(verdicts: list[str]) -> Verdict:
@@ -253,25 +321,32 @@ def overall(verdicts: list[str]) -> Verdict:
     return "does not hold" if "does not hold" in verdicts else "inconclusive"
 
 
-def verdict(
-    study: Study, spec: CompareSpec, results: CompareResults, scale: Scale, wall_seconds: float, rerun: str
-) -> StudyResult:
-    """The study's outcome from its comparison's results: each claim judged, the source's figures
-    beside ours, and the runs that stopped short of their steps (a time cap)."""
-    short = short_runs(spec, results)
-    parts = {run.task: set(run.aggregate_of) for run in results.runs if run.aggregate_of}  # a suite's aggregate
-    claims = [
-        judge(
-            claim,
-            results,
-            [
-                text
-                for label, task, text in short
-                if task in parts.get(claim.task, {claim.task}) and label in (claim.a, claim.b)
-            ],
-        )
-        for claim in study.claims
+def stopped_runs(claim: Claim, spec: CompareSpec, results: CompareResults) -> list[str]:
+    """The claim's runs that stopped before their steps (:func:`short_runs`), a suite's aggregate's
+    being those of its tasks."""
+    parts = {run.task: set(run.aggregate_of) for run in results.runs if run.aggregate_of}
+    return [
+        text
+        for label, task, text in short_runs(spec, results)
+        if task in parts.get(claim.task, {claim.task}) and label in (claim.a, claim.b)
     ]
+
+
+def verdict(
+    study: Study,
+    spec: CompareSpec,
+    results: CompareResults,
+    scale: Scale,
+    wall_seconds: float,
+    rerun: str,
+    claims: list[ClaimResult] | None = None,
+) -> StudyResult:
+    """The study's outcome from its comparison's results: each claim judged (unless ``claims``
+    gives their verdicts, as seeds added until decided found them), the source's figures beside
+    ours, and the runs that stopped short of their steps (a time cap)."""
+    short = short_runs(spec, results)
+    if claims is None:
+        claims = [judge(claim, results, stopped_runs(claim, spec, results)) for claim in study.claims]
     figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
     labels = list(dict.fromkeys(label for label, _ in planned_runs(spec)[0]))
     tallies = [] if study.tally is None else tally(study.tally, results, labels)
@@ -291,6 +366,7 @@ def verdict(
         tallies=tallies,
         short_runs=[text for _, _, text in short],
         wall_seconds=wall_seconds,
+        pairing=spec.pairing,
         report="report.md",
         command=rerun,
     )

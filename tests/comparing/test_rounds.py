@@ -1,0 +1,234 @@
+"""Smallest effects of interest, paired seeds and seeds added until decided, as studies and
+comparisons use them: the verdict rules on planted effects, the paired tests, the step-down over
+looks, the rounds and their budget (on a frozen clock), and a tiny study run until decided."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from transformer_zoo.cli import main
+from transformer_zoo.comparing import rounds
+from transformer_zoo.comparing.records import CompareResults, RunRecord
+from transformer_zoo.comparing.rounds import Looks, compare_until_decided, look_seeds, run_rounds
+from transformer_zoo.comparing.spec import UntilDecided, budget_seconds, load_spec
+from transformer_zoo.comparing.studies.spec import Claim, Study
+from transformer_zoo.comparing.studies.verdicts import judge
+from transformer_zoo.comparing.summary import summarize
+from transformer_zoo.core.errors import ConfigError
+
+
+def record(variant: str, seed: int, value: float, task: str = "listops") -> RunRecord:
+    return RunRecord(
+        variant=variant,
+        family="transformer",
+        task=task,
+        seed=seed,
+        parameters=100,
+        flops_per_token=1.0,
+        train_tokens_per_second=1.0,
+        peak_memory_mb=1.0,
+        steps=10,
+        wall_seconds=1.0,
+        metric="accuracy",
+        metrics={"test": {"accuracy": value}},
+        better={"accuracy": "higher"},
+        curve=[],
+    )
+
+
+def planted(gain: float, seeds: list[int], spread: float = 0.02, shared: float = 0.0, pairing: str = "none"):
+    """Runs of a and b whose true gain is ``gain``: each seed's noise has a part both share
+    (``shared``, what paired seeds cancel) and a part of its own (``spread``)."""
+    noise = {s: np.random.default_rng([7, s]).normal(0, 1, 3) * (shared, spread, spread) for s in seeds}
+    runs = [record("a", s, 0.5 + gain + noise[s][0] + noise[s][1]) for s in seeds]
+    runs += [record("b", s, 0.5 + noise[s][0] + noise[s][2]) for s in seeds]
+    return CompareResults(spec={"test": "welch", "pairing": pairing}, machine={}, runs=runs, skipped=[])
+
+
+def claim(**fields) -> Claim:
+    return Claim(**{"statement": "a beats b", "task": "listops", "metric": "accuracy", "a": "a", "b": "b", **fields})
+
+
+def test_a_planted_zero_effect_reaches_does_not_hold_only_with_an_effect_of_interest():
+    """No true gain: with an effect of interest of 0.05 enough seeds decide 'does not hold'; with
+    none the interval straddles 0 at any number of seeds, and the claim stays open."""
+    data = planted(0.0, list(range(30)))
+    decided = judge(claim(effect=0.05), data)
+    assert decided.verdict == "does not hold" and decided.high < 0.05 and decided.low <= 0, decided.reason
+    assert judge(claim(), data).verdict == "inconclusive"
+
+
+def test_a_gain_smaller_than_the_effect_holds_and_says_so():
+    result = judge(claim(effect=0.5), planted(0.1, list(range(10)), spread=0.005))
+    assert result.verdict == "holds" and result.below_effect and "smaller than the effect" in result.reason
+
+
+def test_an_inconclusive_claim_says_which_verdict_it_leans_to_and_the_seeds_it_needs():
+    near_no = judge(claim(effect=0.05), planted(0.0, [0, 1, 2], spread=0.02))
+    assert near_no.verdict == "inconclusive" and near_no.leaning == "does not hold", near_no.reason
+    near_yes = judge(claim(effect=0.05), planted(0.04, [0, 1, 2], spread=0.03))
+    assert near_yes.verdict == "inconclusive" and near_yes.leaning == "holds", near_yes.reason
+    assert near_no.seeds_needed is not None and "seeds a side would decide it" in near_no.reason
+
+
+def test_paired_seeds_judge_by_the_per_seed_differences_and_keep_welchs_interval_beside():
+    """Noise the two variants share at a seed (their common start) cancels in the paired test."""
+    data = planted(0.03, list(range(5)), spread=0.005, shared=0.1, pairing="seeds")
+    paired = judge(claim(effect=0.01), data)
+    assert paired.paired and paired.verdict == "holds", paired.reason
+    assert paired.high - paired.low < 0.2 * (paired.unpaired_high - paired.unpaired_low)
+    unpaired = judge(claim(effect=0.01), data.model_copy(update={"spec": {"test": "welch"}}))
+    assert not unpaired.paired and unpaired.verdict == "inconclusive" and unpaired.unpaired_low is None
+
+
+def test_a_paired_comparison_tests_each_variant_against_the_reference_by_seed():
+    data = planted(0.03, list(range(5)), spread=0.005, shared=0.1)
+    (paired,) = summarize(data.runs, "b", paired=True)
+    (welch,) = summarize(data.runs, "b")
+    test = next(t for t in paired.tests if t.column == paired.headline)
+    assert test.test == "paired" and test.p < 0.01 and test.low > 0
+    assert next(t for t in welch.tests if t.column == welch.headline).p > 0.05
+
+
+def test_a_study_states_effects_for_its_claims_and_refuses_one_on_a_steadier_claim():
+    data = {
+        "name": "s",
+        "title": "t",
+        "source": "x",
+        "effect": 0.03,
+        "compare": {"variants": ["transformer-tiny"], "tasks": ["listops"]},
+        "claims": [
+            {"statement": "a", "task": "listops", "metric": "accuracy", "a": "a", "b": "b"},
+            {"statement": "b", "task": "listops", "metric": "accuracy", "a": "a", "b": "b", "margin": 0.2},
+            {"statement": "c", "task": "listops", "metric": "accuracy", "a": "a", "b": "b", "relation": "steadier"},
+        ],
+    }
+    study = Study.model_validate(data)
+    assert [c.effect for c in study.claims] == [0.03, 0.2, None]  # margin is read as the effect
+    with pytest.raises(ValueError, match="steadier.*no effect of interest"):
+        claim(relation="steadier", effect=0.1)
+    with pytest.raises(ValueError, match="needs an effect > 0"):
+        claim(relation="matches", effect=0)
+
+
+def test_the_looks_add_a_round_of_new_seeds_up_to_the_most():
+    settings = UntilDecided(round=2, most_seeds=8)
+    assert look_seeds([0, 1, 2], settings) == [[0, 1, 2], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6], list(range(8))]
+    assert look_seeds([5, 9], UntilDecided(round=3, most_seeds=5)) == [[5, 9], [5, 9, 0, 1, 2]]
+    assert look_seeds(list(range(12)), settings) == [list(range(12))]  # more seeds than the most: one look
+
+
+def test_each_look_judges_the_open_items_at_its_share_of_alpha_and_keeps_the_decided():
+    """Items judged at a look's alpha of 0.03 with a study share of 2/3: x (which needs a level of
+    0.01) decides at the first look, y and z (0.04) need a larger share, and a decided item is not
+    judged again."""
+    needs = {"x": 0.01, "y": 0.04, "z": 0.04}
+    judged: list[tuple[str, float]] = []
+
+    def judge_at(key: str, level: float) -> tuple[str, float]:
+        judged.append((key, level))
+        return (key if level >= needs[key] - 1e-12 else "", level)
+
+    looks: Looks[tuple[str, float]] = Looks(list(needs), share=2 / 3)
+    judges = {key: (lambda level, k=key: judge_at(k, level)) for key in needs}
+    assert not looks.judge(0, 0.03, judges, lambda outcome: bool(outcome[0]))
+    assert looks.open == ["y", "z"] and all(level == pytest.approx(0.02) for _, level in judged)
+    judged.clear()
+    assert looks.judge(1, 0.06, judges, lambda outcome: bool(outcome[0]))
+    assert [key for key, _ in judged] == ["y", "z"] and looks.outcome("x")[0] == 0 and looks.outcome("y")[0] == 1
+
+
+class FakeClock:
+    """A clock that each comparison moves on by ``per_seed`` seconds a new seed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake_compare(gains: dict[str, float], clock: FakeClock, per_seed: float, calls: list):
+    def compare(spec, out_dir, plugins=None):
+        new = [s for s in spec.seeds if s not in calls[-1]] if calls else spec.seeds
+        calls.append(list(spec.seeds))
+        clock.now += per_seed * len(new)
+        runs = []
+        for task, gain in gains.items():
+            runs += planted(gain, spec.seeds, spread=0.02).model_copy().runs
+            runs[-2 * len(spec.seeds) :] = [r.model_copy(update={"task": task}) for r in runs[-2 * len(spec.seeds) :]]
+        results = CompareResults(spec=spec.model_dump(mode="json"), machine={}, runs=runs, skipped=[])
+        results.summaries = summarize(runs, "b")
+        (out_dir / "report.md").write_text("# report\n")
+        return results
+
+    return compare
+
+
+def test_rounds_stop_when_every_item_is_decided(monkeypatch, tmp_path):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    monkeypatch.setattr(rounds, "compare", fake_compare({"listops": 0.3}, clock, 10.0, calls))
+    spec = load_spec({"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1, 2]})
+    judged = []
+
+    def judge_look(results, look, alpha):
+        judged.append((look, alpha))
+        return look == 1  # decided at the second look
+
+    _, done, why = run_rounds(spec, tmp_path, judge_look, UntilDecided(budget=3600, round=2, most_seeds=9), say=str)
+    assert calls == [[0, 1, 2], [0, 1, 2, 3, 4]] and [r.look for r in done] == [1, 2]
+    assert "every item decided after 2 look(s)" in why
+    assert judged[0][1] > judged[1][1] > 0 and sum(a for _, a in judged) < 0.05  # shares of alpha, spent in part
+
+
+def test_rounds_stop_when_the_budget_leaves_no_time_for_the_next(monkeypatch, tmp_path):
+    """Each seed takes 100 s on the frozen clock: 3 seeds, then 2 more (500 s), and a third round
+    (another 200 s) would pass a budget of 600 s, so it does not start."""
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    monkeypatch.setattr(rounds, "compare", fake_compare({"listops": 0.0}, clock, 100.0, calls))
+    spec = load_spec({"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1, 2]})
+    _, done, why = run_rounds(
+        spec, tmp_path, lambda *_: False, UntilDecided(budget=600, round=2, most_seeds=9), say=str
+    )
+    assert calls == [[0, 1, 2], [0, 1, 2, 3, 4]] and "leaves no time for another round" in why
+
+
+def test_a_comparison_until_decided_reports_each_tests_look_and_seeds(monkeypatch, tmp_path):
+    """A clear gain is decided at the first look; no gain, with an effect of interest, is decided
+    'within the effect' once enough seeds narrow its interval."""
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    monkeypatch.setattr(rounds, "compare", fake_compare({"listops": 0.3, "copy": 0.0}, clock, 1.0, calls))
+    spec = load_spec(
+        {
+            "variants": ["transformer-tiny"],
+            "tasks": ["listops"],
+            "seeds": [0, 1, 2],
+            "effect": 0.05,
+            "until_decided": {"budget": "1h", "round": 3, "most_seeds": 30},
+        }
+    )
+    _, decisions = compare_until_decided(spec, tmp_path)
+    found = {d.task: d for d in decisions}
+    assert found["listops"].found == "above 0" and found["listops"].look == 1
+    assert found["copy"].found == "within the effect" and found["copy"].seeds > 3
+    assert found["copy"].confidence > 0.95  # a look's share of alpha: a wider interval than 95%
+    report = (tmp_path / "report.md").read_text()
+    assert "## Seeds added until decided" in report and "within the effect" in report
+    assert json.loads((tmp_path / "rounds.json").read_text())["decisions"][0]["task"] == "listops"
+
+
+def test_budgets_read_as_durations_and_bad_ones_say_what_would_be_right(capsys):
+    assert budget_seconds("20m") == 1200 and budget_seconds("1.5h") == 5400 and budget_seconds(90) == 90
+    with pytest.raises(ValueError, match="give seconds .* or a number with s, m or h"):
+        budget_seconds("soon")
+    with pytest.raises(ConfigError, match="budget"):
+        load_spec({"variants": ["transformer-tiny"], "tasks": ["listops"], "until_decided": {"budget": "-1m"}})
+    with pytest.raises(SystemExit):
+        main(["compare", "--until-decided", "--budget", "soon"])
+    assert "20m" in capsys.readouterr().err
