@@ -232,3 +232,18 @@ def test_budgets_read_as_durations_and_bad_ones_say_what_would_be_right(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--until-decided", "--budget", "soon"])
     assert "20m" in capsys.readouterr().err
+
+
+def test_the_regions_picture_labels_each_interval_with_the_verdict_the_rules_give(tmp_path):
+    from transformer_zoo.comparing.studies.figures import EXAMPLES, effect_regions_figure, verdict_of
+
+    labels = [verdict_of(low, high, 0.05) for low, high in EXAMPLES]
+    assert labels == [
+        "holds",
+        "holds (smaller than the effect)",
+        "does not hold",
+        "does not hold",
+        "inconclusive",
+        "holds",
+    ]
+    assert effect_regions_figure(tmp_path / "regions.png").stat().st_size > 10_000
