@@ -6,7 +6,9 @@ field, with what the task sets, such as the vocabulary), its task config and the
 files it names (:data:`DATA_FIELDS`: each file's path, size and modification time), its training config (seed,
 budget, optimizer, schedule, the device it resolves to, ...; not how often it checkpoints or
 the peak FLOP rate MFU is measured against, which change nothing it computes), the probes
-measured after training, and :data:`KEY_VERSIONS`. A dataset from a hub is keyed by its name
+measured after training, the resolved model configs whose initial weights it takes
+(``shared_init``, which ``pairing: seeds`` sets; nothing for a run without it, whose key is
+that of its own initialisation alone), and :data:`KEY_VERSIONS`. A dataset from a hub is keyed by its name
 alone: rerun (``--rerun``) when it changes. Its folder in the cache is
 ``TASK--VARIANT--seedS--KEY`` (the key's first 16 hex digits); a run of the same key under
 another label is the same run, and is reused.
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..api import load_config
 from ..training.config import TrainConfig
 from ..training.placement import resolve_device
 
@@ -79,9 +82,10 @@ def run_key(config: TrainConfig, model: Any, probes: list[str] = ()) -> str:
     """
     task = config.task.model_dump(mode="json", exclude={"id"})  # a report's name for the task, not part of the run
     held = set() if config.holdout is not None else {"holdout", "holdout_seed"}  # the keys of runs before them
-    train = config.model_dump(mode="json", exclude={"model", "task", *NOT_IN_KEY, *held})
+    train = config.model_dump(mode="json", exclude={"model", "task", "shared_init", *NOT_IN_KEY, *held})
     content = {
         "model": model.model_dump(mode="json"),
+        **({} if config.shared_init is None else {"shared_init": [_resolved(entry) for entry in config.shared_init]}),
         "task": task,
         "data": data_files(task),
         "train": {**train, "device": resolve_device(config.device).type},
@@ -89,6 +93,11 @@ def run_key(config: TrainConfig, model: Any, probes: list[str] = ()) -> str:
         "versions": KEY_VERSIONS,
     }
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def _resolved(entry: str | dict[str, Any]) -> dict[str, Any]:
+    """A model entry of ``shared_init`` as its every field (the task's fixed values are keyed with the task)."""
+    return load_config({"variant": entry} if isinstance(entry, str) else entry).model_dump(mode="json")
 
 
 class RunCache:

@@ -133,6 +133,20 @@ class RunRecord(BaseModel):
         description="wall seconds of the tuning trials that chose this variant's setting on this task (the "
         "spec's tune:), the same for each of its seeds; None: not tuned",
     )
+    shared: list[str] = Field(
+        [],
+        description="pairing: seeds: the parameters (by name) whose initial values came from an earlier variant "
+        "of the spec at the same seed, their names and shapes agreeing; empty for the first variant on a task, "
+        "and without pairing",
+    )
+    own: list[str] = Field(
+        [],
+        description="pairing: seeds: the parameters (by name) that kept their own initial values (every one, for "
+        "the first variant on a task); empty without pairing",
+    )
+    shared_weights: int = Field(
+        0, description="the weights (elements) of the shared parameters, a share of the parameters count"
+    )
 
     @model_validator(mode="after")
     def _every_direction(self) -> RunRecord:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +202,42 @@ def runs_table(records: list[RunRecord]) -> str:
     return "\n".join(lines)
 
 
+def paired_lines(results: CompareResults) -> list[str]:
+    """What runs at one seed shared (``pairing: seeds``), and per task and variant how many of its
+    parameters, and what share of its weights, started from an earlier variant's values, with the
+    names of those that kept their own (its first seed's run: every seed shares alike)."""
+    lines = [
+        (
+            "Seeds were paired (`pairing: seeds`): at each seed, a variant's parameter whose name and shape agree "
+            "with one of a variant before it in the spec, on the same task, started from that variant's initial "
+            "value (the first such variant's), and its other parameters from its own initialisation; after "
+            "initialising, every run's random stream (dropout, random position offsets) started again from the "
+            "seed, and batches come from the seed and step alike. The first variant on a task keeps its own values, "
+            "which the later ones take; what differs between two variants at one seed is their architecture and "
+            "the parameters each kept as its own."
+        ),
+        "",
+        "| task | variant | parameters from an earlier variant | share of its weights | kept their own |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    firsts: dict[tuple[str, str], RunRecord] = {}
+    for record in results.trained:
+        firsts.setdefault((record.task, record.variant), record)
+    for (task, variant), record in firsts.items():
+        count = len(record.shared) + len(record.own)
+        share = record.shared_weights / max(record.parameters, 1)
+        kept = "all" if not record.shared else _grouped(record.own) or "none"
+        lines.append(f"| {task} | {variant} | {len(record.shared)} of {count} | {share:.1%} | {kept} |")
+    return lines
+
+
+def _grouped(names: list[str]) -> str:
+    """Parameter names, those that differ in their numbers alone (a layer's index) written once
+    with ``*`` and a count: ```decoder.layers.*.norm.weight` (x2)``."""
+    groups = Counter(re.sub(r"(?<![^.])\d+(?![^.])", "*", name) for name in names)
+    return ", ".join(f"`{group}`" + (f" (x{n})" if n > 1 else "") for group, n in groups.items())
+
+
 def scaling_tables(points: list[ScalingPoint]) -> str:
     """Time and peak memory by model and length, then each sparse model against its full-attention twins."""
     lengths = sorted({p.length for p in points})
@@ -375,6 +413,8 @@ def write_report(results: CompareResults, out_dir: Path) -> Path:
         "![throughput](throughput.png)",
         "",
     ]
+    if spec.get("pairing") == "seeds":
+        lines += ["## Paired seeds", "", *paired_lines(results), ""]
     lines += ["## How to read it", "", _method(results), ""]
     lines += ["## Runs", "", runs_table(records), ""]
     machine = ", ".join(f"{k} {v}" for k, v in results.machine.items())

@@ -245,6 +245,9 @@ def execute_run(job: RunJob, where: str = "") -> dict[str, Any] | None:
         placed_on=where,
         attempts=attempt,
         resumed_from=summary["resumed_from"],
+        shared=summary.get("shared", []),  # those three with shared_init alone
+        own=summary.get("own", []),
+        shared_weights=summary.get("shared_weights", 0),
     ).model_dump()
     atomic_write(run_dir / RECORD, lambda tmp: tmp.write_text(json.dumps(record)))
     return record

@@ -304,6 +304,9 @@ def _unlabelled(variant: str | dict[str, Any]) -> str | dict[str, Any]:
 def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
     """Every run's training config, and the pairs that cannot run; all checked before training.
 
+    With ``pairing: seeds``, each run takes the initial weights of the variants before its own
+    in the spec that run its task (their model entries in ``shared_init``, in the spec's order).
+
     Args:
         processes: the processes every run trains over (a torchrun job's); a model that trains
             in several phases (a GAN) is skipped when there are more than one.
@@ -316,6 +319,7 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
     """
     runs, skipped, problems = [], [], []
     fields, unloaded = set(), []
+    earlier: dict[str, list[str | dict[str, Any]]] = {task.name: [] for task in spec.tasks}  # variants run so far
     for index, entry in enumerate(spec.variants):
         label, variant = _label(entry), _unlabelled(entry)
         try:
@@ -328,8 +332,9 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
         fields |= set(type(config).model_fields)
         variant = _with_model_options(variant, type(config), spec.model)
         for task_options in spec.tasks:
+            shared = list(earlier[task_options.name]) if spec.pairing == "seeds" else None
             try:
-                found = _task_runs(spec, label, variant, task_options, processes)
+                found = _task_runs(spec, label, variant, task_options, processes, shared)
             except ConfigError as exc:
                 problems.append(exc)
                 continue
@@ -337,6 +342,7 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
                 skipped.append(found)
             else:
                 runs += found
+                earlier[task_options.name].append(variant)
     unknown = sorted(set(spec.model) - fields)
     if unknown and not unloaded:  # a variant that did not load may have them
         problems.append(
@@ -354,9 +360,15 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
 
 
 def _task_runs(
-    spec: CompareSpec, label: str, variant: str | dict[str, Any], task_options: Any, processes: int
+    spec: CompareSpec,
+    label: str,
+    variant: str | dict[str, Any],
+    task_options: Any,
+    processes: int,
+    shared_init: list[str | dict[str, Any]] | None,
 ) -> list[tuple[str, TrainConfig]] | Skipped:
-    """A variant's runs on one task, a seed each; or why it cannot do the task.
+    """A variant's runs on one task, a seed each, taking the initial weights of the models of
+    ``shared_init`` (None: their own); or why it cannot do the task.
 
     Raises:
         ConfigError: the spec's training options do not validate for these runs, or a batch does
@@ -376,6 +388,7 @@ def _task_runs(
                 "model": variant,
                 "task": task_options,
                 "seed": seed,
+                "shared_init": shared_init,
             },
             "compare spec 'train', 'task_train' and 'variant_train' options",
         )

@@ -120,6 +120,15 @@ class TrainConfig(Options):
         "are never read, as when settings are tuned; null: the task's own splits",
     )
     holdout_seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the rows holdout carves out")
+    shared_init: list[str | dict[str, Any]] | None = Field(
+        None,
+        description="models (as 'model' takes them) whose initial weights at this seed the run takes, in order: "
+        "each parameter whose name and shape agree with one of theirs starts from the first such model's value, the "
+        "rest from the run's own; then the random stream of training (dropout, random offsets) starts again from the "
+        "seed, whatever initialising drew (an empty list: the stream alone). A comparison with pairing: seeds sets "
+        "it; the summary lists the parameters taken (shared) and those that kept their own (own). null: the run's "
+        "own initialisation, its stream going on from it",
+    )
 
 
 def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:

@@ -25,7 +25,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..api import build_model, from_pretrained
+from ..core.errors import naming
 from ..registry import get_registry
 from . import distributed
 from .checkpointing import Checkpointer
@@ -43,6 +44,22 @@ from .placement import Placement, resolve_device
 from .run_folder import CHECKPOINT, check_folder, read_plugins
 from .step import Stepper, TrainingDiverged, flop_rates, peak_tflops
 from .tracking import Trackers
+
+
+@dataclass(frozen=True)
+class SharedStart:
+    """Which parameters of a run started from the values of the models its ``shared_init``
+    names (:meth:`Trainer.take_initial_values`), by name (a tied weight under its first name).
+
+    Attributes:
+        shared: those that did, in the model's order.
+        own: those that kept the run's own initial values.
+        shared_weights: the elements of the ``shared`` parameters together.
+    """
+
+    shared: list[str]
+    own: list[str]
+    shared_weights: int
 
 
 @dataclass(frozen=True)
@@ -112,6 +129,7 @@ class Trainer:
         self.model: Any = None
         self.start, self.reached, self.history, self.tokens = 0, 0, [], 0
         self.step_flops: float | None = None
+        self.shared: SharedStart | None = None  # set by build_model, with shared_init
         self.name, self.tags, self.trackers = name, tags or {}, Trackers([])  # opened by run_until
         self._started = time.perf_counter()
 
@@ -157,12 +175,20 @@ class Trainer:
 
     def build_model(self) -> torch.nn.Module:
         """The model for the task, initialised from the seed, in train mode on the placement's home.
+        With ``shared_init``, its parameters take the initial values of the models it names
+        (:meth:`take_initial_values`, recorded in :attr:`shared`), and the random stream starts
+        again from the seed.
 
         Raises:
-            ValueError: the model trains in several phases, over processes or compiled.
+            ValueError: the model trains in several phases, over processes or compiled; or a
+                model of ``shared_init`` cannot do the task.
         """
         torch.manual_seed(self.config.seed)
         model = build_model(model_config_for(self.config, self.task))
+        if self.config.shared_init is not None:
+            self.shared = self.take_initial_values(model)
+            # dropout and other draws of training then start alike, whatever each architecture drew to initialise
+            torch.manual_seed(self.config.seed)
         phases = [phase.name for phase in model.phases()]
         if len(phases) > 1 and (self.placement.here.size > 1 or self.config.compile):
             raise ValueError(
@@ -170,6 +196,30 @@ class Trainer:
                 "and compile: true are for one-phase models: run it in one process, eager"
             )
         return self.placement.place(model, len(phases)).train()
+
+    def take_initial_values(self, model: torch.nn.Module) -> SharedStart:
+        """Give ``model``'s parameters the initial values of the models ``shared_init`` names, each
+        built for the task from the seed as this run's model is: a parameter whose name and shape
+        agree with one of theirs takes the first such model's value. The models are built one at a
+        time, each freed once copied, and none after every parameter is taken."""
+        mine, taken = dict(model.named_parameters()), set()
+        for index, entry in enumerate(self.config.shared_init):
+            if len(taken) == len(mine):
+                break
+            torch.manual_seed(self.config.seed)
+            with naming(f"shared_init.{index}"):
+                source = build_model(model_config_for(self.config.model_copy(update={"model": entry}), self.task))
+            with torch.no_grad():
+                for name, value in source.named_parameters(remove_duplicate=False):  # a tied weight under each name
+                    if name in mine and name not in taken and value.shape == mine[name].shape:
+                        mine[name].copy_(value)
+                        taken.add(name)
+            del source
+        return SharedStart(
+            shared=[name for name in mine if name in taken],
+            own=[name for name in mine if name not in taken],
+            shared_weights=sum(mine[name].numel() for name in taken),
+        )
 
     def attach(self, model: torch.nn.Module) -> Trainer:
         """Train ``model`` from here, through a :class:`~transformer_zoo.training.step.Stepper`:
@@ -399,6 +449,7 @@ class Trainer:
             **flop_rates(self.step_flops, end - self.start, elapsed, peak, placement.here.size),
             "history": self.history,
             "resumed_from": self.checkpointer.resumed_from,  # the checkpoint's step this invocation began at; None: from scratch
+            **({} if self.shared is None else asdict(self.shared)),  # with shared_init alone
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         model.save_pretrained(self.run_dir / "model")
