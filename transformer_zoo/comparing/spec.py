@@ -24,7 +24,6 @@ from .scaling import ScalingSpec
 from .stats import TEST_NAMES
 from .tuning import TuneSpec
 
-
 Pairing = Literal["none", "seeds"]
 PAIRINGS: dict[str, str] = {
     "none": "runs at one seed share the data order only; differences between variants use the spec's test",
