@@ -138,3 +138,29 @@ def studies_table_lines(results: list[StudyResult]) -> list[str]:
             f"{r.steps} steps{short} | **{r.verdict}** | {duration(r.wall_seconds)} |"
         )
     return lines
+
+
+def claims_table_lines(results: list[StudyResult]) -> list[str]:
+    """One row per claim of every study: its effect, figures, the seeds it was judged on (and
+    whether paired), the paired interval's width against the unpaired one, and its verdict; then
+    the share of claims decided."""
+    lines = [
+        "| study | claim | effect | a - b [CI] | CI level | seeds | paired / unpaired width | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    claims = [(r, c) for r in results for c in r.claims]
+    for r, c in claims:
+        delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.seeds))
+        widths = "n/a"
+        if c.unpaired_low is not None and c.low is not None and c.unpaired_high != c.unpaired_low:
+            widths = f"{(c.high - c.low) / (c.unpaired_high - c.unpaired_low):.2f}"
+        effect = "n/a" if c.claim.relation == "steadier" else f"{c.effect:g}"
+        needed = f"; about {c.seeds_needed} seeds a side would decide it" if c.seeds_needed else ""
+        lines.append(
+            f"| {r.name} | {c.claim.statement} ({c.claim.relation}) | {effect} | {delta} | "
+            f"{100 * c.confidence:.3g}% | {c.seeds}{' paired' if c.paired else ''} | {widths} | "
+            f"**{verdict_words(c)}**{needed} |"
+        )
+    decided = sum(c.verdict != "inconclusive" for _, c in claims)
+    lines += ["", f"{decided} of {len(claims)} claims decided ({decided / max(len(claims), 1):.0%})."]
+    return lines

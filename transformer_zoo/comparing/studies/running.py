@@ -22,7 +22,7 @@ from ..rounds import Looks, run_rounds
 from ..runner import ComparisonInterrupted, compare
 from ..sequential import claim_share
 from ..spec import CompareSpec
-from .pages import studies_table_lines, study_lines
+from .pages import claims_table_lines, studies_table_lines, study_lines
 from .spec import Claim, Scale, Study, load_study
 from .verdicts import ClaimResult, StudyResult, judge, stopped_runs, verdict
 
@@ -166,6 +166,10 @@ def reproduce_all(
             ran,
             "",
             *studies_table_lines([r for r in done if r.scale == scale]),
+            "",
+            "## Claims",
+            "",
+            *claims_table_lines([r for r in done if r.scale == scale]),
             "",
         ]
     )
