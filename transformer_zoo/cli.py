@@ -162,6 +162,24 @@ def _tune(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"{text!r} trials: {exc.errors()[0]['msg']}") from None
 
 
+def _until_decided_options(p: argparse.ArgumentParser, item: str) -> None:
+    """``--until-decided`` and ``--budget``, of compare and reproduce."""
+    p.add_argument(
+        "--until-decided",
+        action="store_true",
+        help=f"add seeds in rounds until every {item} is decided or the budget is spent, each round judged by a "
+        "sequential procedure that keeps the error rate at alpha (the spec's until_decided: settings, or 2 seeds a "
+        "round up to 10)",
+    )
+    p.add_argument(
+        "--budget",
+        type=_budget,
+        metavar="DURATION",
+        help="wall time for all the rounds of --until-decided (which it implies): seconds, or 20m, 1.5h; default: "
+        "the spec's, else 20m",
+    )
+
+
 def _budget(text: str) -> float:
     from .comparing.spec import budget_seconds
 
@@ -477,20 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tune every variant with this many trials before comparing (the spec's tune: section, or the "
         "learning rate on a log scale; the [tune] extra), or off: compare at the spec's own settings",
     )
-    p.add_argument(
-        "--until-decided",
-        action="store_true",
-        help="add seeds in rounds until every test against the reference is decided or the budget is spent, each round judged by a "
-        "sequential procedure that keeps the error rate at alpha (the spec's until_decided: settings, or 2 seeds a "
-        "round up to 10)",
-    )
-    p.add_argument(
-        "--budget",
-        type=_budget,
-        metavar="DURATION",
-        help="wall time for all the rounds of --until-decided (which it implies): seconds, or 20m, 1.5h; default: "
-        "the spec's, else 20m",
-    )
+    _until_decided_options(p, "test against the reference")
     p.add_argument("--json", action="store_true", help="print results.json's contents")
     p.set_defaults(run=_compare)
 
@@ -498,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reproduce",
         help="run studies of the papers' claims and judge each (no name: list them)",
         description="Run studies: each is a comparison over seeds and the claims it tests, judged holds, "
-        "does not hold or inconclusive from the 95%% intervals. NAME is a built-in study or a "
+        "does not hold or inconclusive from intervals over seeds. NAME is a built-in study or a "
         "study's YAML file.",
     )
     p.add_argument(
@@ -526,20 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", type=_seeds, metavar="S,S,...", help="run these seeds instead of the study's")
     p.add_argument("--steps", type=int, metavar="N", help="train every run this many steps instead (a quick look)")
-    p.add_argument(
-        "--until-decided",
-        action="store_true",
-        help="add seeds in rounds until every claim is decided or the budget is spent, each round judged by a "
-        "sequential procedure that keeps the error rate at alpha (the spec's until_decided: settings, or 2 seeds a "
-        "round up to 10)",
-    )
-    p.add_argument(
-        "--budget",
-        type=_budget,
-        metavar="DURATION",
-        help="wall time for all the rounds of --until-decided (which it implies): seconds, or 20m, 1.5h; default: "
-        "the spec's, else 20m",
-    )
+    _until_decided_options(p, "claim")
     p.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     p.set_defaults(run=_reproduce)
 

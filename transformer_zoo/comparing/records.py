@@ -327,3 +327,14 @@ class CompareResults(BaseModel):
     def trained(self) -> list[RunRecord]:
         """The runs, without the suites' aggregates."""
         return [run for run in self.runs if not run.aggregate_of]
+
+    def by_seed(self, variant: str, task: str, split: str, metric: str) -> dict[int, float]:
+        """A variant's figure on ``task`` by the seed of each of its runs: a probe's measurement
+        ``metric``, or else the metric on ``split``."""
+        found = {}
+        for run in self.runs:
+            if run.variant == variant and run.task == task:
+                value = run.probes.get(metric, run.metrics.get(split, {}).get(metric))
+                if value is not None:
+                    found[run.seed] = value
+        return found

@@ -174,7 +174,6 @@ def compare_until_decided(
     above or below 0, or, with an ``effect``, none as large as it), or the budget is spent.
     Writes ``rounds.json`` and adds the decisions to ``report.md``."""
     from .stats import difference, paired_difference
-    from .studies.verdicts import values_by_seed
 
     settings = spec.until_decided or UntilDecided()
     looks: Looks[Decision] = Looks([])
@@ -184,7 +183,7 @@ def compare_until_decided(
         task, variant, reference = key
         summary = next(s for s in results.summaries if s.task == task)
         metric = summary.headline.split(" ", 1)[1]
-        a, b = (values_by_seed(results, label, task, "test", metric) for label in (variant, reference))
+        a, b = (results.by_seed(label, task, "test", metric) for label in (variant, reference))
         if paired:
             seeds = sorted(a.keys() & b.keys())
             d = paired_difference([a[s] for s in seeds], [b[s] for s in seeds], 1 - alpha)

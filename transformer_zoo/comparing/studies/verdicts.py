@@ -117,22 +117,6 @@ class StudyResult(BaseModel):
     command: str = Field(description="the command that runs the study again")
 
 
-def _values(results: CompareResults, label: str, task: str, split: str, metric: str) -> list[float]:
-    """A variant's figure on ``task`` from each of its runs: a probe's measurement, or a split's metric."""
-    return list(values_by_seed(results, label, task, split, metric).values())
-
-
-def values_by_seed(results: CompareResults, label: str, task: str, split: str, metric: str) -> dict[int, float]:
-    """:func:`_values` by the seed of each run."""
-    found = {}
-    for run in results.runs:
-        if run.variant == label and run.task == task:
-            value = run.probes.get(metric, run.metrics.get(split, {}).get(metric))
-            if value is not None:
-                found[run.seed] = value
-    return found
-
-
 def _cell(results: CompareResults, metric: str, values: list[float]) -> Cell:
     """The mean and 95% interval of ``values``, within the metric's bounds where the task declares them."""
     bounds = next((r.bounds[metric] for r in results.runs if metric in r.bounds), None)
@@ -149,7 +133,7 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = (), alpha:
         alpha: one minus the interval's confidence (a sequential look's level; 0.05: the 95% interval).
     """
     by_seed = [
-        values_by_seed(results, label, claim.task, split, claim.metric)
+        results.by_seed(label, claim.task, split, claim.metric)
         for label, split in ((claim.a, claim.split), (claim.b, claim.b_split))
     ]
     paired = claim.paired or results.spec.get("pairing") == "seeds"
@@ -236,7 +220,7 @@ def _gap(claim: Claim, gain: float) -> float:
 
 def beside(figure: SourceFigure, results: CompareResults) -> FigureResult | None:
     """The source's figure and ours; None when no run of the variant recorded it."""
-    ours = _values(results, figure.variant, figure.task, figure.split, figure.metric)
+    ours = list(results.by_seed(figure.variant, figure.task, figure.split, figure.metric).values())
     return FigureResult(figure=figure, ours=_cell(results, figure.metric, ours)) if ours else None
 
 
