@@ -189,14 +189,12 @@ def _budget(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _until_decided(args: argparse.Namespace, current: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The until_decided settings that --until-decided and --budget ask for (None: neither given)."""
+def _until_decided_settings(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What --until-decided and --budget change of a spec's until_decided settings (None: neither
+    given; an empty mapping: the spec's settings, or the defaults)."""
     if not args.until_decided and args.budget is None:
         return None
-    settings = dict(current or {})
-    if args.budget is not None:
-        settings["budget"] = args.budget
-    return settings
+    return {} if args.budget is None else {"budget": args.budget}
 
 
 def _compare(args: argparse.Namespace) -> Any:
@@ -223,11 +221,12 @@ def _compare(args: argparse.Namespace) -> Any:
         tune = args.tune if spec.tune is None else spec.tune.model_copy(update={"trials": args.tune.trials})
         spec = spec.model_copy(update={"tune": tune})
     out = args.out or Path("reports") / spec.name
-    until = _until_decided(args, spec.until_decided and spec.until_decided.model_dump())
+    until = _until_decided_settings(args)
     if until is not None or spec.until_decided is not None:
         from .comparing.rounds import compare_until_decided
 
-        spec = load_spec({**spec.model_dump(mode="json"), "until_decided": until or spec.until_decided.model_dump()})
+        settings = {**(spec.until_decided.model_dump() if spec.until_decided else {}), **(until or {})}
+        spec = load_spec({**spec.model_dump(mode="json"), "until_decided": settings})
         results, _ = compare_until_decided(spec, out)
         return {"report": str(out / "report.md"), **results.model_dump(mode="json")}
     with job():  # one process, or one of torchrun's
@@ -243,9 +242,9 @@ def _reproduce(args: argparse.Namespace) -> Any:
     from .comparing.studies.verdicts import as_json
 
     overrides = {key: value for key, value in (("seeds", args.seeds), ("steps", args.steps)) if value is not None}
-    until = _until_decided(args, None)
+    until = _until_decided_settings(args)
     if until is not None:
-        overrides["until_decided"] = {"budget": 1200.0, **until}
+        overrides["until_decided"] = until
     if not args.names and args.scale is None and args.out is None and args.at_once is None and not overrides:
         return study_rows()
     names = args.names or list(available_studies())  # a scale, a folder or a budget given: every study

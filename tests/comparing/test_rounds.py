@@ -1,10 +1,11 @@
 """Smallest effects of interest, paired seeds and seeds added until decided, as studies and
-comparisons use them: the verdict rules on planted effects, the paired tests, the step-down over
-looks, the rounds and their budget (on a frozen clock), and a tiny study run until decided."""
+comparisons use them: the verdict rules on planted effects, the paired tests, each look's
+share of alpha, the rounds and their budget (on a frozen clock), and a tiny study run until decided."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,12 +103,12 @@ def test_a_study_states_effects_for_its_claims_and_refuses_one_on_a_steadier_cla
         "compare": {"variants": ["transformer-tiny"], "tasks": ["listops"]},
         "claims": [
             {"statement": "a", "task": "listops", "metric": "accuracy", "a": "a", "b": "b"},
-            {"statement": "b", "task": "listops", "metric": "accuracy", "a": "a", "b": "b", "margin": 0.2},
+            {"statement": "b", "task": "listops", "metric": "accuracy", "a": "a", "b": "b", "effect": 0.2},
             {"statement": "c", "task": "listops", "metric": "accuracy", "a": "a", "b": "b", "relation": "steadier"},
         ],
     }
     study = Study.model_validate(data)
-    assert [c.effect for c in study.claims] == [0.03, 0.2, None]  # margin is read as the effect
+    assert [c.effect for c in study.claims] == [0.03, 0.2, 0.0]  # a claim's own effect stands
     with pytest.raises(ValueError, match="steadier.*no effect of interest"):
         claim(relation="steadier", effect=0.1)
     with pytest.raises(ValueError, match="needs an effect > 0"):
@@ -162,7 +163,8 @@ def fake_compare(gains: dict[str, float], clock: FakeClock, per_seed: float, cal
             runs[-2 * len(spec.seeds) :] = [r.model_copy(update={"task": task}) for r in runs[-2 * len(spec.seeds) :]]
         results = CompareResults(spec=spec.model_dump(mode="json"), machine={}, runs=runs, skipped=[])
         results.summaries = summarize(runs, "b")
-        (out_dir / "report.md").write_text("# report\n")
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "report.md").write_text("# report\n")
         return results
 
     return compare
@@ -247,3 +249,61 @@ def test_the_regions_picture_labels_each_interval_with_the_verdict_the_rules_giv
         "holds",
     ]
     assert effect_regions_figure(tmp_path / "regions.png").stat().st_size > 10_000
+
+
+def test_compare_until_decided_from_the_command_line_takes_the_specs_settings(monkeypatch, tmp_path):
+    """--until-decided alone: the spec's until_decided settings (here none: the defaults)."""
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    monkeypatch.setattr(rounds, "compare", fake_compare({"listops": 0.3}, clock, 1.0, calls))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1, 2]}))
+    main(["compare", str(spec), "--until-decided", "--out", str(tmp_path / "out")])
+    assert calls == [[0, 1, 2]]  # decided at the first look
+    assert json.loads((tmp_path / "out" / "rounds.json").read_text())["decisions"][0]["found"] == "above 0"
+
+
+def test_a_round_of_reused_runs_is_timed_by_their_recorded_wall_time(monkeypatch, tmp_path):
+    """The first look's runs all come from the cache (of another invocation) and take no time on
+    the clock; the next round is planned at their recorded 400 s a seed, so a budget of 600 s
+    leaves no time for it."""
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    fake = fake_compare({"listops": 0.0}, clock, 0.0, calls)
+
+    def reused(spec, out_dir, plugins=None):
+        results = fake(spec, out_dir)
+        results.runs = [r.model_copy(update={"wall_seconds": 400.0, "invocation": "earlier"}) for r in results.runs]
+        return results.model_copy(update={"invocation": "now"})
+
+    monkeypatch.setattr(rounds, "compare", reused)
+    spec = load_spec({"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1, 2], "workers": 2})
+    _, done, why = run_rounds(spec, tmp_path, lambda *_: False, UntilDecided(budget=600, round=2, most_seeds=9), say=str)
+    assert calls == [[0, 1, 2]] and "the next would take about" in why, why
+
+
+def test_seeds_added_until_decided_refuse_torchrun(monkeypatch, tmp_path):
+    from transformer_zoo.training import distributed
+
+    monkeypatch.setattr(distributed, "world", lambda: distributed.World(rank=0, size=2, launched=True))
+    spec = load_spec({"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1]})
+    with pytest.raises(ConfigError, match="run it without torchrun"):
+        run_rounds(spec, tmp_path, lambda *_: True, UntilDecided())
+
+
+def test_a_tiny_study_runs_until_decided_and_its_page_gives_each_claims_seeds(tmp_path):
+    """multi-head at 3 steps: no claim can be decided, so the rounds run to the planned last look
+    (3 seeds), each claim judged at a look's share of alpha, and the page says so."""
+    from transformer_zoo.comparing.studies.running import reproduce
+    from transformer_zoo.comparing.studies.spec import load_study
+
+    overrides = {"steps": 3, "seeds": [0, 1], "workers": 1, "threads": 1}
+    overrides["until_decided"] = {"round": 1, "most_seeds": 3, "budget": "1h"}
+    result = reproduce(load_study("multi-head"), tmp_path, overrides=overrides)
+    assert [len(r["seeds"]) for r in result.rounds] == [2, 3] or result.claims[0].verdict != "inconclusive"
+    claim = result.claims[0]
+    assert claim.paired and claim.look == len(result.rounds) and claim.seeds == len(result.rounds[-1]["seeds"])
+    assert claim.confidence > 0.95 and claim.unpaired_low is not None
+    page = (tmp_path / "verdict.md").read_text()
+    assert "Seeds added until decided: looks at" in page and "paired / unpaired" in page
+    assert "--until-decided --budget 60m" in result.command

@@ -218,7 +218,7 @@ class Test(BaseModel):
     reference: str
     column: str
     difference: float = Field(description="the variant's mean minus the reference's")
-    low: float | None = Field(description="the difference's 95% interval (Welch-Satterthwaite)")
+    low: float | None = Field(description="the difference's 95% interval (Welch-Satterthwaite, or the paired t's)")
     high: float | None
     p: float | None = Field(description="two-sided p of the test; None: fewer than two seeds on a side, no test")
     test: TestKind | Literal["paired"] = Field(description="the test: the spec's, or paired (pairing: seeds)")
@@ -237,7 +237,7 @@ class TaskSummary(BaseModel):
     task: str
     headline: str = Field(description="the headline column: the task's metric on its test split")
     reference: str = Field(description="the variant every other is tested against")
-    test: TestKind
+    test: TestKind | Literal["paired"] = Field(description="the test of the differences: the spec's, or paired")
     seeds: int = Field(description="the fewest seeds any variant ran")
     columns: list[Column]
     cells: dict[str, dict[str, Cell]] = Field(description="variant -> column -> mean and interval")

@@ -20,7 +20,7 @@ from .plots import (
     plot_widths,
 )
 from .records import ALPHA, MODE_NAMES, MODES, CompareResults, RunRecord, ScalingPoint, TaskSummary
-from .stats import TEST_NAMES
+from .stats import TEST_NAMES, TESTS_RUN
 from .suites import task_name
 from .summary import column_decimals, format_cell, format_number
 
@@ -50,7 +50,7 @@ def tests_table(summary: TaskSummary) -> str:
     family = sum(test.p is not None for test in summary.tests)
     lines = [
         (
-            f"Against the reference, {summary.reference} ({TEST_NAMES[summary.test]}; the difference is the "
+            f"Against the reference, {summary.reference} ({TESTS_RUN[summary.test]}; the difference is the "
             "variant's mean minus the reference's, with its 95% interval; Holm p is p adjusted by Holm's step-down "
             f"correction over the task's {family} tests, and a difference separable at {ALPHA} survives it when "
             f"Holm p < {ALPHA} too):"

@@ -23,12 +23,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from ..core.errors import ConfigError
 from ..core.files import atomic_write
+from ..training import distributed
 from .progress import duration
 from .records import ALPHA, CompareResults
 from .runner import compare
-from .sequential import claim_share, look_alphas, planned_looks
+from .sequential import HOLDS, claim_share, look_alphas, planned_looks, region
 from .spec import CompareSpec, UntilDecided
+from .stats import seeded_difference
 
 T = TypeVar("T")
 
@@ -80,7 +83,7 @@ class Looks(Generic[T]):
 
 @dataclass(frozen=True)
 class Round:
-    """One look: its seeds, the wall time its comparison took and what it decided."""
+    """One look: its seeds, the wall time its comparison took and its share of alpha."""
 
     look: int
     seeds: list[int]
@@ -104,6 +107,10 @@ def run_rounds(
     Returns:
         the last look's results, the rounds, and why the rounds stopped, in words.
     """
+    if distributed.world().launched:
+        raise ConfigError(
+            "seeds added until decided run in one process, which trains the runs on its workers; run it without torchrun"
+        )
     seeds = look_seeds(spec.seeds, settings)
     alphas = look_alphas([len(s) for s in seeds], len(seeds[-1]))
     rounds: list[Round] = []
@@ -111,11 +118,9 @@ def run_rounds(
     for look, look_seeds_ in enumerate(seeds):
         begun = time.perf_counter()
         results = compare(spec.model_copy(update={"seeds": look_seeds_}), out_dir, plugins=plugins)
-        if results is None:
-            raise RuntimeError("seeds added until decided run in one process; run it without torchrun")
         took = time.perf_counter() - begun
-        added = len(look_seeds_) - (len(seeds[look - 1]) if look else 0)
-        pace = max(pace, took / added)
+        new = set(look_seeds_) - set(seeds[look - 1] if look else [])
+        pace = max(pace, _round_seconds(results, new, took, spec) / len(new))
         done = judge_look(results, look, alphas[look])
         rounds.append(Round(look + 1, look_seeds_, took, alphas[look]))
         spent = time.perf_counter() - started
@@ -138,6 +143,16 @@ def run_rounds(
     return results, rounds, why
 
 
+def _round_seconds(results: CompareResults, new: set[int], took: float, spec: CompareSpec) -> float:
+    """How long a round of the ``new`` seeds takes: the time this look took when it trained some of
+    them; else (every run reused from the cache) their runs' recorded wall time, over the spec's
+    workers running at once."""
+    runs = [run for run in results.trained if run.seed in new]
+    if any(run.invocation == results.invocation for run in runs):
+        return took
+    return max(took, sum(run.wall_seconds for run in runs) / (spec.workers or 1))
+
+
 def write_rounds(
     out_dir: str | os.PathLike, rounds: list[Round], why: str, extra: dict[str, Any] | None = None
 ) -> None:
@@ -158,7 +173,7 @@ class Decision:
     variant: str
     reference: str
     found: str
-    difference: float
+    difference: float | None
     low: float | None
     high: float | None
     seeds: int
@@ -173,46 +188,43 @@ def compare_until_decided(
     variant's test against the reference in each task's headline metric is decided (a difference
     above or below 0, or, with an ``effect``, none as large as it), or the budget is spent.
     Writes ``rounds.json`` and adds the decisions to ``report.md``."""
-    from .stats import difference, paired_difference
 
     settings = spec.until_decided or UntilDecided()
     looks: Looks[Decision] = Looks([])
-    paired = spec.pairing == "seeds"
+    metrics: dict[str, str] = {}  # by task: its headline metric
 
     def at(results: CompareResults, key: tuple[str, str, str], look: int, alpha: float) -> Decision:
         task, variant, reference = key
-        summary = next(s for s in results.summaries if s.task == task)
-        metric = summary.headline.split(" ", 1)[1]
-        a, b = (results.by_seed(label, task, "test", metric) for label in (variant, reference))
-        if paired:
-            seeds = sorted(a.keys() & b.keys())
-            d = paired_difference([a[s] for s in seeds], [b[s] for s in seeds], 1 - alpha)
-        else:
-            d = difference(list(a.values()), list(b.values()), spec.test, 1 - alpha)
-        effect = spec.effect.get(task, 0.0) if isinstance(spec.effect, dict) else spec.effect or 0.0
-        found = "open"
-        if d.low is not None and d.high is not None:
+        a, b = (results.by_seed(label, task, "test", metrics[task]) for label in (variant, reference))
+        found, d = "open", seeded_difference(a, b, spec.pairing == "seeds", spec.test, 1 - alpha) if a and b else None
+        if d is not None and d.low is not None and d.high is not None:
+            effect = spec.effect.get(task, 0.0) if isinstance(spec.effect, dict) else spec.effect or 0.0
             if d.low > 0:
                 found = "above 0"
             elif d.high < 0:
                 found = "below 0"
-            elif effect and -effect < d.low and d.high < effect:
+            elif effect and region(d.low, d.high, "matches", effect) == HOLDS:
                 found = "within the effect"
-        return Decision(
-            task, variant, reference, found, d.difference, d.low, d.high, min(len(a), len(b)), 1 - alpha, look + 1
-        )
+        figures = (None, None, None, 0) if d is None else (d.difference, d.low, d.high, min(d.n))
+        return Decision(task, variant, reference, found, *figures, 1 - alpha, look + 1)
 
-    def judge_look(results: CompareResults, look: int, alpha: float) -> bool:
+    def judge_tests(results: CompareResults, look: int, alpha: float) -> bool:
         if not looks.items:  # the tests of the first look's summaries
+            metrics.update({s.task: s.headline.split(" ", 1)[1] for s in results.summaries})
             looks.items = [
                 (s.task, t.variant, t.reference) for s in results.summaries for t in s.tests if t.column == s.headline
             ]
+            if not looks.items:
+                raise ConfigError(
+                    "nothing to decide: no task has two variants that finished a run (a test against the reference "
+                    "needs both); give the spec two variants or more, or see the report for the runs that failed"
+                )
             # at no difference both "above 0" and "below 0" are false: two statements a test, as a matches claim's
             looks.share = claim_share(["matches"] * len(looks.items))
         judges = {key: partial(at, results, key, look) for key in looks.open}
         return looks.judge(look, alpha, judges, lambda d: d.found != "open")
 
-    results, rounds, why = run_rounds(spec, out_dir, judge_look, settings, plugins)
+    results, rounds, why = run_rounds(spec, out_dir, judge_tests, settings, plugins)
     decisions = [looks.outcome(key)[1] for key in looks.items]
     write_rounds(out_dir, rounds, why, {"decisions": [d.__dict__ for d in decisions]})
     report = Path(out_dir) / "report.md"
@@ -238,7 +250,7 @@ def decision_lines(decisions: list[Decision], rounds: list[Round], why: str, set
         "|---|---|---|---|---|---|---|",
     ]
     for d in decisions:
-        interval = "n/a" if d.low is None else f"{d.difference:.4g} [{d.low:.4g}, {d.high:.4g}]"
+        interval = "n/a" if d.low is None else f"{d.difference:.4g} [{d.low:.4g}, {d.high:.4g}]"  # one seed, or none
         lines.append(
             f"| {d.task} | {d.variant} - {d.reference} | {interval} | {100 * d.confidence:.3g}% | {d.seeds} | "
             f"{d.look} | {d.found} |"

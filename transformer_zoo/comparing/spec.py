@@ -184,7 +184,8 @@ class CompareSpec(Options):
     effect: float | dict[str, float] | None = Field(
         None,
         description="the smallest difference of interest in the headline metric's units, for every task or by task "
-        "name: a test whose interval lies within (-effect, effect) finds no difference that large; null: none",
+        "name: with until_decided, a test whose interval lies within [-effect, effect] is decided (no difference that "
+        "large); null: none",
     )
     until_decided: UntilDecided | None = Field(
         None,
@@ -225,6 +226,18 @@ class CompareSpec(Options):
         unknown = sorted(set(self.task_train) - set(kinds))
         if unknown:
             problems.append(f"task_train names {unknown}, which are not among the spec's tasks {kinds}")
+        effects = self.effect if isinstance(self.effect, dict) else {"effect": self.effect or 0.0}
+        if any(value < 0 for value in effects.values()):
+            problems.append(f"effect {self.effect} must be 0 or more: the smallest difference that counts")
+        unknown = sorted(set(effects) - set(kinds)) if isinstance(self.effect, dict) else []
+        if unknown:
+            problems.append(
+                f"effect names {unknown}, which are not among the spec's tasks {kinds}; key it by task name"
+            )
+        if self.until_decided is not None and len(self.seeds) < 2:
+            problems.append(
+                f"until_decided needs two seeds or more to start from (the first look's interval); seeds is {self.seeds}"
+            )
         unknown = sorted(set(self.variant_train) - set(labels))
         if unknown:
             problems.append(

@@ -34,6 +34,9 @@ from scipy import stats as _scipy
 from .records import ALPHA, TestKind
 
 TEST_NAMES = {"welch": "Welch's t-test", "permutation": "an exact permutation test of the difference in means"}
+"""The tests a spec may choose for the differences between variants."""
+TESTS_RUN = {**TEST_NAMES, "paired": "the paired t-test on the per-seed differences"}
+"""Every test a difference may be reported with: the spec's, or the paired t-test (paired seeds)."""
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,17 @@ def paired_difference(a: list[float], b: list[float], confidence: float = 1 - AL
     else:
         p = float(_scipy.ttest_rel(a, b).pvalue)
     return Difference(pairs.mean, pairs.low, pairs.high, p, "paired", (len(a), len(b)))
+
+
+def seeded_difference(
+    a: dict[int, float], b: dict[int, float], paired: bool, test: TestKind = "welch", confidence: float = 1 - ALPHA
+) -> Difference:
+    """``mean(a) - mean(b)`` of runs keyed by seed: with ``paired``, by :func:`paired_difference`
+    on the seeds both ran; else by :func:`difference` (``test``) on every run."""
+    if not paired:
+        return difference(list(a.values()), list(b.values()), test, confidence)
+    seeds = sorted(a.keys() & b.keys())
+    return paired_difference([a[s] for s in seeds], [b[s] for s in seeds], confidence)
 
 
 def seeds_needed(sd_a: float, sd_b: float, gap: float, confidence: float = 1 - ALPHA, most: int = 1000) -> int | None:

@@ -19,20 +19,19 @@ Every number of a column is written in one format, chosen from all of them (:fun
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .records import ALPHA, Cell, Column, RunRecord, TaskSummary, Test, TestKind
 from .stats import (
-    TEST_NAMES,
-    Difference,
+    TESTS_RUN,
     Interval,
     bounded_interval,
-    difference,
     holm,
     interval,
     log_interval,
-    paired_difference,
+    seeded_difference,
     smallest_p,
 )
 
@@ -121,13 +120,16 @@ def summarize_task(
     variants = list(dict.fromkeys(r.variant for r in records))
     reference = reference if reference in variants else variants[0]
     getters = _getters(records)
-    values = {
-        v: {g.column.name: [x for r in records if r.variant == v and (x := g.get(r)) is not None] for g in getters}
+    values = {  # variant -> column -> seed -> value
+        v: {
+            g.column.name: {r.seed: x for r in records if r.variant == v and (x := g.get(r)) is not None}
+            for g in getters
+        }
         for v in variants
     }
     cells = {
         v: {
-            g.column.name: Cell(**_interval(g.column, values[v][g.column.name]).__dict__)
+            g.column.name: Cell(**_interval(g.column, list(values[v][g.column.name].values())).__dict__)
             for g in getters
             if values[v][g.column.name]
         }
@@ -138,7 +140,7 @@ def summarize_task(
     for g in getters:
         column = g.column.model_copy()
         if column.better is not None and (column.name not in TIMES or comparable):
-            column.best = _separable_best(values, column.name, column.better == "higher", test)
+            column.best = _separable_best(values, column.name, column.better == "higher", test, paired)
         column.decimals = column_decimals(
             x for v in variants if (cell := cells[v].get(column.name)) for x in (cell.mean, cell.low, cell.high)
         )
@@ -148,8 +150,8 @@ def summarize_task(
     task, metric = records[0].task, records[0].metric
     headline = f"{HEADLINE_SPLIT} {metric}"
     tested = [
-        (c.name, v, _against(records, g, v, reference, test, paired))
-        for c, g in zip(columns, getters)
+        (c.name, v, seeded_difference(values[v][c.name], values[reference][c.name], paired, test))
+        for c in columns
         if c.kind == "metric"
         for v in variants
         if v != reference and values[v][c.name] and values[reference][c.name]
@@ -168,7 +170,7 @@ def summarize_task(
         for (name, v, d), q in zip(tested, holm([d.p for _, _, d in tested]))
     ]
     higher = records[0].better[metric] == "higher"
-    leaders = _leaders(values, headline, higher, test)
+    leaders = _leaders(values, headline, higher, test, paired)
     seeds = min(len(values[v][headline]) for v in variants)
     best = next(c.best for c in columns if c.name == headline)
     ratios = {
@@ -187,7 +189,7 @@ def summarize_task(
         task=task,
         headline=headline,
         reference=reference,
-        test=test,
+        test="paired" if paired else test,
         seeds=seeds,
         columns=columns,
         cells=cells,
@@ -201,27 +203,12 @@ def summarize_task(
             best,
             leaders,
             seeds,
-            test,
+            "paired" if paired else test,
             next(c.decimals for c in columns if c.name == headline),
         ),
         costs_comparable=comparable,
         cost_ratios=ratios,
     )
-
-
-def _against(
-    records: list[RunRecord], getter: _Getter, variant: str, reference: str, test: TestKind, paired: bool
-) -> Difference:
-    """``variant`` against ``reference`` in ``getter``'s column: by ``test``, or, ``paired``, by the
-    paired t-test on the seeds both ran."""
-    by_seed = [
-        {r.seed: x for r in records if r.variant == v and (x := getter.get(r)) is not None}
-        for v in (variant, reference)
-    ]
-    if not paired:
-        return difference(list(by_seed[0].values()), list(by_seed[1].values()), test)
-    seeds = sorted(by_seed[0].keys() & by_seed[1].keys())
-    return paired_difference([by_seed[0][s] for s in seeds], [by_seed[1][s] for s in seeds])
 
 
 def summarize(
@@ -240,21 +227,24 @@ def summarize(
 
 def _ranked(values: dict, name: str, higher: bool) -> list[str]:
     present = [v for v in values if values[v][name]]
-    return sorted(present, key=lambda v: sum(values[v][name]) / len(values[v][name]), reverse=higher)
+    return sorted(present, key=lambda v: statistics.fmean(values[v][name].values()), reverse=higher)
 
 
-def _leaders(values: dict, name: str, higher: bool, test: TestKind) -> list[str]:
-    """The variant with the best mean in column ``name``, and every variant not separable from it."""
+def _leaders(values: dict, name: str, higher: bool, test: TestKind, paired: bool = False) -> list[str]:
+    """The variant with the best mean in column ``name``, and every variant not separable from it
+    (by ``test``, or the paired t-test on the seeds both ran)."""
     ranked = _ranked(values, name, higher)
     if not ranked:
         return []
     top = ranked[0]
-    return [top] + [v for v in ranked[1:] if not difference(values[top][name], values[v][name], test).separable()]
+    return [top] + [
+        v for v in ranked[1:] if not seeded_difference(values[top][name], values[v][name], paired, test).separable()
+    ]
 
 
-def _separable_best(values: dict, name: str, higher: bool, test: TestKind) -> str | None:
+def _separable_best(values: dict, name: str, higher: bool, test: TestKind, paired: bool = False) -> str | None:
     """The variant with the best mean in column ``name`` if it differs significantly from every other."""
-    leaders = _leaders(values, name, higher, test)
+    leaders = _leaders(values, name, higher, test, paired)
     return leaders[0] if len(leaders) == 1 and len(_ranked(values, name, higher)) > 1 else None
 
 
@@ -303,7 +293,7 @@ def _verdict(variants, cells, headline, best, leaders, seeds, test, decimals) ->
             f"One seed: no test was possible, so no variant is called best ({stated}). "
             "Run two or more seeds (--seeds 0,1,2) to test the differences."
         )
-    how = f"{TEST_NAMES[test]} over {seeds} seeds, alpha = {ALPHA}"
+    how = f"{TESTS_RUN[test]} over {seeds} seeds, alpha = {ALPHA}"
     if best is not None:
         return (
             f"{best} is best: {format_cell(cells[best][headline], decimals)}, separable from every other variant "

@@ -21,7 +21,7 @@ from ..records import CompareResults
 from ..rounds import Looks, run_rounds
 from ..runner import ComparisonInterrupted, compare
 from ..sequential import claim_share
-from ..spec import CompareSpec
+from ..spec import CompareSpec, budget_seconds
 from .pages import claims_table_lines, studies_table_lines, study_lines
 from .spec import Claim, Scale, Study, load_study
 from .verdicts import ClaimResult, StudyResult, judge, stopped_runs, verdict
@@ -35,8 +35,9 @@ def command(name: str, scale: Scale, overrides: dict[str, Any] | None = None) ->
         for key, value in overrides.items()
         if key in ("seeds", "steps")
     ]
-    if overrides.get("until_decided"):
-        given += ["--until-decided", f"--budget {overrides['until_decided']['budget'] / 60:g}m"]
+    if "until_decided" in overrides:
+        budget = overrides["until_decided"].get("budget")
+        given += ["--until-decided", *([] if budget is None else [f"--budget {budget_seconds(budget) / 60:g}m"])]
     return " ".join([f"tzoo reproduce {name}", *([] if scale == "cpu" else [f"--scale {scale}"]), *given])
 
 
@@ -56,7 +57,7 @@ def reproduce(
     started = time.perf_counter()
     rerun = command(study.name, scale, overrides)
     if spec.until_decided is not None:
-        result = _until_decided(study, spec, out_dir, scale, rerun, plugins)
+        result = _reproduce_until_decided(study, spec, out_dir, scale, rerun, plugins)
     else:
         results = compare(spec, out_dir, plugins=plugins)
         if results is None:  # another process of a torchrun job
@@ -69,22 +70,22 @@ def reproduce(
     return result
 
 
-def _until_decided(
+def _reproduce_until_decided(
     study: Study, spec: CompareSpec, out_dir: Path, scale: Scale, rerun: str, plugins: list[str] | None
 ) -> StudyResult:
     """The study with seeds added in rounds until each claim is decided (:mod:`..rounds`): a claim
     keeps the verdict of the look that decided it."""
     looks: Looks[ClaimResult] = Looks(list(range(len(study.claims))), claim_share([c.relation for c in study.claims]))
 
-    def judge_look(results: CompareResults, look: int, alpha: float) -> bool:
+    def judge_claims(results: CompareResults, look: int, alpha: float) -> bool:
         judges = {
-            i: partial(_judged, claim, results, stopped_runs(claim, spec, results), look)
-            for i, claim in enumerate(study.claims)
+            i: partial(_judged, study.claims[i], results, stopped_runs(study.claims[i], spec, results), look)
+            for i in looks.open
         }
         return looks.judge(look, alpha, judges, lambda c: c.verdict != "inconclusive")
 
     started = time.perf_counter()
-    results, rounds, why = run_rounds(spec, out_dir, judge_look, spec.until_decided, plugins)
+    results, rounds, why = run_rounds(spec, out_dir, judge_claims, spec.until_decided, plugins)
     claims = [looks.outcome(i)[1] for i in range(len(study.claims))]
     result = verdict(
         study,

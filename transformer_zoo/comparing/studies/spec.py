@@ -63,34 +63,25 @@ class Claim(Options):
     a: str = Field(description="the variant claimed to do better, by its label in the spec")
     b: str = Field(description="the variant it is compared with, by its label")
     relation: Relation = Field("better", description="; ".join(f"{k}: {v}" for k, v in RELATIONS.items()))
-    effect: float | None = Field(
-        None,
+    effect: float = Field(
+        0.0,
         ge=0.0,
         description="the smallest effect of interest, in the metric's units: better: a gain smaller than it does not "
         "count (the claim does not hold when its interval reaches 0 or below and ends below it); not-worse and "
-        "matches: the margin; null: the study's effect (steadier claims have none); 'margin' is read as effect",
+        "matches: the margin; not given: the study's effect (steadier claims have none)",
     )
     direction: Better | None = Field(
         None, description="which way the metric is better; null: as the task declares it (a probe needs it)"
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _margin_is_effect(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "margin" in data:
-            if "effect" in data:
-                raise ValueError("give the claim's effect once: as effect (margin is its older name), not both")
-            data = {**{k: v for k, v in data.items() if k != "margin"}, "effect": data["margin"]}
-        return data
-
     @model_validator(mode="after")
     def _effect(self) -> Claim:
-        if self.relation == "matches" and self.effect == 0:
+        if self.relation == "matches" and self.effect == 0 and "effect" in self.model_fields_set:
             raise ValueError(
                 "a 'matches' claim needs an effect > 0: no interval lies within [0, 0]; give the largest "
                 "difference that still counts as a match, in the metric's units"
             )
-        if self.relation == "steadier" and self.effect is not None:
+        if self.relation == "steadier" and self.effect:
             raise ValueError(
                 "a 'steadier' claim is judged by a test of equal spread over seeds, which has no effect of interest; "
                 "drop its effect"
@@ -101,11 +92,6 @@ class Claim(Options):
                 "variant on two splits (give split_b)"
             )
         return self
-
-    @property
-    def delta(self) -> float:
-        """The smallest effect of interest (the margin of not-worse and matches); 0 when none is given."""
-        return self.effect or 0.0
 
     @property
     def b_split(self) -> str:
@@ -160,9 +146,9 @@ class Study(Options):
     def _claims_effects(self) -> Study:
         """The study's effect on each claim that gives none (but steadier claims, which have none)."""
         for i, claim in enumerate(self.claims):
-            if claim.effect is None and claim.relation != "steadier" and self.effect is not None:
+            if "effect" not in claim.model_fields_set and claim.relation != "steadier" and self.effect is not None:
                 self.claims[i] = claim.model_copy(update={"effect": self.effect})
-            if self.claims[i].relation == "matches" and not self.claims[i].delta:
+            if self.claims[i].relation == "matches" and not self.claims[i].effect:
                 raise ValueError(
                     f"claims.{i} ({claim.statement!r}) is a 'matches' claim with no effect: give it (or the study) "
                     "the largest difference that still counts as a match, in the metric's units"

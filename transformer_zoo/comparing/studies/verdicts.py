@@ -50,7 +50,10 @@ class ClaimResult(BaseModel):
     a: Cell = Field(description="a's mean over seeds and its 95% interval")
     b: Cell = Field(description="b's mean and interval")
     difference: float = Field(description="mean(a) - mean(b)")
-    low: float | None = Field(description="the difference's 95% interval (Welch-Satterthwaite); None: one seed")
+    low: float | None = Field(
+        description="the difference's interval at the claim's confidence (Welch-Satterthwaite, or the paired t's); "
+        "None: one seed"
+    )
     high: float | None
     p: float | None = Field(description="two-sided p of the test of equal means (steadier: of equal spread)")
     sd_a: float = Field(0.0, description="a's standard deviation over seeds")
@@ -160,7 +163,7 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = (), alpha:
         sd_b=sd.sd_b,
         probe=any(claim.metric in run.probes for run in results.runs),
         direction=direction,
-        effect=claim.delta,
+        effect=claim.effect,
         paired=paired,
         unpaired_low=welch.low if paired and not claim.paired else None,
         unpaired_high=welch.high if paired and not claim.paired else None,
@@ -210,7 +213,7 @@ def _not_judged(verdict: Verdict, reason: str, stopped: int) -> tuple[Verdict, s
 
 def _gap(claim: Claim, gain: float) -> float:
     """How far the mean gain of a over b lies from the boundary the claim's verdict turns on."""
-    m = claim.delta
+    m = claim.effect
     if claim.relation == "better":
         return max(gain, m - gain)  # above 0: holds; below the effect: does not hold
     if claim.relation == "not-worse":
@@ -238,7 +241,7 @@ def _by_interval(
         f"the gain of a over b ({direction} is better) is {format_number(sign * mean, 4)} "
         f"[{format_number(lo, 4)}, {format_number(hi, 4)}] ({level} interval)"
     )
-    m, relation = claim.delta, claim.relation
+    m, relation = claim.effect, claim.relation
     verdict: Verdict = {1: "holds", -1: "does not hold", 0: "inconclusive"}[int(region(lo, hi, relation, m))]
     shortfall = _shortfalls(lo, hi, relation, m)  # how far the interval is from each decision
     leaning = None if verdict != "inconclusive" else min(shortfall, key=shortfall.get)
