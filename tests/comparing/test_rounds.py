@@ -278,7 +278,9 @@ def test_a_round_of_reused_runs_is_timed_by_their_recorded_wall_time(monkeypatch
 
     monkeypatch.setattr(rounds, "compare", reused)
     spec = load_spec({"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1, 2], "workers": 2})
-    _, done, why = run_rounds(spec, tmp_path, lambda *_: False, UntilDecided(budget=600, round=2, most_seeds=9), say=str)
+    _, done, why = run_rounds(
+        spec, tmp_path, lambda *_: False, UntilDecided(budget=600, round=2, most_seeds=9), say=str
+    )
     assert calls == [[0, 1, 2]] and "the next would take about" in why, why
 
 
