@@ -152,8 +152,10 @@ class FakeClock:
         return self.now
 
 
-def fake_compare(gains: dict[str, float], clock: FakeClock, per_seed: float, calls: list):
-    def compare(spec, out_dir, plugins=None):
+def fake_compare(gains: dict[str, float], clock: FakeClock, per_seed: float, calls: list, onlys: list | None = None):
+    def compare(spec, out_dir, plugins=None, only=None):
+        if onlys is not None:
+            onlys.append(only)
         new = [s for s in spec.seeds if s not in calls[-1]] if calls else spec.seeds
         calls.append(list(spec.seeds))
         clock.now += per_seed * len(new)
@@ -161,6 +163,7 @@ def fake_compare(gains: dict[str, float], clock: FakeClock, per_seed: float, cal
         for task, gain in gains.items():
             runs += planted(gain, spec.seeds, spread=0.02).model_copy().runs
             runs[-2 * len(spec.seeds) :] = [r.model_copy(update={"task": task}) for r in runs[-2 * len(spec.seeds) :]]
+        runs = [run for run in runs if only is None or run.variant in only]
         results = CompareResults(spec=spec.model_dump(mode="json"), machine={}, runs=runs, skipped=[])
         results.summaries = summarize(runs, "b")
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -271,7 +274,7 @@ def test_a_round_of_reused_runs_is_timed_by_their_recorded_wall_time(monkeypatch
     monkeypatch.setattr(rounds.time, "perf_counter", clock)
     fake = fake_compare({"listops": 0.0}, clock, 0.0, calls)
 
-    def reused(spec, out_dir, plugins=None):
+    def reused(spec, out_dir, plugins=None, only=None):
         results = fake(spec, out_dir)
         results.runs = [r.model_copy(update={"wall_seconds": 400.0, "invocation": "earlier"}) for r in results.runs]
         return results.model_copy(update={"invocation": "now"})
@@ -309,3 +312,35 @@ def test_a_tiny_study_runs_until_decided_and_its_page_gives_each_claims_seeds(tm
     page = (tmp_path / "verdict.md").read_text()
     assert "Seeds added until decided: looks at" in page and "paired / unpaired" in page
     assert "--until-decided --budget 60m" in result.command
+
+
+def test_later_looks_run_only_the_variants_of_the_open_items_and_keep_the_others_runs(monkeypatch, tmp_path):
+    """listops is decided at the first look, copy is not: later looks run copy's variants alone
+    (here every variant, a and b, as both tasks share them), and the results hold every task."""
+    clock, calls, onlys = FakeClock(), [], []
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    monkeypatch.setattr(rounds, "write_report", lambda results, out_dir: None)
+    monkeypatch.setattr(rounds, "compare", fake_compare({"listops": 0.3, "copy": 0.0}, clock, 1.0, calls, onlys))
+    spec = load_spec(
+        {"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1, 2], "effect": 0.05}
+        | {"until_decided": {"budget": "1h", "round": 3, "most_seeds": 30}}
+    )
+    results, decisions = compare_until_decided(spec, tmp_path)
+    assert onlys[0] is None and all(only == {"a", "b"} for only in onlys[1:]) and len(onlys) > 1
+    assert {r.task for r in results.runs} == {"listops", "copy"}
+
+
+def test_a_variant_a_later_look_does_not_run_keeps_its_runs_of_the_last_look_that_ran_it(monkeypatch, tmp_path):
+    clock, calls, onlys = FakeClock(), [], []
+    monkeypatch.setattr(rounds.time, "perf_counter", clock)
+    written = []
+    monkeypatch.setattr(rounds, "write_report", lambda results, out_dir: written.append(results))
+    monkeypatch.setattr(rounds, "compare", fake_compare({"listops": 0.0}, clock, 1.0, calls, onlys))
+    spec = load_spec({"variants": ["transformer-tiny"], "tasks": ["listops"], "seeds": [0, 1, 2]})
+    results, done, _ = run_rounds(
+        spec, tmp_path, lambda *_: False, UntilDecided(round=2, most_seeds=5), say=str, needed=lambda: {"a"}
+    )
+    assert onlys == [None, {"a"}] and [len(r.seeds) for r in done] == [3, 5]
+    seeds = {v: sorted(r.seed for r in results.runs if r.variant == v) for v in ("a", "b")}
+    assert seeds == {"a": [0, 1, 2, 3, 4], "b": [0, 1, 2]}
+    assert written and written[-1] is results and json.loads((tmp_path / "results.json").read_text())["runs"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -27,11 +27,13 @@ from ..core.errors import ConfigError
 from ..core.files import atomic_write
 from ..training import distributed
 from .progress import duration
-from .records import ALPHA, CompareResults
+from .records import ALPHA, CompareResults, RunRecord
+from .report import write_report
 from .runner import compare
 from .sequential import HOLDS, claim_share, look_alphas, planned_looks, region
 from .spec import CompareSpec, UntilDecided
 from .stats import seeded_difference
+from .summary import summarize
 
 T = TypeVar("T")
 
@@ -98,14 +100,18 @@ def run_rounds(
     settings: UntilDecided,
     plugins: list[str] | None = None,
     say: Callable[[str], None] = print,
+    needed: Callable[[], Collection[str] | None] = lambda: None,
 ) -> tuple[CompareResults, list[Round], str]:
     """Run ``spec`` look after look (its seeds growing by :func:`look_seeds`) into ``out_dir``,
     calling ``judge_look(results, look, alpha)`` after each, until it returns True (every item
     decided), the planned looks end, or the budget leaves no time for the next round. Finished
-    runs are reused from the run cache, so each look trains only its new seeds.
+    runs are reused from the run cache, so each look trains only its new seeds, and only of the
+    variants ``needed()`` names after the first look (those of the items still open; None:
+    every variant).
 
     Returns:
-        the last look's results, the rounds, and why the rounds stopped, in words.
+        the results (each variant's runs as of the last look that ran it; ``report.md`` and
+        ``results.json`` rewritten to match), the rounds, and why the rounds stopped, in words.
     """
     if distributed.world().launched:
         raise ConfigError(
@@ -115,10 +121,20 @@ def run_rounds(
     alphas = look_alphas([len(s) for s in seeds], len(seeds[-1]))
     rounds: list[Round] = []
     started, pace = time.perf_counter(), 0.0
+    kept: dict[str, list[RunRecord]] = {}  # by variant: its runs as of the last look that ran it
     for look, look_seeds_ in enumerate(seeds):
         begun = time.perf_counter()
-        results = compare(spec.model_copy(update={"seeds": look_seeds_}), out_dir, plugins=plugins)
+        only = needed() if look else None
+        results = compare(spec.model_copy(update={"seeds": look_seeds_}), out_dir, plugins=plugins, only=only)
         took = time.perf_counter() - begun
+        kept.update(
+            {
+                variant: [r for r in results.runs if r.variant == variant]
+                for variant in {r.variant for r in results.runs}
+            }
+        )
+        if only is not None:  # the variants this look did not run, as their last look left them
+            results = _with_runs(results, [run for runs in kept.values() for run in runs], spec)
         new = set(look_seeds_) - set(seeds[look - 1] if look else [])
         pace = max(pace, _round_seconds(results, new, took, spec) / len(new))
         done = judge_look(results, look, alphas[look])
@@ -140,7 +156,18 @@ def run_rounds(
         say(
             f"look {look + 1} of {len(seeds)}: some items are open; adding {len(seeds[look + 1]) - len(look_seeds_)} seed(s)"
         )
+    if only is not None:  # the last look ran some variants alone: its folder's report shows them all
+        text = results.model_dump_json(indent=2)
+        atomic_write(Path(out_dir) / "results.json", lambda tmp: tmp.write_text(text))
+        write_report(results, Path(out_dir))
     return results, rounds, why
+
+
+def _with_runs(results: CompareResults, runs: list[RunRecord], spec: CompareSpec) -> CompareResults:
+    """``results`` with ``runs`` in place of its own, and their summaries."""
+    merged = results.model_copy(update={"runs": runs})
+    merged.summaries = summarize(runs, spec.reference, spec.test, results.invocation, spec.pairing == "seeds")
+    return merged
 
 
 def _round_seconds(results: CompareResults, new: set[int], took: float, spec: CompareSpec) -> float:
@@ -224,7 +251,10 @@ def compare_until_decided(
         judges = {key: partial(at, results, key, look) for key in looks.open}
         return looks.judge(look, alpha, judges, lambda d: d.found != "open")
 
-    results, rounds, why = run_rounds(spec, out_dir, judge_tests, settings, plugins)
+    def needed() -> set[str]:
+        return {label for _, variant, reference in looks.open for label in (variant, reference)}
+
+    results, rounds, why = run_rounds(spec, out_dir, judge_tests, settings, plugins, needed=needed)
     decisions = [looks.outcome(key)[1] for key in looks.items]
     write_rounds(out_dir, rounds, why, {"decisions": [d.__dict__ for d in decisions]})
     report = Path(out_dir) / "report.md"

@@ -201,7 +201,12 @@ class Trained:
 
 
 def compare(
-    spec: CompareSpec, out_dir: str | os.PathLike, plugins: list[str] | None = None, *, rerun: bool = False
+    spec: CompareSpec,
+    out_dir: str | os.PathLike,
+    plugins: list[str] | None = None,
+    *,
+    rerun: bool = False,
+    only: Collection[str] | None = None,
 ) -> CompareResults | None:
     """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``, in four
     stages: :func:`~transformer_zoo.comparing.spec.plan` every run, :func:`tune_runs` (with a
@@ -214,6 +219,8 @@ def compare(
             one that no worker could import (an object defined in a notebook) keeps the runs
             in this process, one at a time.
         rerun: train every run again, ignoring the cache (``--rerun``).
+        only: run and report these variants alone (by label), planned as in the whole spec (a
+            round of seeds added until decided, for the claims still open).
 
     On a torchrun job every process calls it; process 0 writes and returns the results, the
     others return None.
@@ -232,6 +239,8 @@ def compare(
         registry.register_module(module)
     comparison = Comparison(spec, out_dir, distributed.world(), *registry.portable_plugins())
     runs, skipped = plan(spec, comparison.here.size)
+    if only is not None:
+        runs, skipped = [run for run in runs if run[0] in only], [s for s in skipped if s.variant in only]
     for item in skipped:
         comparison.say(f"skipped {item.variant} on {item.task}: {item.reason}")
     comparison.prepare()

@@ -85,7 +85,11 @@ def _reproduce_until_decided(
         return looks.judge(look, alpha, judges, lambda c: c.verdict != "inconclusive")
 
     started = time.perf_counter()
-    results, rounds, why = run_rounds(spec, out_dir, judge_claims, spec.until_decided, plugins)
+    def needed() -> set[str]:  # the variants of the open claims (a tuned twin's by its own variant's label)
+        labels = {label for i in looks.open for label in (study.claims[i].a, study.claims[i].b)}
+        return {label.removesuffix(" tuned") for label in labels}
+
+    results, rounds, why = run_rounds(spec, out_dir, judge_claims, spec.until_decided, plugins, needed=needed)
     claims = [looks.outcome(i)[1] for i in range(len(study.claims))]
     result = verdict(
         study,
