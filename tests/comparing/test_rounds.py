@@ -344,3 +344,15 @@ def test_a_variant_a_later_look_does_not_run_keeps_its_runs_of_the_last_look_tha
     seeds = {v: sorted(r.seed for r in results.runs if r.variant == v) for v in ("a", "b")}
     assert seeds == {"a": [0, 1, 2, 3, 4], "b": [0, 1, 2]}
     assert written and written[-1] is results and json.loads((tmp_path / "results.json").read_text())["runs"]
+
+
+def test_a_verdict_another_version_wrote_is_left_out_of_the_page_not_fatal(tmp_path, capsys):
+    from transformer_zoo.comparing.studies.running import reproduce_all
+
+    (tmp_path / "old-study").mkdir()
+    (tmp_path / "old-study" / "verdict.json").write_text(json.dumps({"name": "old-study", "margin": 0.1}))
+    overrides = {"steps": 2, "seeds": [0, 1], "workers": 1, "threads": 1}
+    reproduce_all(["multi-head"], tmp_path, overrides=overrides)
+    page = (tmp_path / "reproductions.md").read_text()
+    assert "multi-head" in page and "old-study" not in page
+    assert "another version wrote it" in capsys.readouterr().err

@@ -12,6 +12,8 @@ from multiprocessing import connection, get_context
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from ...core.errors import ConfigError, ZooError
 from ...core.files import atomic_write
 from ...registry import get_registry
@@ -85,6 +87,7 @@ def _reproduce_until_decided(
         return looks.judge(look, alpha, judges, lambda c: c.verdict != "inconclusive")
 
     started = time.perf_counter()
+
     def needed() -> set[str]:  # the variants of the open claims (a tuned twin's by its own variant's label)
         labels = {label for i in looks.open for label in (study.claims[i].a, study.claims[i].b)}
         return {label.removesuffix(" tuned") for label in labels}
@@ -162,7 +165,7 @@ def reproduce_all(
         carry = list(dict.fromkeys([*(plugins or []), *carried]))
         results = _side_by_side(studies, out_dir, scale, overrides, carry, at_once, failed)
     wall = time.perf_counter() - started
-    done = [StudyResult.model_validate(read_json(p)) for p in sorted(out_dir.glob("*/verdict.json"))]
+    done = _verdicts(out_dir)
     ran = f"This call ran {len(results)} of {len(studies)} studies, {at_once} at a time, in {duration(wall)} of wall time."
     page = "\n".join(
         [
@@ -183,6 +186,20 @@ def reproduce_all(
         heading = f"{len(failed)} of {len(studies)} studies failed (the others are in {out_dir / 'reproductions.md'}):"
         raise StudiesFailed("\n".join([heading, *failed.values()]))
     return results
+
+
+def _verdicts(out_dir: Path) -> list[StudyResult]:
+    """Every study's verdict in ``out_dir``; one this version cannot read (written by another) is
+    left out of the page, with a line saying so."""
+    found = []
+    for path in sorted(out_dir.glob("*/verdict.json")):
+        try:
+            found.append(StudyResult.model_validate(read_json(path)))
+        except ValidationError:
+            print(
+                f"left {path} out of reproductions.md: another version wrote it; run its study again", file=sys.stderr
+            )
+    return found
 
 
 class StudiesFailed(ZooError):
