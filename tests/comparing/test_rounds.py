@@ -9,35 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from run_records import record
 
 from transformer_zoo.cli import main
 from transformer_zoo.comparing import rounds
-from transformer_zoo.comparing.records import CompareResults, RunRecord
+from transformer_zoo.comparing.records import CompareResults
 from transformer_zoo.comparing.rounds import Looks, compare_until_decided, look_seeds, run_rounds
 from transformer_zoo.comparing.spec import UntilDecided, budget_seconds, load_spec
 from transformer_zoo.comparing.studies.spec import Claim, Study
 from transformer_zoo.comparing.studies.verdicts import judge
 from transformer_zoo.comparing.summary import summarize
 from transformer_zoo.core.errors import ConfigError
-
-
-def record(variant: str, seed: int, value: float, task: str = "listops") -> RunRecord:
-    return RunRecord(
-        variant=variant,
-        family="transformer",
-        task=task,
-        seed=seed,
-        parameters=100,
-        flops_per_token=1.0,
-        train_tokens_per_second=1.0,
-        peak_memory_mb=1.0,
-        steps=10,
-        wall_seconds=1.0,
-        metric="accuracy",
-        metrics={"test": {"accuracy": value}},
-        better={"accuracy": "higher"},
-        curve=[],
-    )
 
 
 def planted(gain: float, seeds: list[int], spread: float = 0.02, shared: float = 0.0, pairing: str = "none"):

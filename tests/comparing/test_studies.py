@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from run_records import record as run_record
 
 from transformer_zoo.cli import main
 from transformer_zoo.comparing.records import CompareResults, RunRecord
@@ -22,23 +23,7 @@ NOISE = [0.0, 0.01, -0.01, 0.005, -0.005]
 def record(
     variant: str, seed: int, value: float, metric: str = "accuracy", better: str = "higher", probes: dict | None = None
 ) -> RunRecord:
-    return RunRecord(
-        variant=variant,
-        family="transformer",
-        task="listops",
-        seed=seed,
-        parameters=100,
-        flops_per_token=1.0,
-        train_tokens_per_second=1.0,
-        peak_memory_mb=1.0,
-        steps=10,
-        wall_seconds=1.0,
-        metric=metric,
-        metrics={"test": {metric: value}},
-        better={metric: better},
-        curve=[],
-        probes=probes or {},
-    )
+    return run_record(variant, seed, value, metric=metric, better=better, probes=probes or {})
 
 
 def results(a: list[float], b: list[float], **kwargs) -> CompareResults:
