@@ -20,7 +20,7 @@ RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "sagan-attention": ["inconclusive", "inconclusive"],
     "tuned-pre-vs-post-norm": ["holds", "inconclusive", "holds"],
     "length-extrapolation": ["holds", "holds", "holds", "does not hold", "holds", "inconclusive"],
-    "modifications": ["inconclusive", "inconclusive", "inconclusive"],
+    "modifications": ["holds", "holds", "holds"],
     "associative-recall": ["holds", "holds", "holds", "holds", "holds"],
     "mad": ["holds", "holds", "holds", "holds", "holds"],
     "chomsky-hierarchy": ["holds", "does not hold", "does not hold"],
