@@ -210,17 +210,13 @@ def compare(
 ) -> CompareResults | None:
     """Run the spec and write ``results.json``, ``report.md`` and plots into ``out_dir``, in four
     stages: :func:`~transformer_zoo.comparing.spec.plan` every run, :func:`tune_runs` (with a
-    ``tune:`` section), :func:`train_runs` those the run cache lacks on the spec's executor, and
-    :func:`summarize_runs`. A run that fails is reported, and the others are summarized without it.
+    ``tune:`` section), :func:`train_runs` those the run cache lacks, and :func:`summarize_runs`.
 
     Args:
-        plugins: plugin modules to register here and in every worker (``--plugin``); plugins
-            registered in this process before the call are carried to the workers too, and
-            one that no worker could import (an object defined in a notebook) keeps the runs
-            in this process, one at a time.
+        plugins: plugin modules to register here and in every worker (``--plugin``), with those
+            registered here before; one no worker could import keeps the runs in this process.
         rerun: train every run again, ignoring the cache (``--rerun``).
-        only: run and report these variants alone (by label), planned as in the whole spec (a
-            round of seeds added until decided, for the claims still open).
+        only: run these variants alone (by label), planned as in the whole spec (see ``plan``).
 
     On a torchrun job every process calls it; process 0 writes and returns the results, the
     others return None.
@@ -238,9 +234,7 @@ def compare(
     for module in plugins or ():
         registry.register_module(module)
     comparison = Comparison(spec, out_dir, distributed.world(), *registry.portable_plugins())
-    runs, skipped = plan(spec, comparison.here.size)
-    if only is not None:
-        runs, skipped = [run for run in runs if run[0] in only], [s for s in skipped if s.variant in only]
+    runs, skipped = plan(spec, comparison.here.size, only)
     for item in skipped:
         comparison.say(f"skipped {item.variant} on {item.task}: {item.reason}")
     comparison.prepare()

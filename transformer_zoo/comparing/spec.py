@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -313,13 +314,18 @@ def _unlabelled(variant: str | dict[str, Any]) -> str | dict[str, Any]:
     return variant if isinstance(variant, str) else {k: v for k, v in variant.items() if k != "label"}
 
 
-def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
+def plan(
+    spec: CompareSpec, processes: int = 1, only: Collection[str] | None = None
+) -> tuple[list[tuple[str, TrainConfig]], list[Skipped]]:
     """Every run's training config, and the pairs that cannot run; all checked before training.
 
     With ``pairing: seeds``, each run takes the initial weights of the variants before its own
     in the spec that run its task (their model entries in ``shared_init``, in the spec's order).
 
     Args:
+        only: the runs of these variants (by label) alone, planned as in the whole spec: a paired
+            run still takes its initial values from the variants before it (a round of seeds added
+            until decided, which runs the variants of the open claims).
         processes: the processes every run trains over (a torchrun job's); a model that trains
             in several phases (a GAN) is skipped when there are more than one.
 
@@ -368,6 +374,8 @@ def plan(spec: CompareSpec, processes: int = 1) -> tuple[list[tuple[str, TrainCo
         raise ConfigError(
             "no variant in the spec can do any of its tasks:\n" + "\n".join(f"  {s.reason}" for s in skipped)
         )
+    if only is not None:  # planned with the others (their pairing), run alone
+        return [run for run in runs if run[0] in only], [s for s in skipped if s.variant in only]
     return runs, skipped
 
 
