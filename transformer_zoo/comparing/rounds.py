@@ -127,12 +127,8 @@ def run_rounds(
         only = needed() if look else None
         results = compare(spec.model_copy(update={"seeds": look_seeds_}), out_dir, plugins=plugins, only=only)
         took = time.perf_counter() - begun
-        kept.update(
-            {
-                variant: [r for r in results.runs if r.variant == variant]
-                for variant in {r.variant for r in results.runs}
-            }
-        )
+        for variant in {r.variant for r in results.runs}:
+            kept[variant] = [r for r in results.runs if r.variant == variant]
         if only is not None:  # the variants this look did not run, as their last look left them
             results = _with_runs(results, [run for runs in kept.values() for run in runs], spec)
         new = set(look_seeds_) - set(seeds[look - 1] if look else [])

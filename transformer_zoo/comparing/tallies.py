@@ -22,10 +22,10 @@ from ..core.validation import Options
 from .records import ALPHA, Cell, CompareResults
 from .stats import bounded_interval, difference, holm, interval
 from .summary import format_cell, format_number
+from .tuning import TUNED, untuned_label
 
 Outcome = Literal["better", "not separable", "worse"]
 OUTCOMES: tuple[Outcome, ...] = ("better", "not separable", "worse")
-TUNED = " tuned"  # the label suffix of a tuned twin (tuning.tuned_runs)
 
 
 class Tally(Options):
@@ -142,10 +142,6 @@ def tally(spec: Tally, results: CompareResults, labels: list[str]) -> list[Tally
     return out
 
 
-def _base(label: str) -> str:
-    return label.removesuffix(TUNED)
-
-
 def rank_correlation(results: list[TallyResult]) -> float | None:
     """Spearman's correlation of the untuned and tuned ranks (1: tuning kept the order); None
     without both families or with fewer than three variants in common."""
@@ -153,7 +149,7 @@ def rank_correlation(results: list[TallyResult]) -> float | None:
     if "untuned" not in by or "tuned" not in by:
         return None
     ranks = [
-        {_base(r.reference): r.reference_rank, **{_base(row.label): row.rank for row in r.rows}}
+        {untuned_label(r.reference): r.reference_rank, **{untuned_label(row.label): row.rank for row in r.rows}}
         for r in (by["untuned"], by["tuned"])
     ]
     common = [label for label in ranks[0] if label in ranks[1]]
@@ -170,7 +166,7 @@ def tally_lines(spec: Tally, results: list[TallyResult], test: str) -> list[str]
     rows: dict[str, dict[str, TallyRow]] = {}
     for r in results:
         for row in r.rows:
-            rows.setdefault(_base(row.label), {})[r.family] = row
+            rows.setdefault(untuned_label(row.label), {})[r.family] = row
     lines = [
         (
             f"### Every variant against {spec.reference} ({spec.task}, {spec.split} {spec.metric}; "
@@ -188,7 +184,7 @@ def tally_lines(spec: Tally, results: list[TallyResult], test: str) -> list[str]
         + (" | source |" if spec.source else " |"),
         "|---|" + "---|---|---|" * len(names) + ("---|" if spec.source else ""),
     ]
-    reference = _base(results[0].reference)
+    reference = untuned_label(results[0].reference)
     cells = [f"{format_cell(r.reference_cell)} | reference | {r.reference_rank}" for r in results]
     lines.append(
         f"| {reference} | " + " | ".join(cells) + (f" | {spec.source.get(reference, '')} |" if spec.source else " |")

@@ -480,6 +480,15 @@ def short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
+TUNED = " tuned"
+"""The label suffix of a tuned twin run beside its untuned variant (``compare: both``)."""
+
+
+def untuned_label(label: str) -> str:
+    """The label of the variant a tuned twin's label names (a plain label as it is)."""
+    return label.removesuffix(TUNED)
+
+
 def tuned_runs(
     spec: TuneSpec, runs: list[tuple[str, TrainConfig]], found: list[Tuned]
 ) -> list[tuple[str, TrainConfig]]:
@@ -488,7 +497,7 @@ def tuned_runs(
     best = {(t.variant, t.task): t.best for t in found}
     tuned = [
         (
-            label if spec.compare == "tuned" else f"{label} tuned",
+            label if spec.compare == "tuned" else label + TUNED,
             with_values(config, best.get((label, config.task.name), {})),
         )
         for label, config in runs

@@ -24,9 +24,10 @@ from ..rounds import Looks, run_rounds
 from ..runner import ComparisonInterrupted, compare
 from ..sequential import claim_share
 from ..spec import CompareSpec, budget_seconds
+from ..tuning import untuned_label
 from .pages import claims_table_lines, studies_table_lines, study_lines
 from .spec import Claim, Scale, Study, load_study
-from .verdicts import ClaimResult, StudyResult, judge, stopped_runs, verdict
+from .verdicts import ClaimResult, StudyResult, judge, short_runs, stopped_runs, verdict
 
 
 def command(name: str, scale: Scale, overrides: dict[str, Any] | None = None) -> str:
@@ -80,18 +81,18 @@ def _reproduce_until_decided(
     looks: Looks[ClaimResult] = Looks(list(range(len(study.claims))), claim_share([c.relation for c in study.claims]))
 
     def judge_claims(results: CompareResults, look: int, alpha: float) -> bool:
+        short = short_runs(spec, results)
         judges = {
-            i: partial(_judged, study.claims[i], results, stopped_runs(study.claims[i], spec, results), look)
+            i: partial(_judged, study.claims[i], results, stopped_runs(study.claims[i], short, results), look)
             for i in looks.open
         }
         return looks.judge(look, alpha, judges, lambda c: c.verdict != "inconclusive")
 
-    started = time.perf_counter()
-
     def needed() -> set[str]:  # the variants of the open claims (a tuned twin's by its own variant's label)
         labels = {label for i in looks.open for label in (study.claims[i].a, study.claims[i].b)}
-        return {label.removesuffix(" tuned") for label in labels}
+        return {untuned_label(label) for label in labels}
 
+    started = time.perf_counter()
     results, rounds, why = run_rounds(spec, out_dir, judge_claims, spec.until_decided, plugins, needed=needed)
     claims = [looks.outcome(i)[1] for i in range(len(study.claims))]
     result = verdict(

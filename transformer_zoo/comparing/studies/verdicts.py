@@ -308,13 +308,13 @@ def overall(verdicts: list[str]) -> Verdict:
     return "does not hold" if "does not hold" in verdicts else "inconclusive"
 
 
-def stopped_runs(claim: Claim, spec: CompareSpec, results: CompareResults) -> list[str]:
-    """The claim's runs that stopped before their steps (:func:`short_runs`), a suite's aggregate's
-    being those of its tasks."""
+def stopped_runs(claim: Claim, short: list[tuple[str, str, str]], results: CompareResults) -> list[str]:
+    """The claim's runs among ``short`` (:func:`short_runs`: those that stopped before their
+    steps), a suite's aggregate's being those of its tasks."""
     parts = {run.task: set(run.aggregate_of) for run in results.runs if run.aggregate_of}
     return [
         text
-        for label, task, text in short_runs(spec, results)
+        for label, task, text in short
         if task in parts.get(claim.task, {claim.task}) and label in (claim.a, claim.b)
     ]
 
@@ -333,7 +333,7 @@ def verdict(
     ours, and the runs that stopped short of their steps (a time cap)."""
     short = short_runs(spec, results)
     if claims is None:
-        claims = [judge(claim, results, stopped_runs(claim, spec, results)) for claim in study.claims]
+        claims = [judge(claim, results, stopped_runs(claim, short, results)) for claim in study.claims]
     figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
     labels = list(dict.fromkeys(label for label, _ in planned_runs(spec)[0]))
     tallies = [] if study.tally is None else tally(study.tally, results, labels)
