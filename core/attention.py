@@ -458,8 +458,8 @@ class MultiHeadAttention(nn.Module):
         mask = mask or AttentionMask()
         if cache is not None and memory is None:
             mask = cache.visible(mask, q.size(-2))
-        if self.scale is not None:  # the kernels divide by sqrt(d_head); this leaves ``scale`` on q . k
-            q = q * (self.scale * math.sqrt(self.d_head))
+        if self.scale is not None:  # the kernels divide by sqrt(q's width); this leaves ``scale`` on q . k
+            q = q * (self.scale * math.sqrt(q.size(-1)))
         q, k, v, mask, bias = self.kernel_inputs(q, k, v, mask, bias, cache)
         dropout = self.dropout if self.training else 0.0
         out, weights = self.kernel(q, k, v, mask, bias, dropout, need_weights)

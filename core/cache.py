@@ -149,9 +149,8 @@ class StaticKVCache(KVCache):
         return self.position
 
     def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        if self.key is None:
-            shape = (*key.shape[:2], self.capacity, key.size(-1))
-            self.key, self.value = key.new_zeros(shape), value.new_zeros(shape)
+        if self.key is None:  # keys and values may differ in heads and width (a latent cache's do)
+            self.key, self.value = (t.new_zeros((*t.shape[:2], self.capacity, t.size(-1))) for t in (key, value))
         index = self.position + torch.arange(key.size(-2), device=key.device)
         self.key.index_copy_(2, index, key)
         self.value.index_copy_(2, index, value)

@@ -300,7 +300,7 @@ def build_stack(
         raise ValueError(f"a {options.kind!r} stack applies distinct layers and takes no step signal")
     layers = [
         build_layer(
-            layer,
+            replace(layer, depth=i),
             options.attention_at(i),
             cross_attention=options.cross_attention if cross else None,
             rezero=options.rezero,

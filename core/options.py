@@ -60,6 +60,8 @@ class LayerSpec:
         in_attention: the built in-attention positional scheme (rotary, ALiBi) of the self-attention, or None.
         grid: ``(rows, columns)`` of the token grid in image models; None for sequences.
         head_dim: each attention head's width; None: ``d_model / n_heads``.
+        depth: the layer's index in its stack, from 0 (set by the stack builder; a kind whose
+            rule depends on it reads it, as differential attention's initial lambda does).
     """
 
     d_model: int
@@ -73,6 +75,7 @@ class LayerSpec:
     in_attention: AttentionPositional | None = None
     grid: tuple[int, int] | None = None
     head_dim: int | None = None
+    depth: int = 0
 
     @property
     def uses_final_norm(self) -> bool:
@@ -288,14 +291,14 @@ class AttentionOptions(ComponentOptions):
             **({} if qk_norm is None else {"qk_norm": qk_norm, "qk_norm_over": self.qk_norm}),
         )
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         """The constructor arguments that are the kind's own: ``kernel=make_kernel()`` by default.
         A kind whose :attr:`module` takes more (or builds its own kernel) overrides this.
 
         Args:
-            d_model, n_heads: the model's width and heads (a kernel with per-head parameters reads them).
-            grid: ``(rows, columns)`` of the token grid in image models; None for sequences. Kinds
-                over a grid read it; the others ignore it.
+            layer: the layer's :class:`LayerSpec`: a kind reads what it needs of it, such as the
+                width and heads (a kernel with per-head parameters), the token ``grid`` of image
+                models (kinds over a grid) or the layer's ``depth`` in its stack.
         """
         return dict(kernel=self.make_kernel())
 
@@ -307,7 +310,7 @@ class AttentionOptions(ComponentOptions):
             layer.d_model,
             layer.n_heads,
             **self.common_arguments(layer),
-            **self.module_arguments(d_model=layer.d_model, n_heads=layer.n_heads, grid=layer.grid),
+            **self.module_arguments(layer),
         )
 
 

@@ -27,6 +27,7 @@ from transformer_zoo.core.options import (
     AttentionOptions,
     FFNOptions,
     HeadOptions,
+    LayerSpec,
     NormOptions,
     PositionalOptions,
     StackOptions,
@@ -60,7 +61,7 @@ class MathAttentionOptions(AttentionOptions):
     module: ClassVar[type[nn.Module]] = MathAttention
     takes_softcap: ClassVar[bool] = True
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         return {} if self.softcap is None else {"kernel": self.make_kernel()}  # MathAttention runs math_kernel
 
 

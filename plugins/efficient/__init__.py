@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 from torch import nn
 
-from transformer_zoo.core.options import AttentionOptions
+from transformer_zoo.core.options import AttentionOptions, LayerSpec
 from transformer_zoo.core.validation import MAX_LENGTH, MAX_WIDTH
 from transformer_zoo.registry import hookimpl
 
@@ -44,8 +44,10 @@ class _FeatureMapOptions(AttentionOptions):
     def feature_map(self, d_head: int) -> nn.Module:
         raise NotImplementedError
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
-        return dict(features=self.feature_map(d_model // n_heads), kind=self.kind)  # its module makes the kernel
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
+        return dict(
+            features=self.feature_map(layer.d_model // layer.n_heads), kind=self.kind
+        )  # its module makes the kernel
 
 
 class LinearAttentionOptions(_FeatureMapOptions):
@@ -105,9 +107,9 @@ class LinformerOptions(AttentionOptions):
                 "nothing is compressed; use kind: sdpa, or a projected_length below max_len"
             )
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         return dict(
-            super().module_arguments(d_model=d_model, n_heads=n_heads, grid=grid),
+            super().module_arguments(layer),
             projected_length=self.projected_length,
             seq_len=self.seq_len,
         )

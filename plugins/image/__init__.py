@@ -29,7 +29,7 @@ from transformer_zoo.core.config import build_stack
 from transformer_zoo.core.heads import SequenceClassificationHead
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
 from transformer_zoo.core.model import ZooModel
-from transformer_zoo.core.options import AttentionOptions, FFNField, LayerFields, StackField, Variant
+from transformer_zoo.core.options import AttentionOptions, FFNField, LayerFields, LayerSpec, StackField, Variant
 from transformer_zoo.core.output import ModelOutput
 from transformer_zoo.core.validation import MAX_IMAGE_SIDE, MAX_WIDTH, NormPlacement, Width
 from transformer_zoo.registry import hookimpl
@@ -89,12 +89,12 @@ class Local2dOptions(AttentionOptions):
         does not fit it."""
         return Local2dPattern(grid=tuple(grid), query_block=tuple(self.query_block), memory=tuple(self.memory))
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: Pair | None) -> dict[str, Any]:
-        if grid is None:
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
+        if layer.grid is None:
             raise ValueError(
                 "local-2d attention needs the token grid (rows, columns): use it in an image model, which gives it"
             )
-        return dict(kernel=PatternKernel(self.pattern(grid), self.backend))
+        return dict(kernel=PatternKernel(self.pattern(layer.grid), self.backend))
 
 
 # ---- a patch (or pixel) encoder -------------------------------------------------------------

@@ -32,7 +32,7 @@ from torch import nn
 from transformer_zoo.core.attention import AttentionMask, Kernel, math_kernel
 from transformer_zoo.core.config import EncoderDecoderConfig
 from transformer_zoo.core.local_attention import PatternKernel, SparseAttention
-from transformer_zoo.core.options import AttentionOptions, HeadField, PositionalField, StackField, Variant
+from transformer_zoo.core.options import AttentionOptions, HeadField, LayerSpec, PositionalField, StackField, Variant
 from transformer_zoo.core.validation import MAX_LENGTH
 from transformer_zoo.registry import hookimpl
 
@@ -189,8 +189,8 @@ class MemoryCompressedOptions(AttentionOptions):
     def make_kernel(self) -> Kernel:
         return math_kernel  # gives a query that sees no summary yet (the first of a decoder) zeros
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
-        return dict(super().module_arguments(d_model=d_model, n_heads=n_heads, grid=grid), compression=self.compression)
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
+        return dict(super().module_arguments(layer), compression=self.compression)
 
 
 # ---- the family -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_zoo.core.attention import AttentionMask, apply_weights
-from transformer_zoo.core.options import AttentionOptions
+from transformer_zoo.core.options import AttentionOptions, LayerSpec
 from transformer_zoo.registry import hookimpl
 
 
@@ -72,8 +72,8 @@ class TalkingHeadsOptions(AttentionOptions):
 
     kind: Literal["talking-heads"] = "talking-heads"
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
-        return dict(kernel=TalkingHeadsKernel(n_heads))
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
+        return dict(kernel=TalkingHeadsKernel(layer.n_heads))
 
 
 @hookimpl

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 import transformer_zoo as tz
 from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention, math_kernel
 from transformer_zoo.core.cache import KVCache
-from transformer_zoo.core.options import AttentionOptions, Variant
+from transformer_zoo.core.options import AttentionOptions, LayerSpec, Variant
 from transformer_zoo.plugins.transformer import TINY, TransformerConfig
 
 from .linear import SimpleLinearAttentionOptions
@@ -80,7 +80,7 @@ class CosineAttentionOptions(AttentionOptions):
         10.0, gt=0.0, description="temperature g multiplying the cosine scores at initialisation (then learned)"
     )
 
-    def module_arguments(self, *, d_model: int, n_heads: int, grid: tuple[int, int] | None) -> dict[str, Any]:
+    def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         return dict(init_scale=self.init_scale)  # CosineAttention brings its own kernel
 
 
