@@ -50,6 +50,8 @@ BUILTIN_PLUGINS: dict[str, str] = {
     "tzoo.image": "transformer_zoo.plugins.image",
     "tzoo.relative": "transformer_zoo.plugins.relative",
     "tzoo.talking-heads": "transformer_zoo.plugins.talking_heads",
+    "tzoo.latent-attention": "transformer_zoo.plugins.latent_attention",
+    "tzoo.differential": "transformer_zoo.plugins.differential",
     "tzoo.moe": "transformer_zoo.plugins.moe",
     "tzoo.decoder-lm": "transformer_zoo.plugins.decoder_lm",
     "tzoo.tasks": "transformer_zoo.plugins.tasks",
