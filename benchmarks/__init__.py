@@ -34,6 +34,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "grouped-query and multi-query attention against multi-head: cache bytes and decoding time",
         "about 1 min",
     ),
+    "cache-bytes": Benchmark(
+        "cache_bytes",
+        "the key/value cache's bytes per token and layer: multi-head, grouped-query and latent attention (MLA)",
+        "about 10 s",
+    ),
     "window-cache": Benchmark(
         "window_cache",
         "a sliding-window layer's cache, its window only, against the full cache: bytes and decoding time",
