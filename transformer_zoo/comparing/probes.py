@@ -7,20 +7,26 @@
 - :func:`mirror_alignment`: how much of the decoder's cross-attention lies on the source position
   that a copy (the diagonal) or a reverse (the anti-diagonal) reads; a model that learned the
   rule, rather than the training lengths, keeps it on longer inputs (Dehghani et al. 2018).
+- :func:`max_attention_logit`: the largest query-key logit of any self-attention layer; its
+  growth makes high learning rates unstable, which QK-layernorm prevents (Dehghani et al. 2023;
+  Wortsman et al. 2023, section 3.1).
 
-Both run the model once, in eval mode and with teacher forcing (the decoder reads the target, as
-in training), and return plain floats by name. :func:`run_probes` runs probes by name, as a
+Each runs the model once, in eval mode and with teacher forcing (the decoder reads the target, as
+in training), and returns plain floats by name. :func:`run_probes` runs probes by name, as a
 comparison spec lists them (``probes: [attention]``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from ..core.attention import AttentionMask, MultiHeadAttention
 from ..core.tasks import model_reads
 
 SATURATED = 0.99
@@ -34,27 +40,36 @@ ALIGNMENTS = {"copy": False, "reverse": True}
 """Task kinds whose output position ``i`` reads one source position: ``i`` (copy), or ``n - 1 - i``
 (reverse, ``mirrored``)."""
 
-ProbeName = Literal["attention", "alignment"]
+_ABSENT = object()  # a module whose kernel is a submodule, with no entry of its own to restore
+
+ProbeName = Literal["attention", "alignment", "logits"]
 
 PROBE_NAMES: dict[str, str] = {
     "attention": "attention_entropy (mean entropy of an attention row over real queries, in nats) and saturated_rows "
     f"(fraction of rows whose largest weight is above {SATURATED}); token models",
     "alignment": "alignment (the largest, over decoder layers, mean cross-attention weight an output position puts "
     "on the source position it copies); encoder-decoder models on copy and reverse",
+    "logits": "max_attention_logit (the largest query-key logit q.k / sqrt(d_head), after the attention's scale and "
+    "before any bias, soft-cap or mask, over every self-attention layer, head, real query and key it may see); token "
+    "models",
 }
 """Each probe a spec can ask for, with what it measures."""
 
 PROBE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "attention": ("attention_entropy", "saturated_rows"),
     "alignment": ("alignment",),
+    "logits": ("max_attention_logit",),
 }
 """The measurements each probe may return, by probe name."""
 
 
 @torch.no_grad()
-def _attend(model: nn.Module, task: Any, examples: int) -> tuple[dict[str, Tensor], Any] | None:
-    """The model's inputs for the first ``examples`` test examples and its output with attention
-    weights, in eval mode (the model's mode is restored); None for a model that reads no tokens."""
+def _attend(
+    model: nn.Module, task: Any, examples: int, need_weights: bool = True
+) -> tuple[dict[str, Tensor], Any] | None:
+    """The model's inputs for the first ``examples`` test examples and its output (with attention
+    weights when ``need_weights``), in eval mode (the model's mode is restored); None for a model
+    that reads no tokens."""
     if model_reads(getattr(model, "config", None)) != "tokens":
         return None
     test = task.dataset("test")
@@ -66,7 +81,7 @@ def _attend(model: nn.Module, task: Any, examples: int) -> tuple[dict[str, Tenso
     was_training = model.training
     model.eval()
     try:
-        out = model(**inputs, need_weights=True)
+        out = model(**inputs, need_weights=True) if need_weights else model(**inputs)
     finally:
         model.train(was_training)
     return inputs, out
@@ -169,6 +184,82 @@ def mirror_alignment(model: nn.Module, task: Any, examples: int = 64, mirrored: 
     return found
 
 
+def largest_logit(q: Tensor, k: Tensor, mask: AttentionMask) -> float | None:
+    """The largest logit ``q . k / sqrt(Dh)`` of one attention call over the keys each query may see
+    and its real queries: ``(B, H, Tq, Dh)`` queries and ``(B, H, Tk, Dh)`` keys as a kernel receives
+    them. With ``Tq == Tk`` (self-attention without a cache) query ``i`` is key ``i``, so the mask's
+    padding leaves out padded queries too. None when no query sees a key."""
+    scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    seen = mask.dense(q.size(-2), k.size(-2), q.device)
+    if seen is not None:
+        scores = scores.masked_fill(~seen, float("-inf"))
+    if mask.padding is not None and q.size(-2) == k.size(-2):
+        real = mask.padding.to(device=q.device, dtype=torch.bool)[:, None, :, None]  # (B, 1, Tq, 1)
+        scores = scores.masked_fill(~real, float("-inf"))
+    top = float(scores.max()) if scores.numel() else float("-inf")
+    return top if top > float("-inf") else None
+
+
+@contextlib.contextmanager
+def recorded_logits(model: nn.Module) -> Iterator[list[float]]:
+    """Within the block, each self-attention call of ``model`` appends its :func:`largest_logit`
+    to the list yielded. Each attention module's kernel is shadowed, in the module's instance
+    dictionary, by one that records and then calls it (the module's parameters, submodules and state
+    dict stay as they are); a pre-hook tells self-attention (no ``memory``) from cross-attention.
+    Both are removed on leaving."""
+    found: list[float] = []
+    hooks, shadowed = [], []
+    for module in model.modules():
+        if not isinstance(module, MultiHeadAttention):
+            continue
+        state = {"self": True}
+
+        def note(_module: nn.Module, args: tuple, kwargs: dict, state: dict = state) -> None:
+            memory = args[1] if len(args) > 1 else kwargs.get("memory")
+            state["self"] = memory is None
+
+        def recording(q, k, v, mask, bias, dropout_p, need_weights, kernel=module.kernel, state=state):
+            if state["self"] and (top := largest_logit(q, k, mask)) is not None:
+                found.append(top)
+            return kernel(q, k, v, mask, bias, dropout_p, need_weights)
+
+        hooks.append(module.register_forward_pre_hook(note, with_kwargs=True))
+        shadowed.append((module, module.__dict__.get("kernel", _ABSENT)))
+        module.__dict__["kernel"] = recording  # found before nn.Module's own lookup of a kernel submodule
+    try:
+        yield found
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module, own in shadowed:
+            if own is _ABSENT:
+                del module.__dict__["kernel"]
+            else:
+                module.__dict__["kernel"] = own
+
+
+def max_attention_logit(model: nn.Module, task: Any, examples: int = 64) -> dict[str, float]:
+    """The largest attention logit of a token model's self-attention on the task's test examples.
+
+    The logit of query ``i`` and key ``j`` is ``q_i . k_j / sqrt(d_head)`` as the kernel receives
+    them: after the projections, any QK-norm, the in-attention positions (rotary) and the module's
+    ``scale`` (which multiplies the queries), before any additive bias (ALiBi), soft-cap or mask.
+    The maximum is over every self-attention layer (each application of a recurrent one), head,
+    real query and key the mask lets that query see, on the first ``examples`` test examples, in
+    eval mode (teacher forcing for a decoder). Wortsman et al. 2023 (section 3.1, Figure 1) plot it
+    against the learning rate: it grows with the learning rate unless the queries and keys are
+    normalised.
+
+    Returns:
+        ``max_attention_logit``; empty for a model that reads no tokens or has no self-attention.
+    """
+    with recorded_logits(model) as found:
+        ran = _attend(model, task, examples, need_weights=False)
+    if ran is None or not found:
+        return {}
+    return {"max_attention_logit": max(found)}
+
+
 def run_probes(probes: Iterable[str], model: nn.Module, task: Any, examples: int = 64) -> dict[str, float]:
     """The measurements of the named probes (:data:`PROBE_NAMES`) on a trained model, by name
     (:data:`PROBE_OUTPUTS`); a probe that does not apply to the model or the task (alignment on
@@ -183,6 +274,8 @@ def run_probes(probes: Iterable[str], model: nn.Module, task: Any, examples: int
                 alignment = mirror_alignment(model, task, examples, mirrored=ALIGNMENTS[kind])
                 if alignment:
                     found["alignment"] = alignment["best"]
+        elif probe == "logits":
+            found.update(max_attention_logit(model, task, examples))
         else:
             raise ValueError(f"unknown probe {probe!r}; probes: {', '.join(PROBE_NAMES)}")
     return found
