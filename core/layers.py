@@ -10,6 +10,7 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar, get_args
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import AttentionMask
@@ -22,8 +23,18 @@ if TYPE_CHECKING:
     from .options import LayerSpec
 
 
+class SquaredReLU(nn.Module):
+    """``relu(x)^2``, the squared ReLU of Primer (So et al. 2021, "Primer: Searching for Efficient
+    Transformers for Language Modeling", arXiv 2109.08668, section 3: ``y = max(x, 0)^2``);
+    modded-nanogpt's and nanochat's MLP non-linearity; transformers' ``relu2``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x).square()
+
+
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
+    "relu2": SquaredReLU,
     "gelu": nn.GELU,
     "gelu-tanh": partial(nn.GELU, approximate="tanh"),  # GPT-2's, Gemma's; transformers' gelu_pytorch_tanh
     "silu": nn.SiLU,

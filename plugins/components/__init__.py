@@ -359,10 +359,10 @@ class BatchNormOptions(NormOptions):
 
 
 # ---- feed-forward -------------------------------------------------------------------------
-Activation = Literal["relu", "gelu", "gelu-tanh", "silu"]
+Activation = Literal["relu", "relu2", "gelu", "gelu-tanh", "silu"]
 """The non-linearities of the feed-forward kinds (:data:`~transformer_zoo.core.layers.ACTIVATIONS`):
-``gelu`` is exact, ``gelu-tanh`` GELU's tanh approximation (GPT-2's; transformers' ``gelu_new``
-and ``gelu_pytorch_tanh``)."""
+``relu2`` is ``relu(x)^2`` (Primer, So et al. 2021), ``gelu`` is exact, ``gelu-tanh`` GELU's tanh
+approximation (GPT-2's; transformers' ``gelu_new`` and ``gelu_pytorch_tanh``)."""
 
 
 class ActivationOptions(FFNOptions):
@@ -370,7 +370,9 @@ class ActivationOptions(FFNOptions):
     ``mlp``, ``gated`` and the experts of ``moe`` (:mod:`transformer_zoo.plugins.moe`)."""
 
     activation: Activation = Field(
-        "relu", description="non-linearity: relu, gelu (exact), gelu-tanh (GELU's tanh approximation) or silu"
+        "relu",
+        description="non-linearity: relu, relu2 (relu(x)^2: Primer, So et al. 2021), gelu (exact), gelu-tanh "
+        "(GELU's tanh approximation) or silu",
     )
 
 

@@ -102,7 +102,7 @@ def test_config_round_trips_through_json():
         ({"norm": "groupnorm"}, ["norm:", "unknown norm kind 'groupnorm'", "layernorm"]),
         ({"encoder": None, "decoder": None}, ["keep at least one stack"]),
         ({"tgt_vocab_size": 7}, ["share_embeddings needs one vocabulary"]),
-        ({"ffn": {"activation": "tanh"}}, ["ffn.activation:", "'relu', 'gelu', 'gelu-tanh' or 'silu'"]),
+        ({"ffn": {"activation": "tanh"}}, ["ffn.activation:", "'relu', 'relu2', 'gelu', 'gelu-tanh' or 'silu'"]),
     ],
 )
 def test_bad_configs_name_the_field_and_what_is_allowed(data, fragments):
