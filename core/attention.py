@@ -17,6 +17,11 @@ written-out formula. Every kernel divides the scores by ``sqrt(d_k)``; a module 
 the paper argues against at large ``d_k``). Kernels receive an :class:`AttentionMask`, a
 description (padding, causal, explicit) rather than a dense matrix, so that each can pick its
 fastest computation; the key/value caches of decoding are in :mod:`.cache`.
+
+Three options of the module reach every kind that computes through it: a sigmoid gate on the
+heads' output (Qiu et al. 2025), attention sinks (a learned logit per head in every softmax,
+gpt-oss's form of Xiao et al. 2024) and value residual learning (Zhou et al. 2024), whose
+first layer hands its values to the later ones through :class:`FirstValues`.
 """
 
 from __future__ import annotations
@@ -238,12 +243,34 @@ def _kernel_name(kernel: Kernel) -> str:
     return getattr(kernel, "__name__", None) or repr(kernel)
 
 
+class FirstValues:
+    """The values of a stack's first self-attention, handed to its later layers (value residual
+    learning, Zhou et al. 2024, "Value Residual Learning For Alleviating Attention Concentration
+    In Transformers", arXiv 2410.17897).
+
+    One per stack, shared by its layers' attention modules (:class:`MultiHeadAttention`'s
+    ``first_values``): at every call the first layer's module puts the values ``V_1`` of its new
+    tokens here, ``(B, n_kv_heads, T, Dh)`` before they enter its cache, and each later layer's
+    reads them in the same forward pass. A plain object, not a module: it holds no parameters,
+    so none is shared or counted twice, and it is not saved. The tensor stays here until the
+    next call of the first layer.
+    """
+
+    def __init__(self) -> None:
+        self.value: Tensor | None = None
+
+    def __repr__(self) -> str:
+        shape = None if self.value is None else tuple(self.value.shape)
+        return f"FirstValues(value shape={shape})"
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention over batch-first tensors, for self- or cross-attention, computed by a kernel.
 
     ``forward`` projects the queries, keys and values, reads and extends the cache, applies the
     in-attention positions (:meth:`project`), lets a kind adjust what the kernel receives
-    (:meth:`kernel_inputs`), calls the kernel, and projects its output back to ``d_model``.
+    (:meth:`kernel_inputs`), adds the sink (:meth:`with_sink`), calls the kernel, and gates and
+    projects its output back to ``d_model`` (:meth:`output`).
 
     The projection layout, which a state dict and a checkpoint converter rely on: one fused
     ``in_proj`` (``nn.Linear(d_model, 3 * d_model)``) whose output rows are the queries, then the
@@ -260,6 +287,31 @@ class MultiHeadAttention(nn.Module):
     ``nn.Linear(d_model, d_model + 2 * n_kv_heads * d_head)``, the queries' rows first, then the
     keys', then the values'. The cache holds the ``n_kv_heads`` heads only; :meth:`expand_kv`
     repeats them for :meth:`kernel_inputs` and the kernel, which always see ``n_heads`` heads.
+
+    Three options change the equations, each where every kind shares it:
+
+    - ``gate`` (Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv 2505.06708:
+      the gate after SDPA, ``Y' = Y * sigmoid(X W_theta)``, elementwise and head-specific;
+      Qwen3-Next): the heads' concatenated output is multiplied by ``sigmoid(x W_gate + b_gate)``
+      before the output projection, ``x`` being the queries' input (the decoder's, in
+      cross-attention). ``gate_proj`` is ``nn.Linear(d_model, n_heads * d_head)``; head ``h``
+      gates with its rows ``h * d_head`` to ``(h + 1) * d_head``.
+    - ``sinks`` (Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks",
+      arXiv 2309.17453, in the learned form of OpenAI's gpt-oss): each head ``h`` has a learned
+      logit ``s_h`` (parameter ``sinks``, ``(n_heads,)``, starting at 0) that joins every query's
+      softmax as one more key with no value, ``a_ij = exp(e_ij) / (exp(s_h) + sum_j' exp(e_ij'))``,
+      so a query's weights over the real keys sum to less than 1. Computed by any kernel that takes
+      a bias and an explicit mask (:meth:`with_sink`): a zero key and a zero value in front, seen by
+      every query, its score ``q . 0 = 0`` plus ``s_h`` as a bias (not soft-capped: it is a logit,
+      not a score); the weights returned leave it out.
+    - value residual learning (Zhou et al. 2024, "Value Residual Learning For Alleviating Attention
+      Concentration In Transformers", arXiv 2410.17897: ResFormer's ``U_n = A_n (lambda_1 V_1 +
+      lambda_2 V_n)``): every layer after the first attends over the values
+      ``lambda_1 V_1 + lambda_2 V_n``, ``V_1`` the first layer's values of the same tokens
+      (:class:`FirstValues`). The lambdas are learned, one pair per layer (parameter
+      ``value_lambdas``: ``[lambda_1, lambda_2]``), starting at 0.5 and 0.5, as modded-nanogpt
+      learns them. The new tokens' values are mixed before they enter the cache (:meth:`project`),
+      so the cache holds mixed values and decoding with it equals the forward.
 
     Args:
         d_model: model width; split into ``n_heads`` heads of ``d_model // n_heads``.
@@ -278,6 +330,16 @@ class MultiHeadAttention(nn.Module):
             paper's. The queries are multiplied by ``scale * sqrt(d_head)`` before
             :meth:`kernel_inputs` (the kernels divide by ``sqrt(d_head)``); no parameter or
             buffer is added, so state dicts do not change.
+        gate: gate the heads' output by ``sigmoid(gate_proj(x))`` (parameter ``gate_proj``, with a
+            bias when ``bias``).
+        sinks: a learned sink logit per head in every softmax (parameter ``sinks``); the kernel
+            must take a bias and an explicit mask (:func:`sdpa_kernel`, :func:`math_kernel`,
+            :class:`SoftcapKernel`).
+        first_values: the stack's :class:`FirstValues` (value residual learning); None: off.
+            Self-attention only.
+        mix_values: with ``first_values``, this is a later layer: it mixes the first layer's
+            values into its own (parameter ``value_lambdas``). False: this is the first layer,
+            which puts its values in ``first_values``.
     """
 
     category: ClassVar[str] = "attention"
@@ -302,6 +364,10 @@ class MultiHeadAttention(nn.Module):
         d_head: int | None = None,
         qk_norm: tuple[nn.Module, nn.Module] | None = None,
         qk_norm_over: str = "head",
+        gate: bool = False,
+        sinks: bool = False,
+        first_values: FirstValues | None = None,
+        mix_values: bool = False,
     ) -> None:
         super().__init__()
         if d_head is None and d_model % n_heads:
@@ -327,6 +393,13 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"qk_norm_over must be head or projection, got {qk_norm_over!r}")
         self.q_norm, self.k_norm = (None, None) if qk_norm is None else qk_norm
         self.qk_norm_over = qk_norm_over
+        self.gate_proj = nn.Linear(d_model, self.d_inner, bias=bias) if gate else None
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None  # s_h, gpt-oss's name
+        if mix_values and first_values is None:
+            raise ValueError("mix_values mixes the first layer's values into this layer's: give first_values too")
+        self.first_values = first_values
+        # [lambda_1, lambda_2] of V_n <- lambda_1 V_1 + lambda_2 V_n
+        self.value_lambdas = nn.Parameter(torch.tensor([0.5, 0.5])) if mix_values else None
 
     def extra_repr(self) -> str:
         scale = "" if self.scale is None else f", scale={self.scale:g}"
@@ -335,7 +408,17 @@ class MultiHeadAttention(nn.Module):
         kv = "" if self.n_kv_heads == self.n_heads else f", n_kv_heads={self.n_kv_heads}"
         d_head = "" if self.d_inner == self.d_model else f", d_head={self.d_head}"
         qk = "" if self.q_norm is None else f", qk_norm over {self.qk_norm_over}"
-        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{d_head}{kernel}{scale}{qk}"
+        gate = "" if self.gate_proj is None else ", output gate"
+        sinks = "" if self.sinks is None else ", sinks"
+        values = ""
+        if self.first_values is not None:
+            values = ", value residual: " + ("mixes the first layer's values" if self.mix_values else "first layer")
+        return f"d_model={self.d_model}, n_heads={self.n_heads}{kv}{d_head}{kernel}{scale}{qk}{gate}{sinks}{values}"
+
+    @property
+    def mix_values(self) -> bool:
+        """Whether this module mixes the first layer's values into its own (value residual learning)."""
+        return self.value_lambdas is not None
 
     def _heads(self, x: Tensor, parts: int, heads: int | None = None) -> tuple[Tensor, ...]:
         """``(B, T, parts * heads * Dh)`` to ``parts`` tensors of ``(B, heads, T, Dh)``; heads: ``n_heads``."""
@@ -376,14 +459,16 @@ class MultiHeadAttention(nn.Module):
         """Queries ``(B, H, T, Dh)``, keys and values ``(B, n_kv_heads, T, Dh)`` of every key so far,
         and the positional bias.
 
-        Reads and extends ``cache`` (the cache holds keys before rotation, of ``n_kv_heads`` heads),
-        and applies the in-attention positional scheme: the queries from the cache's ``start``, the
-        keys from its ``key_start``, each row shifted back by its ``left_padding``.
+        Reads and extends ``cache`` (the cache holds keys before rotation, of ``n_kv_heads`` heads,
+        and values after :meth:`value_residual`), and applies the in-attention positional scheme:
+        the queries from the cache's ``start``, the keys from its ``key_start``, each row shifted
+        back by its ``left_padding``.
         """
         d = self.d_inner
         q_offset, k_offset, left_padding = 0, 0, None
         if memory is None:
             q, k, v = self.self_heads(x)
+            v = self.value_residual(v)
             if cache is not None:
                 q_offset = cache.start
                 k, v = cache.append(k, v)
@@ -421,6 +506,59 @@ class MultiHeadAttention(nn.Module):
                     relation = relation * (self.scale * math.sqrt(self.d_head))
                 bias = relation if bias is None else bias + relation
         return q, k, v, bias
+
+    def value_residual(self, v: Tensor) -> Tensor:
+        """The new tokens' self-attention values ``(B, n_kv_heads, T, Dh)`` after value residual
+        learning (Zhou et al. 2024): the first layer's module keeps them in
+        ``first_values``; a later layer's returns ``lambda_1 V_1 + lambda_2 v``; without
+        ``first_values``, ``v`` unchanged."""
+        if self.first_values is None:
+            return v
+        if self.value_lambdas is None:
+            self.first_values.value = v
+            return v
+        first = self.first_values.value
+        if first is None or first.shape != v.shape:
+            found = "none" if first is None else f"values of shape {tuple(first.shape)}"
+            raise ValueError(
+                f"value residual: this layer mixes in the first layer's values of the same tokens, "
+                f"{tuple(v.shape)}, but found {found}; call the whole stack, whose first layer makes them"
+            )
+        first_weight, own_weight = self.value_lambdas.to(v.dtype).unbind()
+        return first_weight * first + own_weight * v
+
+    def with_sink(
+        self, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None
+    ) -> tuple[Tensor, Tensor, AttentionMask, Tensor]:
+        """Keys and values ``(B, H, Tk, Dh)`` with a sink in front, ``(B, H, 1 + Tk, Dh)``: a zero
+        key and a zero value that every query sees, whose score ``q . 0 = 0`` plus its bias
+        ``s_h`` is the head's sink logit. The mask gains that key (a causal mask is end-aligned, so
+        it sees it as it is); the bias gains a column of ``s_h`` in front of the positional bias,
+        or of zeros without one."""
+        b, h, k_len, _ = k.shape
+        k = torch.cat([k.new_zeros(b, h, 1, k.size(-1)), k], dim=-2)
+        v = torch.cat([v.new_zeros(b, h, 1, v.size(-1)), v], dim=-2)
+        sink = self.sinks.to(k.dtype).view(1, h, 1, 1)
+        if bias is None:
+            bias = torch.cat([sink, sink.new_zeros(1, h, 1, k_len)], dim=-1)  # (1, H, 1, 1 + Tk)
+        else:
+            shape = torch.broadcast_shapes(bias.shape, (1, h, 1, k_len))
+            bias = torch.cat([sink.expand(*shape[:-1], 1), bias.to(k.dtype).expand(shape)], dim=-1)
+        padding, explicit = mask.padding, mask.explicit
+        if padding is not None:
+            padding = torch.cat([torch.ones_like(padding[:, :1]), padding], dim=-1)
+        if explicit is not None:
+            explicit = explicit.expand(*explicit.shape[:-1], k_len)
+            explicit = torch.cat([torch.ones_like(explicit[..., :1]), explicit], dim=-1)
+        return k, v, AttentionMask(padding=padding, causal=mask.causal, explicit=explicit), bias
+
+    def output(self, out: Tensor, x: Tensor) -> Tensor:
+        """The heads' concatenated output ``(B, Tq, H * Dh)`` to ``(B, Tq, D)``: gated by
+        ``sigmoid(gate_proj(x))`` (``x`` the queries' input), when the module has a gate, then
+        the output projection."""
+        if self.gate_proj is not None:
+            out = out * torch.sigmoid(self.gate_proj(x))
+        return self.out_proj(out)
 
     def kernel_inputs(
         self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask, bias: Tensor | None, cache: Cache | None
@@ -461,10 +599,14 @@ class MultiHeadAttention(nn.Module):
         if self.scale is not None:  # the kernels divide by sqrt(q's width); this leaves ``scale`` on q . k
             q = q * (self.scale * math.sqrt(q.size(-1)))
         q, k, v, mask, bias = self.kernel_inputs(q, k, v, mask, bias, cache)
+        if self.sinks is not None:
+            k, v, mask, bias = self.with_sink(k, v, mask, bias)
         dropout = self.dropout if self.training else 0.0
         out, weights = self.kernel(q, k, v, mask, bias, dropout, need_weights)
-        out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)  # (B, Tq, D)
-        return self.out_proj(out), weights if need_weights else None
+        if self.sinks is not None and weights is not None:
+            weights = weights[..., 1:]  # the real keys' weights, which sum to less than 1
+        out = out.transpose(1, 2).reshape(x.size(0), q.size(-2), -1)  # (B, Tq, H * Dh)
+        return self.output(out, x), weights if need_weights else None
 
 
 class MathAttention(MultiHeadAttention):

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from torch import nn
 
-from .attention import AttentionPositional
+from .attention import AttentionPositional, FirstValues
 from .embedding import Embeddings
 from .layers import TransformerLayer
 from .model import EncoderDecoder
@@ -255,7 +255,8 @@ def build_layer(
     rezero: bool = False,
 ) -> TransformerLayer:
     """A layer as ``layer`` describes, with self-attention of kind ``attention`` and, when
-    ``cross_attention`` is given, attention to an encoder memory (without the in-attention positions).
+    ``cross_attention`` is given, attention to an encoder memory (without the in-attention positions
+    or the stack's value residual, which are self-attention's).
 
     The norms go where ``layer.norm_placement`` says, one per sub-layer (``norms.i``), and with
     ``sandwich`` a second one on each sub-layer's output (``post_norms.i``).
@@ -272,11 +273,12 @@ def build_layer(
     def norms() -> list[nn.Module]:
         return [nn.Identity() if rezero else norm.build(d_model=layer.d_model) for _ in range(count)]
 
+    cross_layer = replace(layer, in_attention=None, first_values=None)
     return TransformerLayer(
         attention.build(layer),
         layer.ffn.build(d_model=layer.d_model, d_ff=layer.d_ff, dropout=layer.dropout),
         norms(),
-        cross_attn=None if cross_attention is None else cross_attention.build(replace(layer, in_attention=None)),
+        cross_attn=None if cross_attention is None else cross_attention.build(cross_layer),
         post_norms=norms() if layer.norm_placement == "sandwich" and not rezero else None,
         dropout=layer.dropout,
         placement=layer.norm_placement,
@@ -290,7 +292,9 @@ def build_stack(
 ) -> nn.Module:
     """The stack ``options`` describe, given its layers built as ``layer`` describes: layer ``i``
     takes the stack's ``i``-th attention kind (and its cross-attention kind when ``cross``), and a
-    norm follows the last layer when ``layer.uses_final_norm``.
+    norm follows the last layer when ``layer.uses_final_norm``. With ``options.value_residual`` the
+    layers' self-attention modules share one :class:`~.attention.FirstValues` (value residual
+    learning, Zhou et al. 2024): the first keeps its values there, the later ones mix them in.
 
     Args:
         signal: what a recurrent stack adds before each step (:class:`~.recurrent.StepSignal`); None
@@ -298,6 +302,8 @@ def build_stack(
     """
     if signal is not None and not options.recurrent:
         raise ValueError(f"a {options.kind!r} stack applies distinct layers and takes no step signal")
+    if options.value_residual:
+        layer = replace(layer, first_values=FirstValues())
     layers = [
         build_layer(
             replace(layer, depth=i),

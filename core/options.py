@@ -27,7 +27,15 @@ from pydantic import (
 )
 from torch import nn
 
-from .attention import AttentionPositional, Kernel, MultiHeadAttention, SoftcapKernel, kv_heads_problem, sdpa_kernel
+from .attention import (
+    AttentionPositional,
+    FirstValues,
+    Kernel,
+    MultiHeadAttention,
+    SoftcapKernel,
+    kv_heads_problem,
+    sdpa_kernel,
+)
 from .tasks import TaskOptions
 from .validation import (
     MAX_LAYERS,
@@ -62,6 +70,9 @@ class LayerSpec:
         head_dim: each attention head's width; None: ``d_model / n_heads``.
         depth: the layer's index in its stack, from 0 (set by the stack builder; a kind whose
             rule depends on it reads it, as differential attention's initial lambda does).
+        first_values: the stack's :class:`~transformer_zoo.core.attention.FirstValues` when it
+            learns value residuals (set by the stack builder for its self-attention; the first
+            layer's attention keeps its values there, the later layers' mix them in); None: off.
     """
 
     d_model: int
@@ -76,6 +87,7 @@ class LayerSpec:
     grid: tuple[int, int] | None = None
     head_dim: int | None = None
     depth: int = 0
+    first_values: FirstValues | None = None
 
     @property
     def uses_final_norm(self) -> bool:
@@ -100,7 +112,8 @@ class AttentionOptions(ComponentOptions):
     arguments. A kind does not override :meth:`build`: a common option added to
     :meth:`common_arguments` then reaches every kind with no edit in any of them.
 
-    Every kind has the three fields ``bias``, ``scale`` and ``n_kv_heads``. What a kind can take is
+    Every kind has the fields of this class (``bias``, ``scale``, ``n_kv_heads``, ``qk_norm``,
+    ``softcap``, ``positions``, ``gate``, ``sinks``). What a kind can take is
     declared by the class variables below, each with its default; a kind that differs says so in
     its own class body. :meth:`check_use` checks them all, in one place (the stacks call it:
     :meth:`StackOptions.check`); a kind's own option values are checked by :meth:`check`. Their
@@ -146,6 +159,19 @@ class AttentionOptions(ComponentOptions):
     kernel does not cap them, refuses ``softcap`` at validation."""
     takes_head_dim: ClassVar[bool] = True
     """Whether the kind's module takes heads of any width (``head_dim``), not only ``d_model / n_heads``."""
+    takes_sinks: ClassVar[bool] = False
+    """Whether the kind's kernel takes attention sinks (``sinks``): a softmax over every key the
+    mask allows that takes a positional bias and an explicit mask, so that the module's sink (one
+    more key in front, its logit as a bias:
+    :meth:`~transformer_zoo.core.attention.MultiHeadAttention.with_sink`) joins it. False by
+    default: a kind whose kernel mixes or drops keys, or refuses a bias, refuses ``sinks`` at
+    validation."""
+    takes_value_residual: ClassVar[bool] = True
+    """Whether the kind forms its self-attention values in
+    :meth:`~transformer_zoo.core.attention.MultiHeadAttention.project`, where a stack's
+    ``value_residual`` mixes the first layer's values into the later layers'. False for a kind
+    whose module makes its values elsewhere (linear attention's running sums while decoding, a
+    latent projection): a stack with ``value_residual`` refuses it at validation."""
 
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
     scale: float | None = Field(
@@ -178,9 +204,20 @@ class AttentionOptions(ComponentOptions):
         description="apply the model's in-attention positions (rotary, ALiBi) in this attention; false: none "
         "(NoPE, Kazemnejad et al. 2023), for chosen layers of a stack's list of kinds",
     )
+    gate: bool = Field(
+        False,
+        description="gate the heads' output by sigmoid(x W_gate) before the output projection, x the queries' "
+        "input (Qiu et al. 2025; Qwen3-Next): parameter gate_proj, with a bias when bias",
+    )
+    sinks: bool = Field(
+        False,
+        description="attention sinks: a learned logit per head, starting at 0, joins every query's softmax as a "
+        "key with no value, so the weights over the real keys sum to less than 1 (Xiao et al. 2024, learned as "
+        "in gpt-oss): parameter sinks",
+    )
 
     @model_validator(mode="after")
-    def _scale_is_taken(self) -> AttentionOptions:
+    def _options_are_taken(self) -> AttentionOptions:
         if self.scale is not None and not self.takes_scale:
             raise ValueError(
                 f"{self.kind} attention does not apply scale (its module or kernel does not take it); "
@@ -190,6 +227,12 @@ class AttentionOptions(ComponentOptions):
             raise ValueError(
                 f"{self.kind} attention does not soft-cap its scores (its kernel does not form them, or does "
                 "not cap them); remove softcap, or use kind: sdpa, math or sliding-window"
+            )
+        if self.sinks and not self.takes_sinks:
+            raise ValueError(
+                f"{self.kind} attention does not take sinks (its kernel does not form a softmax over every key the "
+                "mask allows with a bias on the scores, which the sink logit joins); remove sinks, or use kind: "
+                "sdpa or math"
             )
         return self
 
@@ -272,7 +315,9 @@ class AttentionOptions(ComponentOptions):
     def common_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         """The constructor arguments every kind's :attr:`module` takes: the shared fields and the
         layer's dropout, head width and in-attention positions (none with ``positions: false``),
-        and the QK-norms built of the layer's norm kind. The one place a common option is passed on."""
+        the QK-norms built of the layer's norm kind, and the stack's value residual (the first
+        layer keeps its values, the later ones mix them in). The one place a common option is
+        passed on; an option left at its default is not passed, so a module need not know it."""
         qk_norm = None
         if self.qk_norm is not None:
             if layer.norm is None:
@@ -289,6 +334,13 @@ class AttentionOptions(ComponentOptions):
             n_kv_heads=self.n_kv_heads,
             **({} if layer.head_dim is None else {"d_head": layer.head_dim}),
             **({} if qk_norm is None else {"qk_norm": qk_norm, "qk_norm_over": self.qk_norm}),
+            **({"gate": True} if self.gate else {}),
+            **({"sinks": True} if self.sinks else {}),
+            **(
+                {}
+                if layer.first_values is None
+                else {"first_values": layer.first_values, "mix_values": layer.depth > 0}
+            ),
         )
 
     def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
@@ -412,6 +464,31 @@ class StackOptions(ComponentOptions):
         description="ReZero (Bachlechner et al. 2020): each sub-layer adds alpha * F(x), alpha a learned scalar "
         "starting at 0, and the layers have no norms (a final norm is kept where the config asks for one)",
     )
+    value_residual: bool = Field(
+        False,
+        description="value residual learning (Zhou et al. 2024, ResFormer): every layer after the first attends "
+        "over lambda_1 V_1 + lambda_2 V_n, V_1 the first layer's values, the lambdas learned per layer from 0.5 "
+        "and 0.5 (parameter value_lambdas of each later layer's self-attention)",
+    )
+
+    @model_validator(mode="after")
+    def _value_residual_is_taken(self) -> StackOptions:
+        if not self.value_residual:
+            return self
+        if self.recurrent:
+            raise ValueError(
+                f"value_residual mixes the first layer's values into each later layer's, but a {self.kind} stack "
+                "applies one shared layer at every step; remove value_residual, or use kind: standard"
+            )
+        kinds = self.attention if isinstance(self.attention, list) else [self.attention]
+        refused = sorted({kind.kind for kind in kinds if not kind.takes_value_residual})
+        if refused:
+            raise ValueError(
+                "value_residual mixes the first layer's values into the later layers' as attention forms them "
+                f"in MultiHeadAttention.project, which {' and '.join(refused)} attention does not; remove "
+                "value_residual, or use kinds that take it, such as sdpa"
+            )
+        return self
 
     @property
     def layer_count(self) -> int:
@@ -439,12 +516,20 @@ class StackOptions(ComponentOptions):
         on ``cross_attention`` when the stack attends to an encoder (``cross``). Every family
         checks its stacks through this one method."""
         listed = isinstance(self.attention, list)
+        kinds = self.attention if listed else [self.attention]
         uses = dict(n_heads=n_heads, max_len=max_len, grid=grid, head_dim=head_dim)
-        for index, kind in enumerate(self.attention if listed else [self.attention]):
+        for index, kind in enumerate(kinds):
             try:
                 kind.check_use(positional=positional, causal=causal, **uses)
             except ValueError as error:
                 raise ValueError(f"attention{f'.{index}' if listed else ''}: {error}") from None
+        kv_heads = sorted({kind.n_kv_heads or n_heads for kind in kinds})
+        if self.value_residual and len(kv_heads) > 1:
+            raise ValueError(
+                "value_residual: every later layer mixes the first layer's values into its own, so every layer's "
+                f"values need the same heads, but the attention kinds have {' and '.join(map(str, kv_heads))} "
+                "key/value heads; give them one n_kv_heads"
+            )
         if cross:
             try:
                 self.cross_attention.check_use(cross=True, **uses)

@@ -52,6 +52,7 @@ class SDPAAttentionOptions(AttentionOptions):
 
     kind: Literal["sdpa"] = "sdpa"
     takes_softcap: ClassVar[bool] = True  # the default kernel, soft-capped (SoftcapKernel)
+    takes_sinks: ClassVar[bool] = True  # SDPA takes the sink's bias column and its mask
 
 
 class MathAttentionOptions(AttentionOptions):
@@ -60,6 +61,7 @@ class MathAttentionOptions(AttentionOptions):
     kind: Literal["math"] = "math"
     module: ClassVar[type[nn.Module]] = MathAttention
     takes_softcap: ClassVar[bool] = True
+    takes_sinks: ClassVar[bool] = True
 
     def module_arguments(self, layer: LayerSpec) -> dict[str, Any]:
         return {} if self.softcap is None else {"kernel": self.make_kernel()}  # MathAttention runs math_kernel

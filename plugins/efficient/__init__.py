@@ -38,6 +38,7 @@ class _FeatureMapOptions(AttentionOptions):
     full: ClassVar[bool] = False
     takes_bias: ClassVar[bool] = False
     takes_positions: ClassVar[bool] = False  # the keys are summed as they come: no later call could rotate them
+    takes_value_residual: ClassVar[bool] = False  # a decoding step makes its values outside project()
     module: ClassVar[type[nn.Module]] = FeatureMapAttention
     takes_head_dim: ClassVar[bool] = False
 

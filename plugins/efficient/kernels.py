@@ -225,7 +225,7 @@ class FeatureMapAttention(MultiHeadAttention):
         state = (cache.state["kv"], cache.state["z"]) if cache.state else None
         out, (cache.state["kv"], cache.state["z"]) = linear_attention(q, k, v, causal=True, state=state)
         out = out.transpose(1, 2).reshape(x.size(0), x.size(1), -1)  # (B, Tq, D)
-        return self.out_proj(out), None
+        return self.output(out, x), None
 
 
 class LinformerAttention(MultiHeadAttention):
