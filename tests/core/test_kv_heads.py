@@ -17,8 +17,10 @@ from transformer_zoo.registry.manager import get_registry
 
 D, H, DH = 32, 4, 8
 SMALL = {"vocab_size": 60, "d_model": D, "n_heads": H, "d_ff": 64, "dropout": 0.0, "head": {"tie_weights": False}}
-# Latent attention (mla) has no key/value heads (one latent for all heads) and refuses n_kv_heads.
-KINDS = sorted(set(get_registry().components("attention")) - {"mla"})
+# Differential attention groups its key/value heads in pairs (K1, K2), as its reference code does, not one
+# by one; tests/plugins/test_differential.py checks its grouping. Latent attention (mla) has no key/value
+# heads (one latent for all heads) and refuses n_kv_heads.
+KINDS = sorted(set(get_registry().components("attention")) - {"differential", "mla"})
 GRID = (4, 4)
 
 

@@ -17,7 +17,15 @@ from transformer_zoo.registry import get_registry
 
 PAGE = (ROOT / "docs" / "configs.md").read_text()
 CATEGORIES = ("attention", "positional", "norm", "ffn", "stack", "head")
-GENERIC = {"tzoo.components", "tzoo.efficient", "tzoo.talking-heads", "tzoo.relative", "tzoo.moe"}
+GENERIC = {
+    "tzoo.components",
+    "tzoo.efficient",
+    "tzoo.talking-heads",
+    "tzoo.relative",
+    "tzoo.moe",
+    "tzoo.differential",
+    "tzoo.latent-attention",
+}
 """The plugins whose kinds the page's table of options lists; a family's own kinds (the sparse
 attention kinds, local 2-D attention, the recurrent stack) are on the family's page."""
 BASES = {"attention": AttentionOptions, "positional": PositionalOptions}
