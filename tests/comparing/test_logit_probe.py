@@ -9,8 +9,14 @@ import pytest
 import torch
 
 import transformer_zoo as tz
-from transformer_zoo.comparing.probes import PROBE_NAMES, PROBE_OUTPUTS, max_attention_logit, run_probes
-from transformer_zoo.core.attention import MultiHeadAttention
+from transformer_zoo.comparing.probes import (
+    PROBE_NAMES,
+    PROBE_OUTPUTS,
+    largest_logit,
+    max_attention_logit,
+    run_probes,
+)
+from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention
 from transformer_zoo.plugins.tasks.algorithmic import ReverseOptions
 from transformer_zoo.plugins.tasks.python_source import PythonSourceOptions
 
@@ -140,26 +146,41 @@ def llama_logits(model, inputs, kv: int) -> dict[str, float]:
     return found
 
 
-def test_the_logits_are_after_qk_norm_and_rotary_with_grouped_keys():
+@pytest.mark.parametrize("sinks", [False, True])
+def test_the_logits_are_after_qk_norm_and_rotary_with_grouped_keys(sinks):
     """llama-tiny with per-head QK-norm (its gains set apart from 1) and two key heads shared by
-    four query heads, causal: the logits come from the rotated, normalised queries and keys."""
+    four query heads, causal: the logits come from the rotated, normalised queries and keys. An
+    attention sink (here a logit of 100, above every other) is no key of the input: left out."""
     task = PythonSourceOptions(max_len=16, longer=[], train_tokens=256, test_tokens=256).build()
     torch.manual_seed(3)  # a draw whose largest logit each left-out step would change
-    model = tz.build_model(
-        "llama-tiny",
-        vocab_size=task.vocab_size,
-        decoder={"layers": 2, "attention": {"kind": "sdpa", "bias": False, "n_kv_heads": 2, "qk_norm": "head"}},
-    )
+    attention = {"kind": "sdpa", "bias": False, "n_kv_heads": 2, "qk_norm": "head", "sinks": sinks}
+    model = tz.build_model("llama-tiny", vocab_size=task.vocab_size, decoder={"layers": 2, "attention": attention})
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, MultiHeadAttention):
                 module.q_norm.weight.uniform_(0.5, 3.0)
                 module.k_norm.weight.uniform_(0.5, 3.0)
+                if sinks:
+                    module.sinks.fill_(100.0)
     inputs = batch_of(task, model)
     assert bool(inputs["tgt_mask"].all())  # windows of text: no padding
     found = llama_logits(model, inputs, kv=2)
     assert all(abs(value - found["logit"]) > 1e-3 for case, value in found.items() if case != "logit")
     assert max_attention_logit(model, task, EXAMPLES)["max_attention_logit"] == pytest.approx(found["logit"], rel=1e-5)
+
+
+@pytest.mark.parametrize("sinks", [0, 1])
+def test_the_largest_logit_of_one_call_leaves_out_padding_and_sinks(sinks):
+    """Two positions of width 4, the second padded: its query's logit (10) and its key's (-6) are
+    left out, and so is a sink's zero key in front (logit 0): the largest is the real pair's, -2."""
+    q = torch.stack([-torch.ones(4), 5 * torch.ones(4)])[None, None]  # (1, 1, 2, 4)
+    k = torch.stack([torch.ones(4), 3 * torch.ones(4)])[None, None]
+    padding = torch.tensor([[True, False]])
+    if sinks:
+        k = torch.cat([torch.zeros(1, 1, 1, 4), k], dim=-2)
+        padding = torch.cat([torch.ones(1, 1, dtype=torch.bool), padding], dim=-1)
+    assert largest_logit(q, k, AttentionMask(padding=padding), sinks) == pytest.approx(-2.0)
+    assert largest_logit(q, k, AttentionMask(padding=torch.zeros_like(padding)), sinks) is None
 
 
 def test_the_kernels_are_restored_and_the_model_is_unchanged():

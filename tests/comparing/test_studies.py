@@ -178,6 +178,7 @@ STUDIES = [
     "associative-recall",
     "mad",
     "chomsky-hierarchy",
+    "small-scale-proxies",
 ]
 
 

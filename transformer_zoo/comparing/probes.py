@@ -184,11 +184,17 @@ def mirror_alignment(model: nn.Module, task: Any, examples: int = 64, mirrored: 
     return found
 
 
-def largest_logit(q: Tensor, k: Tensor, mask: AttentionMask) -> float | None:
+def largest_logit(q: Tensor, k: Tensor, mask: AttentionMask, sinks: int = 0) -> float | None:
     """The largest logit ``q . k / sqrt(Dh)`` of one attention call over the keys each query may see
     and its real queries: ``(B, H, Tq, Dh)`` queries and ``(B, H, Tk, Dh)`` keys as a kernel receives
-    them. With ``Tq == Tk`` (self-attention without a cache) query ``i`` is key ``i``, so the mask's
-    padding leaves out padded queries too. None when no query sees a key."""
+    them, the first ``sinks`` of the keys a module's attention sinks (zero keys in front, whose logit
+    is the sink's bias alone: :meth:`~transformer_zoo.core.attention.MultiHeadAttention.with_sink`),
+    left out. With as many queries as real keys (self-attention without a cache) query ``i`` is key
+    ``i``, so the mask's padding leaves out padded queries too. None when no query sees a key."""
+    k = k[..., sinks:, :]
+    padding = None if mask.padding is None else mask.padding[:, sinks:]
+    explicit = None if mask.explicit is None else mask.explicit[..., sinks:]
+    mask = AttentionMask(padding=padding, causal=mask.causal, explicit=explicit)
     scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     seen = mask.dense(q.size(-2), k.size(-2), q.device)
     if seen is not None:
@@ -218,8 +224,9 @@ def recorded_logits(model: nn.Module) -> Iterator[list[float]]:
             memory = args[1] if len(args) > 1 else kwargs.get("memory")
             state["self"] = memory is None
 
-        def recording(q, k, v, mask, bias, dropout_p, need_weights, kernel=module.kernel, state=state):
-            if state["self"] and (top := largest_logit(q, k, mask)) is not None:
+        def recording(q, k, v, mask, bias, dropout_p, need_weights, kernel=module.kernel, state=state, module=module):
+            sinks = 0 if getattr(module, "sinks", None) is None else 1
+            if state["self"] and (top := largest_logit(q, k, mask, sinks)) is not None:
                 found.append(top)
             return kernel(q, k, v, mask, bias, dropout_p, need_weights)
 
@@ -243,7 +250,8 @@ def max_attention_logit(model: nn.Module, task: Any, examples: int = 64) -> dict
 
     The logit of query ``i`` and key ``j`` is ``q_i . k_j / sqrt(d_head)`` as the kernel receives
     them: after the projections, any QK-norm, the in-attention positions (rotary) and the module's
-    ``scale`` (which multiplies the queries), before any additive bias (ALiBi), soft-cap or mask.
+    ``scale`` (which multiplies the queries), before any additive bias (ALiBi), soft-cap or mask;
+    attention sinks are not keys of the input, and are left out.
     The maximum is over every self-attention layer (each application of a recurrent one), head,
     real query and key the mask lets that query see, on the first ``examples`` test examples, in
     eval mode (teacher forcing for a decoder). Wortsman et al. 2023 (section 3.1, Figure 1) plot it

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from ..progress import duration
 from ..records import ALPHA, Cell
+from ..stats import interval
 from ..summary import format_cell, format_number
 from ..tallies import tally_lines
+from .sweeps import SENSITIVITY, SweepResult
 from .verdicts import ClaimResult, StudyResult
 
 
@@ -54,6 +56,9 @@ def study_lines(result: StudyResult) -> list[str]:
     for c in result.claims:
         cl = c.claim
         where = f"{cl.task}, {cl.metric}" if c.probe else f"{cl.task}, {cl.split} {cl.metric}"
+        if cl.metric == SENSITIVITY:
+            over = next((s.over for s in result.sweeps if s.task == cl.task), "the swept option")
+            where = f"{cl.task}, {SENSITIVITY} of the final test loss to {over}, lower is better"
         if cl.split_b and not c.probe:
             where = f"{cl.task}, {cl.metric}: a on {cl.split}, b on {cl.split_b}" + (
                 ", paired by seed" if cl.paired else ""
@@ -94,6 +99,8 @@ def study_lines(result: StudyResult) -> list[str]:
         ]
     if result.tally is not None and result.tallies:
         lines += ["", *tally_lines(result.tally, result.tallies, result.test)]
+    if result.sweeps:
+        lines += ["", *sweep_report_lines(result.sweeps, result.plots, heading="##")]
     if result.figures:
         lines += [
             "",
@@ -108,6 +115,65 @@ def study_lines(result: StudyResult) -> list[str]:
             for f in result.figures
         ]
     return lines
+
+
+def _cell(values: list[float]) -> Cell | None:
+    if not values:
+        return None
+    found = interval(values)
+    return Cell(mean=found.mean, low=found.low, high=found.high, n=found.n)
+
+
+def sweep_lines(swept: SweepResult) -> list[str]:
+    """A sweep's table: each swept variant's final test loss at each value (mean [95% CI] over the
+    seeds whose run finished, and how many diverged), its largest attention logit where measured,
+    and its sensitivity over seeds."""
+    logits = any(p.max_logit is not None for v in swept.variants for p in v.points)
+    lines = [
+        f"| variant | {swept.over} | final test loss (nats) | diverged |"
+        + (" largest attention logit |" if logits else ""),
+        "|---|---|---|---|" + ("---|" if logits else ""),
+    ]
+    for variant in swept.variants:
+        for value in swept.values:
+            points = [p for p in variant.points if p.value == value]
+            losses = [p.loss for p in points if p.loss is not None]
+            row = f"| {variant.variant} | {value:g} | {format_cell(_cell(losses))} | {len(points) - len(losses)} of {len(points)} |"
+            if logits:
+                row += f" {format_cell(_cell([p.max_logit for p in points if p.max_logit is not None]))} |"
+            lines.append(row)
+    lines += [""]
+    for variant in swept.variants:
+        seeds = sorted(variant.sensitivity)
+        initial = _cell([variant.initial[s] for s in seeds])
+        lines.append(
+            f"- {variant.variant}: sensitivity {format_cell(_cell([variant.sensitivity[s] for s in seeds]))} over "
+            f"{len(seeds)} seed(s); loss at initialisation {format_cell(initial)}"
+            + (f"; runs that failed otherwise, left out: {'; '.join(variant.missing)}" if variant.missing else "")
+        )
+    return lines
+
+
+def sweep_report_lines(sweeps: list[SweepResult], plots: list[str], heading: str = "##") -> list[str]:
+    """Each sweep's section: what was swept, its table (:func:`sweep_lines`) and its figures."""
+    lines = []
+    for swept in sweeps:
+        lines += [
+            f"{heading} Sweep over {swept.over} on {swept.task}",
+            "",
+            (
+                f"Each swept variant ran once per value of {swept.over} and seed. Its **sensitivity** at a seed "
+                "(Wortsman et al. 2023, eq. 1) is the mean over the values of its final test loss, capped at the "
+                "test loss of its initial weights (a run that diverged counts as that loss), less its best final "
+                "loss over the values; lower is better."
+            ),
+            "",
+            *sweep_lines(swept),
+            "",
+            *[f"![{name}]({name})" for name in plots if f"-{swept.task}." in name],
+            "",
+        ]
+    return lines[:-1]
 
 
 def verdict_words(c: ClaimResult) -> str:

@@ -25,9 +25,20 @@ from ..runner import ComparisonInterrupted, compare
 from ..sequential import claim_share
 from ..spec import CompareSpec, budget_seconds
 from ..tuning import untuned_label
-from .pages import claims_table_lines, studies_table_lines, study_lines
+from .figures import plot_sweep
+from .pages import claims_table_lines, studies_table_lines, study_lines, sweep_report_lines
 from .spec import Claim, Scale, Study, load_study
-from .verdicts import ClaimResult, StudyResult, judge, short_runs, stopped_runs, verdict
+from .sweeps import InitialLosses, Sweep, SweepResult
+from .verdicts import (
+    ClaimResult,
+    StudyResult,
+    claim_labels,
+    judge,
+    short_runs,
+    stopped_runs,
+    sweep_results,
+    verdict,
+)
 
 
 def command(name: str, scale: Scale, overrides: dict[str, Any] | None = None) -> str:
@@ -52,20 +63,28 @@ def reproduce(
     plugins: list[str] | None = None,
 ) -> StudyResult:
     """Run a study's comparison into ``out_dir`` and judge its claims: ``verdict.json`` and
-    ``verdict.md`` beside the comparison's ``report.md``."""
+    ``verdict.md`` beside the comparison's ``report.md``; a study with a sweep also draws its
+    figures there (:func:`~.figures.plot_sweep`), shown on both pages."""
     for module in plugins or ():  # before the spec, whose variants a plugin may provide
         get_registry().register_module(module)
     spec = study.spec(scale, overrides)
+    sweep = study.sweep_at(scale, overrides)
+    initial = None if sweep is None else InitialLosses(spec, sweep)
     out_dir = Path(out_dir)
     started = time.perf_counter()
     rerun = command(study.name, scale, overrides)
     if spec.until_decided is not None:
-        result = _reproduce_until_decided(study, spec, out_dir, scale, rerun, plugins)
+        result = _reproduce_until_decided(study, spec, out_dir, scale, rerun, plugins, sweep, initial)
     else:
         results = compare(spec, out_dir, plugins=plugins)
         if results is None:  # another process of a torchrun job
             raise RuntimeError("reproduce runs in one process; run it without torchrun")
-        result = verdict(study, spec, results, scale, time.perf_counter() - started, rerun)
+        result = verdict(
+            study, spec, results, scale, time.perf_counter() - started, rerun, sweep=sweep, initial=initial
+        )
+    if result.sweeps:
+        result.plots = [name for swept in result.sweeps for name in plot_sweep(swept, out_dir)]
+        _add_to_report(out_dir / "report.md", result.sweeps, result.plots)
     text = result.model_dump_json(indent=2)
     atomic_write(out_dir / "verdict.json", lambda tmp: tmp.write_text(text))
     page = "\n".join(study_lines(result))
@@ -73,8 +92,24 @@ def reproduce(
     return result
 
 
+def _add_to_report(report: Path, sweeps: list[SweepResult], plots: list[str]) -> None:
+    """The sweep's figures and table at the end of the comparison's ``report.md`` (which compare
+    writes anew each time it runs)."""
+    if not report.is_file():
+        return
+    text = report.read_text().rstrip("\n") + "\n\n" + "\n".join(sweep_report_lines(sweeps, plots)) + "\n"
+    atomic_write(report, lambda tmp: tmp.write_text(text))
+
+
 def _reproduce_until_decided(
-    study: Study, spec: CompareSpec, out_dir: Path, scale: Scale, rerun: str, plugins: list[str] | None
+    study: Study,
+    spec: CompareSpec,
+    out_dir: Path,
+    scale: Scale,
+    rerun: str,
+    plugins: list[str] | None,
+    sweep: Sweep | None = None,
+    initial: InitialLosses | None = None,
 ) -> StudyResult:
     """The study with seeds added in rounds until each claim is decided (:mod:`..rounds`): a claim
     keeps the verdict of the look that decided it."""
@@ -82,14 +117,22 @@ def _reproduce_until_decided(
 
     def judge_claims(results: CompareResults, look: int, alpha: float) -> bool:
         short = short_runs(spec, results)
+        swept = {} if sweep is None else sweep_results(sweep, spec, results, initial)
         judges = {
-            i: partial(_judged, study.claims[i], results, stopped_runs(study.claims[i], short, results), look)
+            i: partial(
+                _judged,
+                study.claims[i],
+                results,
+                stopped_runs(study.claims[i], short, results, sweep),
+                look,
+                sweep=swept.get(study.claims[i].task),
+            )
             for i in looks.open
         }
         return looks.judge(look, alpha, judges, lambda c: c.verdict != "inconclusive")
 
     def needed() -> set[str]:  # the variants of the open claims (a tuned twin's by its own variant's label)
-        labels = {label for i in looks.open for label in (study.claims[i].a, study.claims[i].b)}
+        labels = {label for i in looks.open for label in claim_labels(study.claims[i], sweep)}
         return {untuned_label(label) for label in labels}
 
     started = time.perf_counter()
@@ -103,12 +146,16 @@ def _reproduce_until_decided(
         time.perf_counter() - started,
         rerun,
         claims,
+        sweep,
+        initial,
     )
     return result.model_copy(update={"rounds": [r.__dict__ for r in rounds], "stopped": why})
 
 
-def _judged(claim: Claim, results: CompareResults, stopped: list[str], look: int, alpha: float) -> ClaimResult:
-    return judge(claim, results, stopped, alpha).model_copy(update={"look": look + 1})
+def _judged(
+    claim: Claim, results: CompareResults, stopped: list[str], look: int, alpha: float, sweep: SweepResult | None
+) -> ClaimResult:
+    return judge(claim, results, stopped, alpha, sweep).model_copy(update={"look": look + 1})
 
 
 def default_at_once(scale: Scale, count: int) -> int:

@@ -7,6 +7,11 @@ label and a relation: ``a`` is ``better`` than ``b``, ``not-worse``, ``matches``
 margin, or is ``steadier`` over seeds (:data:`RELATIONS`; how each is judged:
 :mod:`~transformer_zoo.comparing.studies.verdicts`).
 
+A study may also **sweep** one training option over a grid of values for some of its variants
+(:class:`~transformer_zoo.comparing.studies.sweeps.Sweep`): each swept variant then runs once per
+value, and a claim on the metric ``sensitivity`` compares two swept variants by how much their
+final loss suffers over the grid (Wortsman et al. 2023's LR sensitivity).
+
 The built-in studies are the package's ``studies/*.yaml``; a path to a YAML file of the same
 shape runs a study of one's own.
 """
@@ -29,6 +34,7 @@ from ..spec import CompareSpec, plan
 from ..suites import load_suite, task_name, with_suite_tasks
 from ..tallies import Tally
 from ..tuning import tuned_runs
+from .sweeps import SENSITIVITY, Sweep, loss_problem
 
 Scale = Literal["cpu", "gpu", "paper"]
 SCALES: dict[str, str] = {
@@ -53,7 +59,10 @@ class Claim(Options):
     task: str = Field(
         description="the task's name (its id, or else its kind), one of the spec's tasks, or a suite's aggregate"
     )
-    metric: str = Field(description="a metric of the task, or a measurement of one of the spec's probes")
+    metric: str = Field(
+        description="a metric of the task, a measurement of one of the spec's probes, or 'sensitivity': of two "
+        "swept variants, their sensitivity to the swept option (lower is better)"
+    )
     split: str = Field("test", description="the evaluation split of a task metric (a probe's is the test split)")
     split_b: str | None = Field(
         None,
@@ -85,6 +94,15 @@ class Claim(Options):
             raise ValueError(
                 "a 'steadier' claim is judged by a test of equal spread over seeds, which has no effect of interest; "
                 "drop its effect"
+            )
+        if self.metric == SENSITIVITY and (self.split_b is not None or self.split != "test"):
+            raise ValueError(
+                "a sensitivity claim reads each swept run's final loss on the test split; drop its split and split_b"
+            )
+        if self.metric == SENSITIVITY and self.direction == "higher":
+            raise ValueError(
+                "a sensitivity is better lower (a loss that suffers less over the sweep); to claim that a is more "
+                "sensitive than b, swap a and b"
             )
         if self.a == self.b and self.split_b in (None, self.split):
             raise ValueError(
@@ -141,6 +159,12 @@ class Study(Options):
         description="also count every other variant against one reference after Holm's correction (better, not "
         "separable, worse); with tuning compared both ways, the untuned and the tuned runs each",
     )
+    sweep: Sweep | None = Field(
+        None,
+        description="run some of the spec's variants once per value of one training option (a scale's 'sweep' "
+        "changes it); the report plots each one's final loss (and largest attention logit, with the logits probe) "
+        "against the value",
+    )
 
     @model_validator(mode="after")
     def _claims_effects(self) -> Study:
@@ -155,22 +179,44 @@ class Study(Options):
                 )
         return self
 
+    def sweep_at(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> Sweep | None:
+        """The study's sweep with the scale's ``sweep`` changes, then ``overrides``'s, on top."""
+        changes = [c["sweep"] for c in (self.scales.get(scale, {}), overrides or {}) if c.get("sweep") is not None]
+        if self.sweep is None:
+            if changes:
+                raise ConfigError(
+                    f"study {self.name!r}: a 'sweep' at the {scale} scale changes the study's sweep, and it has none; "
+                    "give the study a sweep: block"
+                )
+            return None
+        data = self.sweep.model_dump()
+        for change in changes:
+            if not isinstance(change, dict):
+                raise ConfigError(
+                    f"study {self.name!r}: a scale's 'sweep' is a mapping of what changes (over, values, variants), "
+                    f"such as {{values: [0.001, 0.01, 0.1]}}; got {type(change).__name__}"
+                )
+            data = merge(data, change)
+        return validate(Sweep, data, f"study {self.name!r}, sweep at the {scale} scale")
+
     def spec(self, scale: Scale = "cpu", overrides: dict[str, Any] | None = None) -> CompareSpec:
-        """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top;
-        each claim checked against it: its variants and task are in it, its split and metric exist."""
+        """The compare spec at ``scale``, with ``overrides`` (``steps``, ``seeds``, ...) on top, its
+        swept variants expanded (one per value); each claim checked against it: its variants and
+        task are in it, its split and metric exist."""
         if scale != "cpu" and scale not in self.scales:
             given = ", ".join(["cpu", *self.scales])
             raise ConfigError(
                 f"study {self.name!r} has no {scale} scale (it has: {given}); add a '{scale}' block under "
                 "its scales:, or run it at one it has"
             )
+        sweep = self.sweep_at(scale, overrides)
         data = dict(self.compare)
         suite = next((c["suite"] for c in (overrides or {}, self.scales.get(scale, {})) if c.get("suite")), None)
         if (suite := suite or data.get("suite")) is not None:  # the suite's tasks, for a scale to change
             data["suite"] = suite
             data["tasks"] = with_suite_tasks(list(data.get("tasks") or []), load_suite(suite))
         for change in (self.scales.get(scale, {}), overrides or {}):
-            change = dict(change)
+            change = {key: value for key, value in change.items() if key != "sweep"}  # sweep_at's
             tasks = change.pop("tasks", None)
             data = merge(data, change)
             if tasks is not None:
@@ -183,12 +229,15 @@ class Study(Options):
                 }
             if data.get("tune", {}).get("steps") is not None:
                 data["tune"] = {**data["tune"], "steps": overrides["steps"]}
+        if sweep is not None:
+            data = sweep.expand(data, f"study {self.name!r} at the {scale} scale")
         spec = validate(CompareSpec, {**data, "name": self.name}, f"study {self.name!r} at the {scale} scale")
-        self.check(spec)
+        self.check(spec, sweep)
         return spec
 
-    def check(self, spec: CompareSpec) -> None:
-        """Raise a ConfigError unless every claim can be judged from ``spec``'s runs."""
+    def check(self, spec: CompareSpec, sweep: Sweep | None = None) -> None:
+        """Raise a ConfigError unless every claim can be judged from ``spec``'s runs (``sweep``: the
+        sweep that expanded its variants, which a sensitivity claim reads)."""
         runs, skipped = planned_runs(spec)
         ran = {(label, config.task.name) for label, config in runs}
         tasks = {options.name: options for options in spec.tasks}
@@ -204,6 +253,10 @@ class Study(Options):
             where = f"study {self.name!r}, claims.{i}"
             if claim.task not in tasks:
                 raise ConfigError(f"{where}: task {claim.task!r} is not one of the spec's tasks {sorted(tasks)}")
+            if claim.metric == SENSITIVITY:
+                task = built.setdefault(claim.task, tasks[claim.task].build())
+                _check_sensitivity(claim, sweep, ran, task, where)
+                continue
             for label in (claim.a, claim.b):
                 if (label, claim.task) not in ran:
                     why = next(
@@ -254,6 +307,22 @@ class Study(Options):
                     f"{where}: task {figure.task!r} has metrics {', '.join(task.metrics)} on splits "
                     f"{', '.join(task.splits)}; got {figure.split} {figure.metric}"
                 )
+
+
+def _check_sensitivity(claim: Claim, sweep: Sweep | None, ran: set[tuple[str, str]], task: Any, where: str) -> None:
+    """Raise a ConfigError unless ``claim``'s sensitivities can be read from the sweep's runs."""
+    if sweep is None:
+        raise ConfigError(f"{where}: {SENSITIVITY!r} is a sweep's measurement, and the study has no sweep: block")
+    for label in (claim.a, claim.b):
+        if label not in sweep.variants:
+            raise ConfigError(
+                f"{where}: {label!r} is not swept, so it has no sensitivity; the sweep's variants are {sweep.variants}"
+            )
+        lacking = [run for run in sweep.labels(label) if (run, claim.task) not in ran]
+        if lacking:
+            raise ConfigError(f"{where}: {lacking} do not run task {claim.task!r}, so {label!r} has no sensitivity")
+    if (problem := loss_problem(task)) is not None:
+        raise ConfigError(f"{where}: task {claim.task!r}: {problem}")
 
 
 def planned_runs(spec: CompareSpec) -> tuple[list[tuple[str, Any]], list[Any]]:

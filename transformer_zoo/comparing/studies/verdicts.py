@@ -18,6 +18,10 @@ regions (:func:`~transformer_zoo.comparing.sequential.region`):
 
 The interval is the paired t-test's, on the per-seed differences, for one variant on two splits
 and for two variants of a comparison declared ``pairing: seeds``; else the spec's test's (Welch's).
+
+A claim on a sweep's ``sensitivity`` is judged the same way, on each swept variant's sensitivity
+at each seed (:mod:`~transformer_zoo.comparing.studies.sweeps`), lower being better: ``better``
+says a's final loss suffers less over the sweep than b's.
 A study holds when every claim holds, does not hold when one does not, and is inconclusive
 otherwise.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -39,6 +44,7 @@ from ..stats import TEST_NAMES, bounded_interval, difference, interval, paired_d
 from ..summary import format_number
 from ..tallies import Tally, TallyResult, tally
 from .spec import Claim, Scale, SourceFigure, Study, planned_runs
+from .sweeps import SENSITIVITY, InitialLosses, Sweep, SweepResult, sweep_result
 
 Verdict = Literal["holds", "does not hold", "inconclusive"]
 
@@ -110,6 +116,10 @@ class StudyResult(BaseModel):
     tally: Tally | None = Field(None, description="the study's tally as it states it")
     tallies: list[TallyResult] = Field([], description="the tally's outcome, by family (untuned, tuned)")
     short_runs: list[str] = Field([], description="runs that stopped before their steps when the time cap ran out")
+    sweeps: list[SweepResult] = Field(
+        [], description="the study's sweep on each task its swept variants ran: their runs and sensitivities"
+    )
+    plots: list[str] = Field([], description="the study's figures (the sweep's), relative to the study's folder")
     wall_seconds: float = Field(description="wall time of the study's comparison")
     pairing: str = Field("none", description="the comparison's pairing of runs at one seed (none, seeds)")
     rounds: list[dict[str, Any]] = Field(
@@ -126,7 +136,13 @@ def _cell(results: CompareResults, metric: str, values: list[float]) -> Cell:
     return Cell(**(interval(values) if bounds is None else bounded_interval(values, bounds)).__dict__)
 
 
-def judge(claim: Claim, results: CompareResults, stopped: list[str] = (), alpha: float = ALPHA) -> ClaimResult:
+def judge(
+    claim: Claim,
+    results: CompareResults,
+    stopped: list[str] = (),
+    alpha: float = ALPHA,
+    sweep: SweepResult | None = None,
+) -> ClaimResult:
     """A claim's verdict from the comparison's runs (see the module's docstring for the rules).
 
     Args:
@@ -134,21 +150,21 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = (), alpha:
             is not judged (inconclusive, the measured verdict in its reason), since a and b did not
             train alike.
         alpha: one minus the interval's confidence (a sequential look's level; 0.05: the 95% interval).
+        sweep: the study's sweep on the claim's task, which a claim on its ``sensitivity`` reads.
     """
-    by_seed = [
-        results.by_seed(label, claim.task, split, claim.metric)
-        for label, split in ((claim.a, claim.split), (claim.b, claim.b_split))
-    ]
+    by_seed, direction = _per_seed(claim, results, sweep)
     paired = claim.paired or results.spec.get("pairing") == "seeds"
     if paired:  # the seeds scored on both sides, each against itself
         by_seed = [{seed: side[seed] for seed in sorted(by_seed[0].keys() & by_seed[1].keys())} for side in by_seed]
     a, b = (list(side.values()) for side in by_seed)
     if not a or not b:
         missing, split = (claim.a, claim.split) if not a else (claim.b, claim.b_split)
+        if claim.metric == SENSITIVITY:
+            raise ConfigError(
+                f"no seed at which every run of {missing!r}'s sweep on {claim.task!r} finished or diverged"
+                + (" (and at which b's did too)" if paired else "")
+            )
         raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {split} {claim.metric}")
-    direction = claim.direction or next(
-        (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher"
-    )
     cells = {"a": _cell(results, claim.metric, a), "b": _cell(results, claim.metric, b)}
     welch = difference(a, b, results.spec.get("test", "welch"), 1 - alpha)
     diff = paired_difference(a, b, 1 - alpha) if paired else welch
@@ -199,6 +215,49 @@ def judge(claim: Claim, results: CompareResults, stopped: list[str] = (), alpha:
         below_effect=below,
         **figures,
     )
+
+
+def _per_seed(claim: Claim, results: CompareResults, sweep: SweepResult | None) -> tuple[list[dict[int, float]], str]:
+    """a's and b's figures by seed, and which way they are better: the metric's (or a probe's) on
+    each side's split, or a sweep's sensitivities, lower being better."""
+    if claim.metric == SENSITIVITY:
+        if sweep is None:
+            raise ConfigError(
+                f"claim {claim.statement!r} is on a sweep's sensitivity; judge it with the study's sweep on "
+                f"{claim.task!r} (verdict() computes it)"
+            )
+        return [dict(sweep.of(claim.a).sensitivity), dict(sweep.of(claim.b).sensitivity)], "lower"
+    by_seed = [
+        results.by_seed(label, claim.task, split, claim.metric)
+        for label, split in ((claim.a, claim.split), (claim.b, claim.b_split))
+    ]
+    direction = claim.direction or next(
+        (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher"
+    )
+    return by_seed, direction
+
+
+def claim_labels(claim: Claim, sweep: Sweep | None = None) -> set[str]:
+    """The labels of the runs a claim reads: a and b, or each run of their sweeps for a claim on
+    the sweep's sensitivity."""
+    if claim.metric == SENSITIVITY and sweep is not None:
+        return {label for variant in (claim.a, claim.b) for label in sweep.labels(variant)}
+    return {claim.a, claim.b}
+
+
+def sweep_results(
+    sweep: Sweep, spec: CompareSpec, results: CompareResults, initial: Callable[[str, str, int], float] | None = None
+) -> dict[str, SweepResult]:
+    """The sweep on each task of the spec that its variants ran, by task name (``initial``: the
+    loss at initialisation, :class:`~.sweeps.InitialLosses` of the spec when None)."""
+    initial = initial or InitialLosses(spec, sweep)
+    ran = {(run.variant, run.task) for run in results.runs} | {(f.variant, f.task) for f in results.failed}
+    labels = {label for variant in sweep.variants for label in sweep.labels(variant)}
+    return {
+        task.name: sweep_result(sweep, results, task.name, initial)
+        for task in spec.tasks
+        if any((label, task.name) in ran for label in labels)
+    }
 
 
 def _not_judged(verdict: Verdict, reason: str, stopped: int) -> tuple[Verdict, str]:
@@ -308,15 +367,14 @@ def overall(verdicts: list[str]) -> Verdict:
     return "does not hold" if "does not hold" in verdicts else "inconclusive"
 
 
-def stopped_runs(claim: Claim, short: list[tuple[str, str, str]], results: CompareResults) -> list[str]:
+def stopped_runs(
+    claim: Claim, short: list[tuple[str, str, str]], results: CompareResults, sweep: Sweep | None = None
+) -> list[str]:
     """The claim's runs among ``short`` (:func:`short_runs`: those that stopped before their
-    steps), a suite's aggregate's being those of its tasks."""
+    steps), a suite's aggregate's being those of its tasks, a sensitivity's those of its sweeps."""
     parts = {run.task: set(run.aggregate_of) for run in results.runs if run.aggregate_of}
-    return [
-        text
-        for label, task, text in short
-        if task in parts.get(claim.task, {claim.task}) and label in (claim.a, claim.b)
-    ]
+    labels = claim_labels(claim, sweep)
+    return [text for label, task, text in short if task in parts.get(claim.task, {claim.task}) and label in labels]
 
 
 def verdict(
@@ -327,13 +385,21 @@ def verdict(
     wall_seconds: float,
     rerun: str,
     claims: list[ClaimResult] | None = None,
+    sweep: Sweep | None = None,
+    initial: Callable[[str, str, int], float] | None = None,
 ) -> StudyResult:
     """The study's outcome from its comparison's results: each claim judged (unless ``claims``
     gives their verdicts, as seeds added until decided found them), the source's figures beside
-    ours, and the runs that stopped short of their steps (a time cap)."""
+    ours, the runs that stopped short of their steps (a time cap), and ``sweep`` (the study's at
+    this scale, which expanded the spec) on each task, ``initial`` giving the loss at
+    initialisation (None: computed)."""
     short = short_runs(spec, results)
+    swept = {} if sweep is None else sweep_results(sweep, spec, results, initial)
     if claims is None:
-        claims = [judge(claim, results, stopped_runs(claim, short, results)) for claim in study.claims]
+        claims = [
+            judge(claim, results, stopped_runs(claim, short, results, sweep), sweep=swept.get(claim.task))
+            for claim in study.claims
+        ]
     figures = [found for figure in study.figures if (found := beside(figure, results)) is not None]
     labels = list(dict.fromkeys(label for label, _ in planned_runs(spec)[0]))
     tallies = [] if study.tally is None else tally(study.tally, results, labels)
@@ -352,6 +418,7 @@ def verdict(
         tally=study.tally,
         tallies=tallies,
         short_runs=[text for _, _, text in short],
+        sweeps=list(swept.values()),
         wall_seconds=wall_seconds,
         pairing=spec.pairing,
         report="report.md",
