@@ -45,7 +45,7 @@ from .run_folder import (
     warn_passed_over,
     write_checkpoint,
 )
-from .step import TrainingDiverged
+from .step import TrainingDiverged, optimized_parameters
 
 
 class Checkpointer:
@@ -196,8 +196,8 @@ class Checkpointer:
                 "train into another --out"
             )
         check_weights(checkpoint, model)
-        phases = {phase.name: list(phase.parameters) for phase in model.phases()}
-        states = read_optimizers(checkpoint, phases, state["step"], self.placement.map_location)
+        optimizers = optimized_parameters(model, self.config)  # each optimizer's parameters, by name
+        states = read_optimizers(checkpoint, optimizers, state["step"], self.placement.map_location)
         load_weights(checkpoint, model, self.placement.home)
         self._read_optimizers = (checkpoint, states)
         self.saved = self.resumed_from = state["step"]
@@ -214,8 +214,9 @@ class Checkpointer:
         optimizers: dict[str, torch.optim.Optimizer],
         schedulers: dict[str, Any],
     ) -> None:
-        """Each phase's optimizer and schedule state from ``checkpoint`` of ``step`` (after the
-        model is distributed and its optimizers made).
+        """Each optimizer's and schedule's state from ``checkpoint`` of ``step``, by name (after the
+        model is distributed and its optimizers made: a phase's AdamW, and its Muon with
+        ``optimizer: muon``).
 
         Raises:
             CheckpointError: the checkpoint holds the optimizers of other phases, or states that
@@ -225,11 +226,11 @@ class Checkpointer:
         if read is not None and read[0] == checkpoint:
             states = read[1]
         else:
-            phases = {
+            held = {
                 name: [p for group in optimizer.param_groups for p in group["params"]]
                 for name, optimizer in optimizers.items()
             }
-            states = read_optimizers(checkpoint, phases, step, self.placement.map_location)
+            states = read_optimizers(checkpoint, held, step, self.placement.map_location)
         try:
             for name, optimizer in optimizers.items():
                 self.placement.load_optimizer_state(model, optimizer, states["optimizers"][name])
@@ -265,8 +266,10 @@ class Checkpointer:
         optimizers: dict[str, torch.optim.Optimizer],
         schedulers: dict[str, Any],
         history: list[dict],
+        step_flops: float | None = None,
     ) -> None:
-        """Checkpoint ``step`` into the run folder (written by process 0, every process taking part).
+        """Checkpoint ``step`` into the run folder (written by process 0, every process taking part),
+        with the FLOPs of a step (``step_flops``, when counted), which a resumed run takes.
 
         Raises:
             TrainingDiverged: a weight or an optimizer state is not finite; nothing is written,
@@ -288,14 +291,17 @@ class Checkpointer:
                 whole,
                 states,
                 {name: scheduler.state_dict() for name, scheduler in schedulers.items()},
-                self.random_state(step, history),
+                self.random_state(step, history, step_flops),
             )
         self.placement.barrier()
         self.saved, self._saved_at = step, time.monotonic()
 
-    def random_state(self, step: int, history: list[dict]) -> dict[str, Any]:
-        """``state.json``'s contents at ``step``: the step, the random state and the learning curve."""
+    def random_state(self, step: int, history: list[dict], step_flops: float | None = None) -> dict[str, Any]:
+        """``state.json``'s contents at ``step``: the step, the random state, the learning curve and
+        the FLOPs of a step (when counted: a resumed run takes them rather than count a step)."""
         state = {"step": step, "rng": torch.get_rng_state().tolist(), "history": history}
+        if step_flops is not None:
+            state["step_flops"] = step_flops
         if self.placement.device.type == "cuda":  # dropout on CUDA draws from the device's generator
             state["cuda_rng"] = torch.cuda.get_rng_state(self.placement.device).tolist()
         return state

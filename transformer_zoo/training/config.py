@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..api import load_config
 from ..configs import merge, parse_overrides, read_config, validate
@@ -66,8 +66,20 @@ class TrainConfig(Options):
         None, gt=0, allow_inf_nan=False, description="also stop after this much training time; null: no limit"
     )
     batch_size: int = Field(64, ge=1, le=MAX_COUNT, description="examples per step")
-    lr: float = Field(1e-3, gt=0, le=1e6, allow_inf_nan=False, description="peak learning rate of AdamW")
-    weight_decay: float = Field(0.01, ge=0, allow_inf_nan=False, description="AdamW weight decay")
+    lr: float = Field(
+        1e-3, gt=0, le=1e6, allow_inf_nan=False, description="peak learning rate (of AdamW, and of Muon with muon)"
+    )
+    weight_decay: float = Field(
+        0.01, ge=0, allow_inf_nan=False, description="decoupled weight decay (of AdamW, and of Muon with muon)"
+    )
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="adamw: AdamW for every parameter; muon: Muon (Jordan et al. 2024) for the hidden matrices (the "
+        "weights of the linear maps inside the encoder and decoder stacks) and AdamW for the rest (embeddings, head, "
+        "norms, biases). Both take lr and weight_decay: Muon's update is scaled to the size of AdamW's "
+        "(0.2 * sqrt(max(rows, columns)), Moonlight's rule, Liu et al. 2025), so the learning rate tuned for one "
+        "serves the other. muon is for one process or parallel: ddp, not fsdp",
+    )
     warmup_steps: int = Field(100, ge=0, le=MAX_COUNT, description="linear warm-up steps")
     schedule: Literal["constant", "cosine", "inverse-sqrt"] = Field(
         "cosine", description="learning-rate shape after warm-up"
@@ -129,6 +141,16 @@ class TrainConfig(Options):
         "it; the summary lists the parameters taken (shared) and those that kept their own (own). null: the run's "
         "own initialisation, its stream going on from it",
     )
+
+    @model_validator(mode="after")
+    def _muon_whole(self) -> TrainConfig:
+        if self.optimizer == "muon" and self.parallel == "fsdp":
+            raise ValueError(
+                "optimizer: muon orthogonalises each hidden matrix whole, and parallel: fsdp shards every matrix "
+                "over the processes; train with muon in one process or under parallel: ddp, or with optimizer: "
+                "adamw under fsdp"
+            )
+        return self
 
 
 def load_train_config(source: str | os.PathLike | dict, overrides: list[str] | None = None) -> TrainConfig:

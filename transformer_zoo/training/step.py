@@ -1,9 +1,10 @@
 """A training step: a trainer's stepper, and what a step costs.
 
-:class:`Stepper` holds the model being trained and what one step needs: each phase's AdamW
-and learning-rate schedule, the batch of a step (drawn by a generator seeded from (seed,
+:class:`Stepper` holds the model being trained and what one step needs: each phase's
+optimizers (AdamW, or Muon for the hidden matrices and AdamW for the rest: :func:`phase_optimizers`)
+and their learning-rate schedules, the batch of a step (drawn by a generator seeded from (seed,
 step), so a run resumed from step k sees exactly the batches an uninterrupted run sees), each
-phase's loss, backward, clipping and optimizer step, and the check that stops a run whose loss
+phase's loss, backward, clipping and optimizer steps, and the check that stops a run whose loss
 is no longer finite. :meth:`Stepper.counted_step` takes a step under PyTorch's FLOP counter;
 :func:`flop_rates` turns the count into the summary's rates and utilisation.
 """
@@ -16,10 +17,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..core.errors import ZooError
+from ..core.tasks import Phase
 from .config import TrainConfig, lr_factor
 from .placement import Placement
 
@@ -36,9 +39,78 @@ def fused_adamw(device: torch.device, sharded: bool = False) -> bool:
     return device.type == "cuda" and not sharded
 
 
+def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters Muon trains under ``optimizer: muon``: the hidden layers' matrices.
+
+    Muon is for the 2-D weights of the hidden layers, and AdamW for the rest: the embeddings,
+    the output head, and every scalar and vector parameter (Jordan et al. 2024, "Muon: An
+    optimizer for hidden layers in neural networks", https://kellerjordan.github.io/posts/muon/;
+    Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv 2502.16982). Here the hidden
+    matrices are the weight of every ``nn.Linear`` inside the model's stacks: the modules whose
+    ``category`` is ``stack`` (every module a stack kind builds carries it: the encoder and the
+    decoder of :class:`~transformer_zoo.core.model.EncoderDecoder`, an image encoder's, a
+    recurrent stack with its shared layer). That takes the attention projections, the feed-forward
+    and expert matrices, a mixture's router and adaptive computation time's halting unit, in the
+    model's order, each once (a layer shared by two stacks too).
+
+    Everything else is AdamW's: the token and positional embeddings and the head, which lie
+    outside the stacks (a tied head is the embedding table), norms' gains, biases, scalars, and
+    the matrices a stack holds other than as a linear map's weight (relative-position tables,
+    talking heads' mixing, Linformer's projections along the sequence), as is a weight under a
+    parametrisation (spectral normalisation). A model without stacks (the convolutional SAGAN
+    models) has none: it trains with AdamW alone.
+    """
+    found: dict[int, nn.Parameter] = {}
+    for stack in (module for module in model.modules() if getattr(module, "category", None) == "stack"):
+        for module in stack.modules():
+            weight = getattr(module, "weight", None) if isinstance(module, nn.Linear) else None
+            if isinstance(weight, nn.Parameter) and weight.dim() == 2:
+                found.setdefault(id(weight), weight)
+    return list(found.values())
+
+
+def muon_name(phase: str) -> str:
+    """The name of ``phase``'s Muon optimizer (and its schedule) under ``optimizer: muon``; the
+    phase's AdamW keeps the phase's own name."""
+    return f"{phase}.muon"
+
+
+def phase_parts(phase: Phase, hidden: set[int], optimizer: str) -> dict[str, list[nn.Parameter]]:
+    """The optimizers that step ``phase``, by name, each with its parameters in the phase's order:
+    with ``adamw``, one (the phase's name) over them all; with ``muon``, :func:`muon_name` over
+    the phase's parameters whose ids are in ``hidden``, and the phase's name over the rest, either
+    left out when it would have none."""
+    if optimizer == "adamw":
+        return {phase.name: list(phase.parameters)}
+    parts = {
+        phase.name: [p for p in phase.parameters if id(p) not in hidden],
+        muon_name(phase.name): [p for p in phase.parameters if id(p) in hidden],
+    }
+    return {name: parameters for name, parameters in parts.items() if parameters}
+
+
+def optimized_parameters(model: nn.Module, config: TrainConfig) -> dict[str, list[nn.Parameter]]:
+    """Every optimizer's parameters, by name, in the order the optimizer holds them
+    (:func:`phase_parts` of each phase): what a checkpoint's optimizer states must fit."""
+    hidden = {id(p) for p in hidden_matrices(model)} if config.optimizer == "muon" else set()
+    return {
+        name: parameters
+        for phase in model.phases()
+        for name, parameters in phase_parts(phase, hidden, config.optimizer).items()
+    }
+
+
 def phase_optimizers(model, config: TrainConfig, fused: bool = False) -> tuple[list, dict, dict]:
-    """The model's phases, with an AdamW optimizer and a learning-rate schedule for each
-    (``fused``: AdamW's fused kernel).
+    """The model's phases, and their optimizers and learning-rate schedules, by name (see
+    :func:`phase_parts`): each phase's AdamW (``fused``: its fused kernel) under the phase's name,
+    and with ``optimizer: muon`` its Muon over its :func:`hidden_matrices` under :func:`muon_name`.
+
+    Every optimizer takes the phase's learning rate (``lr`` times its ``lr_scale``) and weight
+    decay, and follows the same schedule. Muon keeps torch's momentum (0.95, Nesterov) and
+    scales each matrix's step by ``0.2 * sqrt(max(rows, columns))``, which gives its update the
+    root-mean-square of AdamW's, so that one learning rate and weight decay serve both
+    (``adjust_lr_fn="match_rms_adamw"``, from Liu et al. 2025, "Muon is Scalable for LLM
+    Training", arXiv 2502.16982).
 
     Raises:
         ValueError: the phases are unnamed, named twice, or do not train every trainable
@@ -54,16 +126,20 @@ def phase_optimizers(model, config: TrainConfig, fused: bool = False) -> tuple[l
             f"{type(model).__name__}.phases() {names} must train every trainable parameter of the model "
             "exactly once: one phase's parameters may not be in another, and none may be left out"
         )
+    hidden = {id(p) for p in hidden_matrices(model)} if config.optimizer == "muon" else set()
     optimizers, schedulers = {}, {}
     for phase in phases:
-        settings = ({} if phase.betas is None else {"betas": phase.betas}) | ({"fused": True} if fused else {})
-        optimizers[phase.name] = torch.optim.AdamW(
-            phase.parameters,
-            lr=config.lr * phase.lr_scale,
-            weight_decay=config.weight_decay if phase.weight_decay is None else phase.weight_decay,
-            **settings,
-        )
-        schedulers[phase.name] = LambdaLR(optimizers[phase.name], lambda step: lr_factor(step, config))
+        lr = config.lr * phase.lr_scale
+        decay = config.weight_decay if phase.weight_decay is None else phase.weight_decay
+        for name, parameters in phase_parts(phase, hidden, config.optimizer).items():
+            if name == phase.name:
+                settings = ({} if phase.betas is None else {"betas": phase.betas}) | ({"fused": True} if fused else {})
+                optimizers[name] = torch.optim.AdamW(parameters, lr=lr, weight_decay=decay, **settings)
+            else:
+                optimizers[name] = torch.optim.Muon(
+                    parameters, lr=lr, weight_decay=decay, adjust_lr_fn="match_rms_adamw"
+                )
+            schedulers[name] = LambdaLR(optimizers[name], lambda step: lr_factor(step, config))
     return phases, optimizers, schedulers
 
 
@@ -87,7 +163,10 @@ class Stepper:
     Attributes:
         model: the model trained (sharded in place under ``parallel: fsdp``).
         phases: the model's training phases, stepped in turn on every batch.
-        optimizers, schedulers: each phase's AdamW and learning-rate schedule, by phase name.
+        optimizers, schedulers: the optimizers and their learning-rate schedules, by name: each
+            phase's AdamW under the phase's name, and its Muon under :func:`muon_name` with
+            ``optimizer: muon`` (:func:`phase_optimizers`).
+        stepped: the names of each phase's optimizers, by phase name.
         bf16: whether the forward runs under bfloat16 autocast (asked for, and on CUDA).
         grad_norms: each phase's gradient norm (before clipping) at the last step the curve
             records (at every step with clipping), a tensor.
@@ -110,6 +189,10 @@ class Stepper:
         self.phases, self.optimizers, self.schedulers = phase_optimizers(
             model, config, fused_adamw(self.placement.device, self.placement.sharded)
         )
+        self.stepped = {
+            phase.name: [name for name in (phase.name, muon_name(phase.name)) if name in self.optimizers]
+            for phase in self.phases
+        }
         self.grad_norms: dict[str, torch.Tensor] = {}  # each phase's gradient norm at its last step, before clipping
         # compiled, the task's loss is one graph with the model: the float32 cross-entropy over the vocabulary fuses
         # with the logits' cast (a compiled bf16 step of bert-base took 17% less time than with the loss left eager)
@@ -177,7 +260,8 @@ class Stepper:
                     with torch.autocast(self.placement.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                         loss = self.loss(phase.name, batch, eager=eager)
                     self.check_finite(loss, phase.name, step)
-                    self.optimizers[phase.name].zero_grad(set_to_none=True)
+                    for name in self.stepped[phase.name]:
+                        self.optimizers[name].zero_grad(set_to_none=True)
                     loss.backward()
                 if self.config.grad_clip is not None:
                     self.grad_norms[phase.name] = torch.nn.utils.clip_grad_norm_(
@@ -187,14 +271,19 @@ class Stepper:
                     self.grad_norms[phase.name] = torch.nn.utils.get_total_norm(
                         [p.grad for p in phase.parameters if p.grad is not None]
                     ).detach()
-                self.optimizers[phase.name].step()
-                self.schedulers[phase.name].step()
+                for name in self.stepped[phase.name]:
+                    self.optimizers[name].step()
+                    self.schedulers[name].step()
             losses[phase.name] = loss.item()
         return losses
 
     def logged(self, step: int) -> bool:
         """Whether the learning curve records step ``step`` (counted from 0)."""
         return (step + 1) % self.config.log_every == 0 or step + 1 == self.config.steps
+
+    def lr(self, phase: str) -> float:
+        """``phase``'s learning rate at the next step (its optimizers follow one schedule)."""
+        return self.schedulers[self.stepped[phase][0]].get_last_lr()[0]
 
     def grad_norm(self, phase: str) -> float:
         """``phase``'s gradient norm at the last step (over every process's shards)."""
@@ -215,6 +304,10 @@ class Stepper:
         """:meth:`step`, run eagerly with its forward and backward passes under PyTorch's FLOP
         counter: the losses, and the FLOPs of those passes over the global batch (every process's
         share).
+
+        The counter's dispatch changes the last bits of some gradients (llama-tiny's backward):
+        a run counts its first step only, and a resumed run takes the count from its checkpoint
+        rather than count a step an uninterrupted run took uncounted.
 
         Eagerly, because a compiled loss first called under the counter would never compile."""
         flops: list[int] = []

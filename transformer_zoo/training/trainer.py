@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -93,7 +94,8 @@ class Trainer:
         start: the first step of the latest :meth:`run_until` (the checkpoint's step when resuming).
         reached: the last step taken.
         history: the learning curve so far.
-        step_flops: FLOPs of one step over the global batch, counted on the first step this trainer takes.
+        step_flops: FLOPs of one step over the global batch, counted on the first step this trainer takes,
+            or taken from the checkpoint it resumes (see :meth:`~transformer_zoo.training.step.Stepper.counted_step`).
     """
 
     def __init__(
@@ -230,9 +232,13 @@ class Trainer:
         return self
 
     def resumed(self, state: dict[str, Any]) -> None:
-        """Take the step and learning curve of a checkpoint's ``state.json``."""
+        """Take the step, learning curve and FLOPs per step of a checkpoint's ``state.json`` (a
+        checkpoint written before checkpoints kept the FLOPs has its run count them again)."""
         self.start = self.reached = state["step"]
         self.history = state["history"]
+        flops = state.get("step_flops")
+        if isinstance(flops, (int, float)) and not isinstance(flops, bool) and math.isfinite(flops) and flops >= 0:
+            self.step_flops = flops
 
     def load_optimizer_states(self, checkpoint: Path) -> None:
         """Each phase's optimizer and schedule state from ``checkpoint`` (after :meth:`attach`).
@@ -298,7 +304,9 @@ class Trainer:
             TrainingDiverged: a weight or an optimizer state is not finite; nothing is written,
                 and the run folder keeps its checkpoint.
         """
-        self.checkpointer.save(step, self.model, self.stepper.optimizers, self.stepper.schedulers, self.history)
+        self.checkpointer.save(
+            step, self.model, self.stepper.optimizers, self.stepper.schedulers, self.history, self.step_flops
+        )
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, stop_after: int | None = None) -> dict[str, Any]:
@@ -406,7 +414,7 @@ class Trainer:
                     "step": done,
                     "loss": loss,
                     **phase_losses,
-                    "lr": self.stepper.schedulers[first].get_last_lr()[0],
+                    "lr": self.stepper.lr(first),
                     **norms,
                 }
             )
