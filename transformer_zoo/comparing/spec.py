@@ -209,7 +209,7 @@ class CompareSpec(Options):
         problems = []
         if len(set(self.seeds)) != len(self.seeds):
             problems.append(f"seeds {self.seeds} name a seed twice; give each once")
-        labels = [_label(variant) for variant in self.variants]
+        labels = [variant_label(variant) for variant in self.variants]
         if len(set(labels)) != len(labels):
             problems.append(f"variants {labels} name a variant twice; give each once")
         if self.reference is not None and self.reference not in labels:
@@ -300,7 +300,8 @@ def load_spec(
     return validate(CompareSpec, data, "compare spec")
 
 
-def _label(variant: str | dict[str, Any]) -> str:
+def variant_label(variant: str | dict[str, Any]) -> str:
+    """The label of a spec's variant entry: its name, its ``label``, or its name and options."""
     if isinstance(variant, str):
         return variant
     if "label" in variant:
@@ -339,7 +340,7 @@ def plan(
     fields, unloaded = set(), []
     earlier: dict[str, list[str | dict[str, Any]]] = {task.name: [] for task in spec.tasks}  # variants run so far
     for index, entry in enumerate(spec.variants):
-        label, variant = _label(entry), _unlabelled(entry)
+        label, variant = variant_label(entry), _unlabelled(entry)
         try:
             with naming(f"variants.{index} ({label!r})"):  # unknown names fail here
                 config = load_config({"variant": variant} if isinstance(variant, str) else variant)

@@ -35,7 +35,7 @@ from ...training.config import TrainConfig
 from ...training.step import TrainingDiverged
 from ...training.trainer import Trainer
 from ..records import CompareResults
-from ..spec import CompareSpec, _label, plan
+from ..spec import CompareSpec, plan, variant_label
 
 SENSITIVITY = "sensitivity"
 """The metric of a claim on a sweep: each swept variant's sensitivity to the swept option, lower
@@ -136,7 +136,7 @@ class Sweep(Options):
                 already sets the swept option for it, its reference is a swept variant, or it tunes.
         """
         entries = list(data.get("variants") or [])
-        labels = [_label(entry) for entry in entries]
+        labels = [variant_label(entry) for entry in entries]
         problems = []
         unknown = [label for label in self.variants if label not in labels]
         if unknown:
