@@ -179,6 +179,7 @@ STUDIES = [
     "mad",
     "chomsky-hierarchy",
     "small-scale-proxies",
+    "modern-modifications",
 ]
 
 
