@@ -253,11 +253,20 @@ class FirstValues:
     tokens here, ``(B, n_kv_heads, T, Dh)`` before they enter its cache, and each later layer's
     reads them in the same forward pass. A plain object, not a module: it holds no parameters,
     so none is shared or counted twice, and it is not saved. The tensor stays here until the
-    next call of the first layer.
+    next call of the first layer. A copy (``copy.deepcopy`` of the model) or a pickle of the
+    holder is an empty holder: the values belong to one forward pass and its autograd graph, and
+    the copy's first layer makes its own at its next call.
     """
 
     def __init__(self) -> None:
         self.value: Tensor | None = None
+
+    def __deepcopy__(self, memo: dict) -> FirstValues:
+        # the deepcopy memo keeps one holder per stack in the copy, shared by its layers as here
+        return FirstValues()
+
+    def __getstate__(self) -> dict:
+        return {"value": None}
 
     def __repr__(self) -> str:
         shape = None if self.value is None else tuple(self.value.shape)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import pickle
 from functools import partial
 
 import pytest
@@ -421,6 +422,23 @@ def test_the_value_residual_parameters_read_well_and_the_first_values_are_the_st
     src, tgt = torch.randint(3, 100, (2, 7)), torch.randint(3, 100, (2, 5))
     model(src, tgt).logits.sum().backward()
     assert model.decoder.layers[1].self_attn.value_lambdas.grad.abs().min() > 0, "the lambdas learn"
+
+
+def test_a_model_copied_or_pickled_after_a_training_forward_has_an_empty_holder_shared_by_its_layers():
+    """The first values of a training forward carry its autograd graph, which a tensor's deepcopy
+    refuses: a copy (torch.optim.swa_utils.AveragedModel's) or a pickle starts with an empty holder."""
+    model = lm(**attending(NO_BIAS, layers=3, value_residual=True)).train()
+    ids = random_ids(2, 7)
+    model(ids).logits.sum().backward()
+    assert attentions(model)[0].first_values.value.grad_fn is not None
+    twin = copy.deepcopy(model)
+    loaded = pickle.loads(pickle.dumps(model))
+    for copied in (twin, loaded):
+        holders = {id(attention.first_values) for attention in attentions(copied)}
+        assert len(holders) == 1 and holders.isdisjoint({id(attentions(model)[0].first_values)})
+        assert attentions(copied)[0].first_values.value is None
+        with torch.no_grad():
+            torch.testing.assert_close(copied.eval()(ids).logits, model.eval()(ids).logits, **TOLERANCE)
 
 
 def test_a_later_layer_called_without_its_stacks_first_layer_says_so():
