@@ -41,11 +41,13 @@ def muon_config(model: str = "llama-tiny", **overrides) -> TrainConfig:
 
 def stack_linear_weights(model: nn.Module) -> set[str]:
     """The rule as the sources state it, by the model's part names: the weight of every linear
-    map inside the encoder and decoder stacks."""
+    map inside the encoder and decoder stacks, but a map to or from one number (a vector)."""
     return {
         f"{name}.weight"
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.split(".")[0] in ("encoder", "decoder")
+        if isinstance(module, nn.Linear)
+        and name.split(".")[0] in ("encoder", "decoder")
+        and min(module.in_features, module.out_features) > 1
     }
 
 
@@ -55,7 +57,7 @@ def stack_linear_weights(model: nn.Module) -> set[str]:
     [
         ("llama-tiny", 8),  # 2 layers: attention in and out, feed-forward gate/up and down
         ("transformer-tiny", 20),  # 2 + 2 layers: the decoder's cross-attention adds 2 each
-        ("universal-transformer-tiny", 12),  # one shared layer per stack, and each stack's halting unit
+        ("universal-transformer-tiny", 10),  # one shared layer per stack; each stack's halting unit is a vector
         ("vit-tiny", 16),  # an image encoder of 4 layers
     ],
 )

@@ -50,8 +50,11 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     ``category`` is ``stack`` (every module a stack kind builds carries it: the encoder and the
     decoder of :class:`~transformer_zoo.core.model.EncoderDecoder`, an image encoder's, a
     recurrent stack with its shared layer). That takes the attention projections, the feed-forward
-    and expert matrices, a mixture's router and adaptive computation time's halting unit, in the
-    model's order, each once (a layer shared by two stacks too).
+    and expert matrices and a mixture's router, in the model's order, each once (a layer shared by
+    two stacks too); a map to or from one number (adaptive computation time's halting unit) is a
+    vector, not a matrix, and stays AdamW's, as a head's would. A fused projection (queries, keys
+    and values in one ``in_proj``; a gated feed-forward's ``gate_up``) is orthogonalised whole, as
+    ``torch.optim.Muon`` takes a parameter: modded-nanogpt splits queries, keys and values.
 
     Everything else is AdamW's: the token and positional embeddings and the head, which lie
     outside the stacks (a tied head is the embedding table), norms' gains, biases, scalars, and
@@ -64,7 +67,7 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
     for stack in (module for module in model.modules() if getattr(module, "category", None) == "stack"):
         for module in stack.modules():
             weight = getattr(module, "weight", None) if isinstance(module, nn.Linear) else None
-            if isinstance(weight, nn.Parameter) and weight.dim() == 2:
+            if isinstance(weight, nn.Parameter) and weight.dim() == 2 and min(weight.shape) > 1:
                 found.setdefault(id(weight), weight)
     return list(found.values())
 
