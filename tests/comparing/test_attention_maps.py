@@ -177,3 +177,29 @@ def test_an_overlay_has_a_colour_bar_per_block():
     bars = [ax for ax in fig.axes if ax.get_ylabel() == "weight on each key"]
     assert len(bars) == 2
     assert fig.axes[0].get_title() == "query pixel (1, 2)"
+
+
+def test_signed_weights_are_drawn_on_a_scale_centred_on_zero(tmp_path):
+    """Differential attention's weights ``A1 - lambda A2`` may be negative: a grid or an overlay
+    with a negative weight shows on a diverging colormap from ``-max |w|`` to ``max |w|``, so its
+    negative weights show; weights that are all positive keep their scale from 0."""
+    from transformer_zoo.comparing.attention_maps import SIGNED_COLORMAP, layer_figure, overlay_figure
+
+    generator = torch.Generator().manual_seed(0)
+    softmax = torch.softmax(torch.randn(1, 2, 4, 4, generator=generator), -1)
+    signed = softmax - 0.8 * torch.softmax(torch.randn(1, 2, 4, 4, generator=generator), -1)
+    signed[0, 1, 0, 2] = -0.9  # the largest in size, and below 0
+    grid = layer_figure({"self": signed, "cross": softmax}, {"self": (None, None)}, "t")
+    # a 2x2 grid of cells over a 4x4 image: pixel (0, 1) is cell 0, whose row of weights is drawn
+    overlay = overlay_figure(torch.rand(1, 4, 4), {"signed": signed[0], "softmax": softmax[0]}, (0, 1), "t")
+    scales = [[(image.get_cmap().name, image.get_clim()) for image in ax.get_images()] for ax in grid.axes[:4]]
+    assert scales == [[(SIGNED_COLORMAP, pytest.approx((-0.9, 0.9)))]] * 4, "one scale for the layer's blocks"
+    overlays = [ax.get_images()[-1] for ax in overlay.axes[:6] if len(ax.get_images()) == 2]  # the heads' overlays
+    top = float(softmax[0, :, 0].max())
+    assert [(image.get_cmap().name, image.get_clim()) for image in overlays] == [
+        *[(SIGNED_COLORMAP, pytest.approx((-0.9, 0.9)))] * 2,
+        *[("inferno", pytest.approx((0.0, top)))] * 2,
+    ]
+    for n, fig in enumerate((grid, overlay)):
+        fig.savefig(tmp_path / f"{n}.png", dpi=30)
+        assert matplotlib.image.imread(tmp_path / f"{n}.png").size > 0

@@ -18,6 +18,7 @@ from transformer_zoo.comparing.probes import (
 )
 from transformer_zoo.core.attention import MultiHeadAttention
 from transformer_zoo.plugins.tasks.algorithmic import CopyOptions, ReverseOptions, SortOptions
+from transformer_zoo.plugins.tasks.python_source import PythonSourceOptions
 
 EXAMPLES = 10
 
@@ -69,6 +70,71 @@ def test_uniform_attention_has_the_entropy_of_the_keys_each_row_sees():
     assert stats["saturated_rows"] == pytest.approx(expected_saturated)
     assert expected_saturated == pytest.approx(EXAMPLES / len(keys_seen))  # one row of each example
     assert model.training, "the model's mode is restored"
+
+
+def text_task():
+    return PythonSourceOptions(max_len=16, longer=[], train_tokens=256, test_tokens=256).build()
+
+
+def row_statistics(rows: list[torch.Tensor]) -> dict[str, float]:
+    """The mean entropy and the saturated fraction of rows that are distributions, ``(..., keys)``
+    each, every row of every block counting once."""
+    rows = torch.cat([weights.float().flatten(0, -2) for weights in rows])
+    entropy = -(rows * rows.clamp(min=1e-30).log()).sum(-1)
+    return {"attention_entropy": float(entropy.mean()), "saturated_rows": float((rows.amax(-1) > 0.99).float().mean())}
+
+
+def test_blocks_with_signed_weights_are_left_out():
+    """Differential attention's weights ``A1 - lambda A2`` are signed, no distribution: its blocks
+    are left out, so a model of them alone measures nothing, and beside a softmax layer the
+    measurement is that layer's own."""
+    task = text_task()
+    inputs = task.model_inputs(None, task.collate([task.dataset("test")[i] for i in range(EXAMPLES)]))
+    assert bool(inputs["tgt_mask"].all())  # windows of text: every query is real
+    differential = {"kind": "differential", "bias": False}
+    for kinds in ([differential, {"kind": "sdpa", "bias": False}], differential):
+        torch.manual_seed(0)
+        model = tz.build_model(
+            "llama-tiny", init_std=1.0, vocab_size=task.vocab_size, decoder={"layers": 2, "attention": kinds}
+        ).eval()
+        with torch.no_grad():
+            layers = model(**inputs, need_weights=True).attentions["decoder"]
+        assert bool((layers[0]["self"] < 0).any()), "the differential layer's weights are signed"
+        stats = attention_statistics(model, task, examples=EXAMPLES)
+        if isinstance(kinds, dict):
+            assert stats == {}
+        else:
+            expected = row_statistics([layers[1]["self"]])
+            assert stats == pytest.approx(expected, rel=1e-5) and math.isfinite(stats["attention_entropy"])
+
+
+def test_a_sinks_share_counts_as_one_more_key():
+    """With attention sinks the weights a model returns are the keys' (their rows sum to less than
+    1): the measurement is of the whole softmax, the sink's column included, as the kernel makes it."""
+    task = text_task()
+    torch.manual_seed(0)
+    attention = {"kind": "math", "bias": False, "sinks": True}
+    model = tz.build_model("llama-tiny", vocab_size=task.vocab_size, decoder={"layers": 2, "attention": attention})
+    whole = []
+
+    def kept(kernel):
+        def kernel_keeping_its_weights(q, k, v, mask, bias, dropout_p, need_weights):
+            out, weights = kernel(q, k, v, mask, bias, dropout_p, need_weights)
+            whole.append(weights)  # (B, H, Tq, 1 + Tk), the sink's column first
+            return out, weights
+
+        return kernel_keeping_its_weights
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.sinks.copy_(torch.tensor([8.0, 1.0, 0.0, -2.0]))  # head 0 rests on its sink
+                module.kernel = kept(module.kernel)
+    stats = attention_statistics(model, task, examples=EXAMPLES)
+    assert len(whole) == 2 and whole[0].size(-1) == whole[0].size(-2) + 1
+    expected = row_statistics(whole)
+    assert 0.2 < expected["saturated_rows"] < 0.5, "head 0's rows, and few others, rest on the sink"
+    assert stats == pytest.approx(expected, rel=1e-5)
 
 
 def _forced(mirrored: bool):

@@ -30,6 +30,8 @@ from ..training.trainer import load_run
 
 DPI = 110
 MAX_LABELLED = 24  # longer sequences are ticked by position: more strings would overlap in a 2.6-inch cell
+SIGNED_COLORMAP = "RdBu_r"
+"""The diverging colormap of signed weights: red above 0, blue below, white at 0."""
 
 
 def example_row(task: Any, text: str | None, example: str | None) -> dict[str, Any]:
@@ -47,6 +49,16 @@ def example_row(task: Any, text: str | None, example: str | None) -> dict[str, A
     return data[int(index)]
 
 
+def colour_scale(weights: list[torch.Tensor], colormap: str) -> dict[str, Any]:
+    """``imshow``'s colormap and limits for attention weights shown on one scale: ``colormap``
+    from 0 to the largest weight; when any weight is negative (differential attention's
+    ``A1 - lambda A2``), :data:`SIGNED_COLORMAP` centred on 0, from ``-max |w|`` to ``max |w|``."""
+    top = max(float(w.abs().max()) for w in weights) or 1.0  # one scale for all: long rows' small weights show
+    if min(float(w.min()) for w in weights) < 0:
+        return {"cmap": SIGNED_COLORMAP, "vmin": -top, "vmax": top}
+    return {"cmap": colormap, "vmin": 0.0, "vmax": top}
+
+
 def layer_figure(
     blocks: dict[str, torch.Tensor], labels: dict[str, tuple[list[str] | None, list[str] | None]], title: str
 ) -> Figure:
@@ -54,14 +66,14 @@ def layer_figure(
     ``(1, heads, queries, keys)``), a column per head, one colour bar; ``labels``: block name ->
     (query, key) token strings, or None to tick positions."""
     heads = next(iter(blocks.values())).size(1)
-    top = max(float(w.max()) for w in blocks.values()) or 1.0  # one scale for all: long rows' small weights show
+    scale = colour_scale(list(blocks.values()), "viridis")
     fig = Figure(figsize=(2.6 * heads + 0.9, 2.6 * len(blocks) + 0.3), layout="constrained")
     axes = fig.subplots(len(blocks), heads, squeeze=False)
     for row, (name, weights) in enumerate(blocks.items()):
         queries, keys = labels.get(name, labels["self"])
         for head in range(heads):
             ax = axes[row, head]
-            image = ax.imshow(weights[0, head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=top, aspect="auto")
+            image = ax.imshow(weights[0, head].float().cpu().numpy(), aspect="auto", **scale)
             ax.set_title(f"{name}, head {head + 1}", fontsize=8)
             _token_axis(ax.xaxis, keys, rotation=90)
             _token_axis(ax.yaxis, queries)
@@ -137,7 +149,8 @@ def overlay_figure(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: 
     extent = (-0.5, width - 0.5, height - 0.5, -0.5)
     for row, (name, weights) in enumerate(blocks.items()):  # weights (heads, queries, keys)
         grids = query_weights(weights, query, (height, width))
-        top = float(grids.max()) or 1.0  # one scale per block: its heads compare, and its colour bar reads them
+        # one scale per block: its heads compare, and its colour bar reads them
+        scale = colour_scale([grids], "inferno")
         for col in range(heads + 1):
             ax = axes[row, col]
             ax.imshow(picture.numpy(), cmap="gray_r", extent=extent)
@@ -148,9 +161,7 @@ def overlay_figure(image: torch.Tensor, blocks: dict[str, torch.Tensor], query: 
                 ax.set_ylabel(name, fontsize=7)
                 ax.set_title(f"query pixel {query}" if row == 0 else "", fontsize=7)
             elif col <= weights.size(0):
-                overlay = ax.imshow(
-                    grids[col - 1].float().cpu().numpy(), cmap="inferno", alpha=0.65, extent=extent, vmin=0.0, vmax=top
-                )
+                overlay = ax.imshow(grids[col - 1].float().cpu().numpy(), alpha=0.65, extent=extent, **scale)
                 ax.plot(query[1], query[0], "o", color="cyan", markersize=4)
                 ax.set_title(f"head {col}", fontsize=7)
             else:

@@ -46,7 +46,9 @@ ProbeName = Literal["attention", "alignment", "logits"]
 
 PROBE_NAMES: dict[str, str] = {
     "attention": "attention_entropy (mean entropy of an attention row over real queries, in nats) and saturated_rows "
-    f"(fraction of rows whose largest weight is above {SATURATED}); token models",
+    f"(fraction of rows whose largest weight is above {SATURATED}); token models; a sink's share counts as one more "
+    "key, and blocks with signed weights (differential attention's A1 - lambda A2), which are no distribution, are "
+    "left out",
     "alignment": "alignment (the largest, over decoder layers, mean cross-attention weight an output position puts "
     "on the source position it copies); encoder-decoder models on copy and reverse",
     "logits": "max_attention_logit (the largest query-key logit q.k / sqrt(d_head), after the attention's scale and "
@@ -104,7 +106,11 @@ def attention_statistics(model: nn.Module, task: Any, examples: int = 64) -> dic
     (or application of a recurrent layer) and head counts once, over real query positions only:
     padded queries are left out by the batch masks (padded keys get no weight anyway), and so is
     a row with no weight at all (a query that sees no key). A row with a single key to see, such
-    as a causal decoder's first, has entropy 0 and counts as saturated.
+    as a causal decoder's first, has entropy 0 and counts as saturated. With attention sinks a
+    row's weights on the keys sum to less than 1: the sink's share, ``1 - sum_k w_k``, counts as
+    one more key (it is one, with no value), in the entropy and as a largest weight. A block whose
+    weights are signed (any negative entry, as differential attention's ``A1 - lambda A2``) is no
+    distribution and is left out.
 
     Args:
         model: a zoo model; ``task``: the task it was trained on (its ``test`` split is read).
@@ -112,23 +118,31 @@ def attention_statistics(model: nn.Module, task: Any, examples: int = 64) -> dic
 
     Returns:
         ``attention_entropy``: the mean entropy of a row, ``-sum_k w_k log w_k``, in nats
-        (between 0 and ``log`` of the keys a row sees); ``saturated_rows``: the fraction of rows
-        whose largest weight is above :data:`SATURATED`. Empty for a model that reads no tokens
-        (image models, the GAN) or returns no attention weights.
+        (between 0 and ``log`` of the keys a row sees, a sink counted); ``saturated_rows``: the
+        fraction of rows whose largest weight is above :data:`SATURATED`. Empty for a model that
+        reads no tokens (image models, the GAN), returns no attention weights, or only signed ones.
     """
     ran = _attend(model, task, examples)
     if ran is None:
         return {}
     inputs, out = ran
+    sinks = any(getattr(module, "sinks", None) is not None for module in model.modules())
     entropy, saturated, rows = 0.0, 0, 0
     for stack, layers in (getattr(out, "attentions", None) or {}).items():
         for blocks in layers:
             for weights in blocks.values():  # (B, H, Tq, Tk)
                 weights = weights.float()
-                real = _real_queries(inputs, stack, weights) & (weights.sum(-1) > 0)  # (B, H, Tq)
+                if bool((weights < 0).any()):
+                    continue
+                seen = weights.sum(-1)  # (B, H, Tq)
+                real = _real_queries(inputs, stack, weights) & (seen > 0)
                 row_entropy = torch.special.entr(weights).sum(-1)  # 0 log 0 = 0
+                largest = weights.amax(-1)
+                if sinks:  # a block without a sink of its own has a share of 0 up to rounding
+                    sink = (1 - seen).clamp(min=0)
+                    row_entropy, largest = row_entropy + torch.special.entr(sink), torch.maximum(largest, sink)
                 entropy += float(row_entropy[real].sum())
-                saturated += int((weights.amax(-1) > SATURATED)[real].sum())
+                saturated += int((largest > SATURATED)[real].sum())
                 rows += int(real.sum())
     if not rows:
         return {}
