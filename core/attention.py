@@ -55,6 +55,11 @@ class Kernel(Protocol):
         The output ``(B, H, Tq, Dh)``, and the weights ``(B, H, Tq, Tk)`` (before dropout) when
         ``need_weights``; a kernel may return None otherwise. A query with no key to see gets a
         zero output and zero weights.
+
+    A kernel that scores query head ``h`` against another key than head ``h`` has a method
+    ``logit_pairs(q, k)`` returning the queries and keys ``(B, H, Tq, Dh)`` and ``(B, H, Tk, Dh)``
+    it scores head by head (what the ``logits`` probe of ``transformer_zoo.comparing.probes``
+    reads); without one, the pairs are ``(q, k)`` as received.
     """
 
     def __call__(

@@ -114,6 +114,14 @@ class DifferentialKernel(nn.Module):
             return parts
         return tuple(part.repeat_interleave(self.kv_group, dim=1) for part in parts)
 
+    def logit_pairs(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The queries and keys this kernel scores, head by head: the queries ``(B, h, Tq, d)``
+        unchanged, and for query head ``2j`` differential head ``j``'s ``K1``, for ``2j + 1`` its
+        ``K2`` (:meth:`paired`), ``(B, h, Tk, d)``. Under grouped-query attention these are not the
+        key heads ``2j`` and ``2j + 1`` of the module's repetition."""
+        k1, k2, _ = self.paired(k, k)
+        return q, torch.stack((k1, k2), dim=2).flatten(1, 2)  # (B, h/2, 2, Tk, d) to (B, h, Tk, d)
+
     def forward(
         self,
         q: Tensor,

@@ -14,6 +14,7 @@ from transformer_zoo.comparing.probes import (
     PROBE_OUTPUTS,
     largest_logit,
     max_attention_logit,
+    recorded_logits,
     run_probes,
 )
 from transformer_zoo.core.attention import AttentionMask, MultiHeadAttention
@@ -211,3 +212,76 @@ def test_the_probe_is_named_and_run_by_name():
     assert run_probes(["logits"], model, task, EXAMPLES) == max_attention_logit(model, task, EXAMPLES)
     digits = tz.build_model("vit-tiny")
     assert max_attention_logit(digits, task) == {}  # reads images, not tokens
+
+
+@torch.no_grad()
+def test_a_recurrent_stacks_running_positions_attend_as_self_attention():
+    """Adaptive computation time sends only the running positions through the shared layer, whose
+    self-attention then reads the keys' input as ``memory``: those calls are self-attention's, by
+    the module's role, and count. Each call's largest logit is recomputed here from its inputs."""
+    task = reverse_task()
+    torch.manual_seed(0)
+    model = tz.build_model("universal-transformer-tiny", vocab_size=task.vocab_size, dropout=0.0).eval()
+    for stack in (model.encoder, model.decoder):
+        stack.halting.weight.normal_(0.0, 3.0)  # positions halt at different steps
+    d, h = model.config.d_model, model.config.n_heads
+    calls = []
+
+    def expected(module, args, kwargs):
+        x, memory, mask = args[0], args[1] if len(args) > 1 else kwargs.get("memory"), kwargs["mask"]
+        keys = x if memory is None else memory
+        w, b = module.in_proj.weight, module.in_proj.bias
+        logits = heads(x @ w[:d].T + b[:d], h) @ heads(keys @ w[d : 2 * d].T + b[d : 2 * d], h).transpose(-2, -1)
+        sees = mask.padding[:, None, None, :]  # (B, 1, 1, Tk)
+        if mask.explicit is not None:
+            sees = sees & mask.explicit
+        elif mask.causal:
+            sees = sees & torch.ones(x.size(1), keys.size(1), dtype=torch.bool).tril()
+        if memory is None:  # queries are the keys' positions: padded ones are left out
+            sees = sees & mask.padding[:, None, :, None]
+        calls.append((memory is not None, float((logits / math.sqrt(d // h)).masked_fill(~sees, -math.inf).max())))
+
+    hooks = [
+        stack.layer.self_attn.register_forward_pre_hook(expected, with_kwargs=True)
+        for stack in (model.encoder, model.decoder)
+    ]
+    found = max_attention_logit(model, task, EXAMPLES)
+    for hook in hooks:
+        hook.remove()
+    assert {gathered for gathered, _ in calls} == {False, True}, "some steps run every position, some only a few"
+    with recorded_logits(model) as recorded:
+        model(**batch_of(task, model))
+    assert len(recorded) == len(calls), "every application of the self-attention counts"
+    assert found["max_attention_logit"] == pytest.approx(max(top for _, top in calls), rel=1e-5)
+    assert recorded == pytest.approx([top for _, top in calls], rel=1e-5)
+
+
+@torch.no_grad()
+def test_differential_attention_pairs_each_query_head_with_the_key_its_kernel_scores():
+    """Differential attention with 4 query heads (2 differential heads) and 2 key heads, the
+    reference's grouped layout: differential head ``j`` has queries ``2j``, ``2j + 1`` and reads the
+    one pair of key heads (``K1, K2``), so query heads 2 and 3 read key heads 0 and 1; the module's
+    repetition would give them key head 1 alone."""
+    task = PythonSourceOptions(max_len=16, longer=[], train_tokens=256, test_tokens=256).build()
+    torch.manual_seed(0)
+    attention = {"kind": "differential", "bias": False, "n_kv_heads": 2}
+    model = tz.build_model(
+        "llama-tiny", init_std=1.0, vocab_size=task.vocab_size, decoder={"layers": 2, "attention": attention}
+    )
+    d, h, kv = model.config.d_model, model.config.n_heads, 2
+    dh = d // h
+    inputs = batch_of(task, model)
+    assert bool(inputs["tgt_mask"].all())  # windows of text: no padding
+    largest = {"kernel's": -math.inf, "repeated": -math.inf}
+    for name, (x, _) in layer_inputs(model, inputs).items():
+        w = model.get_submodule(name).in_proj.weight
+        q = rotated(heads(x @ w[:d].T, h))
+        k = rotated(heads(x @ w[d : d + kv * dh].T, kv))
+        causal = torch.ones(x.size(1), x.size(1), dtype=torch.bool).tril()
+        pairs = {"kernel's": [0, 1, 0, 1], "repeated": [0, 0, 1, 1]}  # the key head of each query head
+        for case, keys in pairs.items():
+            logits = q @ k[:, keys].transpose(-2, -1) / math.sqrt(dh)  # (B, H, T, T)
+            largest[case] = max(largest[case], float(logits.masked_fill(~causal, -math.inf).max()))
+    assert abs(largest["kernel's"] - largest["repeated"]) > 1e-3
+    found = max_attention_logit(model, task, EXAMPLES)["max_attention_logit"]
+    assert found == pytest.approx(largest["kernel's"], rel=1e-5)

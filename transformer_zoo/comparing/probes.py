@@ -223,35 +223,38 @@ def largest_logit(q: Tensor, k: Tensor, mask: AttentionMask, sinks: int = 0) -> 
 @contextlib.contextmanager
 def recorded_logits(model: nn.Module) -> Iterator[list[float]]:
     """Within the block, each self-attention call of ``model`` appends its :func:`largest_logit`
-    to the list yielded. Each attention module's kernel is shadowed, in the module's instance
+    to the list yielded. Each self-attention module's kernel is shadowed, in the module's instance
     dictionary, by one that records and then calls it (the module's parameters, submodules and state
-    dict stay as they are); a pre-hook tells self-attention (no ``memory``) from cross-attention.
-    Both are removed on leaving."""
+    dict stay as they are); removed on leaving. A module is cross-attention by its role, some
+    layer's ``cross_attn``, not by whether a call passes ``memory``: a recurrent stack's adaptive
+    computation time calls self-attention with the keys' input as ``memory`` when only some
+    positions run. The logits are of the queries and keys as the kernel pairs them: a kernel with
+    a ``logit_pairs(q, k)`` method (differential attention's) returns the pairs it scores, and any
+    other pairs query head ``h`` with key head ``h``."""
     found: list[float] = []
-    hooks, shadowed = [], []
+    crossing = {
+        id(module.cross_attn)
+        for module in model.modules()
+        if isinstance(getattr(module, "cross_attn", None), MultiHeadAttention)
+    }
+    shadowed = []
     for module in model.modules():
-        if not isinstance(module, MultiHeadAttention):
+        if not isinstance(module, MultiHeadAttention) or id(module) in crossing:
             continue
-        state = {"self": True}
 
-        def note(_module: nn.Module, args: tuple, kwargs: dict, state: dict = state) -> None:
-            memory = args[1] if len(args) > 1 else kwargs.get("memory")
-            state["self"] = memory is None
-
-        def recording(q, k, v, mask, bias, dropout_p, need_weights, kernel=module.kernel, state=state, module=module):
+        def recording(q, k, v, mask, bias, dropout_p, need_weights, kernel=module.kernel, module=module):
             sinks = 0 if getattr(module, "sinks", None) is None else 1
-            if state["self"] and (top := largest_logit(q, k, mask, sinks)) is not None:
+            pairs = getattr(kernel, "logit_pairs", None)
+            scored_q, scored_k = (q, k) if pairs is None else pairs(q, k)
+            if (top := largest_logit(scored_q, scored_k, mask, sinks)) is not None:
                 found.append(top)
             return kernel(q, k, v, mask, bias, dropout_p, need_weights)
 
-        hooks.append(module.register_forward_pre_hook(note, with_kwargs=True))
         shadowed.append((module, module.__dict__.get("kernel", _ABSENT)))
         module.__dict__["kernel"] = recording  # found before nn.Module's own lookup of a kernel submodule
     try:
         yield found
     finally:
-        for hook in hooks:
-            hook.remove()
         for module, own in shadowed:
             if own is _ABSENT:
                 del module.__dict__["kernel"]
@@ -265,7 +268,8 @@ def max_attention_logit(model: nn.Module, task: Any, examples: int = 64) -> dict
     The logit of query ``i`` and key ``j`` is ``q_i . k_j / sqrt(d_head)`` as the kernel receives
     them: after the projections, any QK-norm, the in-attention positions (rotary) and the module's
     ``scale`` (which multiplies the queries), before any additive bias (ALiBi), soft-cap or mask;
-    attention sinks are not keys of the input, and are left out.
+    attention sinks are not keys of the input, and are left out. Each query head is paired with
+    the key head its kernel scores it against (:func:`recorded_logits`).
     The maximum is over every self-attention layer (each application of a recurrent one), head,
     real query and key the mask lets that query see, on the first ``examples`` test examples, in
     eval mode (teacher forcing for a decoder). Wortsman et al. 2023 (section 3.1, Figure 1) plot it
