@@ -12,9 +12,10 @@ import pytest
 from run_records import record
 
 from transformer_zoo.comparing.records import CompareResults, Failed
+from transformer_zoo.comparing.studies.pages import study_lines
 from transformer_zoo.comparing.studies.spec import Claim, load_study
 from transformer_zoo.comparing.studies.sweeps import InitialLosses, Sweep, sensitivity, sweep_result
-from transformer_zoo.comparing.studies.verdicts import judge
+from transformer_zoo.comparing.studies.verdicts import judge, verdict
 from transformer_zoo.core.errors import ConfigError
 
 TASK = {"kind": "python-source", "max_len": 16, "longer": [], "train_tokens": 2048, "test_tokens": 256}
@@ -247,3 +248,90 @@ def test_the_study_runs_end_to_end_and_draws_its_figures(tmp_path):
     assert swept["over"] == "lr" and [v["variant"] for v in swept["variants"]] == ["baseline", "qk-norm"]
     assert all(len(v["sensitivity"]) == 2 and len(v["points"]) == 6 for v in swept["variants"])
     assert "| baseline | 0.3 |" in (tmp_path / "verdict.md").read_text()
+
+
+def probed_runs(logits: dict[str, dict[int, float | None]], failed: dict[tuple[str, int], str]) -> CompareResults:
+    """Finished runs that measured ``logits`` (by label and seed; None: no measurement), and failed
+    runs with their errors, paired by seed."""
+    runs = [
+        record(label, seed, math.exp(2.5), task="python-source", metric="perplexity", better="lower").model_copy(
+            update={"probes": {} if value is None else {"max_attention_logit": value}}
+        )
+        for label, by_seed in logits.items()
+        for seed, value in by_seed.items()
+    ]
+    failures = [
+        Failed(variant=label, task="python-source", seed=seed, attempts=1, error=error)
+        for (label, seed), error in failed.items()
+    ]
+    return CompareResults(
+        spec={"test": "welch", "pairing": "seeds"}, machine={}, runs=runs, skipped=[], failed=failures
+    )
+
+
+LOGIT_CLAIM = Claim(
+    statement="the baseline's largest logit exceeds qk's at the highest lr",
+    task="python-source",
+    metric="max_attention_logit",
+    a="base lr=0.1",
+    b="qk lr=0.1",
+    direction="higher",
+)
+DIVERGED = "TrainingDiverged: loss became nan at step 7"
+
+
+def test_a_claim_on_a_probe_names_the_runs_without_a_figure_and_the_seeds_left_out_of_the_pairing():
+    """A run that diverged records no probe: its seed leaves the pairing, and the reason says which."""
+    results = probed_runs(
+        {"base lr=0.1": {1: 40.0, 2: 44.0, 4: None}, "qk lr=0.1": {0: 5.0, 1: 6.0, 2: 5.5, 3: 6.5, 4: 5.0}},
+        {("base lr=0.1", 0): DIVERGED, ("base lr=0.1", 3): "worker died\nmore"},
+    )
+    outcome = judge(LOGIT_CLAIM, results)
+    assert outcome.seeds == 2 and outcome.paired and outcome.difference == pytest.approx((34.0 + 38.5) / 2)
+    assert outcome.reason.endswith(
+        "; seeds 0, 3, 4 left out of the pairing, a side having no figure there; runs without a figure: "
+        "base lr=0.1, seed 0: diverged; base lr=0.1, seed 3: worker died; base lr=0.1, seed 4: no "
+        "max_attention_logit recorded"
+    ), outcome.reason
+
+
+def test_a_claim_whose_every_run_of_a_side_diverged_is_inconclusive_and_the_study_keeps_its_verdict():
+    """Every seed of the baseline's highest learning rate diverged: the claim on its probe is not
+    judged (inconclusive, naming the runs), and the study's other claims and verdict stand."""
+    failed = {("base lr=0.1", seed): DIVERGED for seed in (0, 1)}
+    results = probed_runs({"qk lr=0.1": {0: 5.0, 1: 6.0}}, failed)
+    outcome = judge(LOGIT_CLAIM, results)
+    assert (outcome.verdict, outcome.a, outcome.b, outcome.difference, outcome.seeds) == (
+        "inconclusive",
+        None,
+        None,
+        None,
+        0,
+    )
+    assert outcome.reason == (
+        "not judged: no run of 'base lr=0.1' on 'python-source' recorded test max_attention_logit (runs without a "
+        "figure: base lr=0.1, seed 0: diverged; base lr=0.1, seed 1: diverged)"
+    )
+
+    data = study_data(sweep={"over": "lr", "values": [0.1, 0.001, 0.01], "variants": ["a", "b"]})
+    data["claims"] = [
+        *data["claims"],
+        {**LOGIT_CLAIM.model_dump(exclude_defaults=True), "a": "b lr=0.1", "b": "a lr=0.1"},
+    ]
+    data["compare"] = {**data["compare"], "probes": ["logits"], "pairing": "seeds", "seeds": [0, 1]}
+    study = load_study(data)
+    spec = study.spec()
+    runs, failures = {}, {}  # every run ends at a loss of 2.5 but b's at lr 0.1, which diverged at every seed
+    for label in (study.sweep.label(variant, lr) for variant in ("a", "b") for lr in (0.1, 0.001, 0.01)):
+        for seed in (0, 1):
+            if label == "b lr=0.1":
+                failures[(label, seed)] = DIVERGED
+            else:
+                runs.setdefault(label, {})[seed] = 10.0 + seed
+    results = probed_runs(runs, failures)
+    found = verdict(study, spec, results, "cpu", 1.0, "rerun", sweep=study.sweep, initial=lambda v, t, s: 5.5)
+    sensitivity_claim, logit_claim = found.claims
+    assert sensitivity_claim.verdict != "inconclusive" and found.verdict == "inconclusive"
+    assert logit_claim.verdict == "inconclusive" and "no run of 'b lr=0.1'" in logit_claim.reason
+    page = "\n".join(study_lines(found))
+    assert "| b lr=0.1: n/a | a lr=0.1: n/a | n/a |" in page

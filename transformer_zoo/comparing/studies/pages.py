@@ -63,7 +63,7 @@ def study_lines(result: StudyResult) -> list[str]:
             where = f"{cl.task}, {cl.metric}: a on {cl.split}, b on {cl.split_b}" + (
                 ", paired by seed" if cl.paired else ""
             )
-        delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.a.n))
+        delta = format_cell(difference_cell(c))
         p = "n/a" if c.p is None else f"{c.p:.3g}"
         effect = "n/a" if cl.relation == "steadier" else f"{c.effect:g}"
         level = f"{100 * c.confidence:.3g}%" + (f" (look {c.look})" if c.look else "")
@@ -176,6 +176,11 @@ def sweep_report_lines(sweeps: list[SweepResult], plots: list[str], heading: str
     return lines[:-1]
 
 
+def difference_cell(c: ClaimResult) -> Cell | None:
+    """A claim's ``a - b`` and its interval as a cell; None when a side has no figure."""
+    return None if c.difference is None else Cell(mean=c.difference, low=c.low, high=c.high, n=c.seeds)
+
+
 def verdict_words(c: ClaimResult) -> str:
     """A claim's verdict with its qualifier: smaller than the effect of interest, or the verdict an
     inconclusive one leans to."""
@@ -216,7 +221,7 @@ def claims_table_lines(results: list[StudyResult]) -> list[str]:
     ]
     claims = [(r, c) for r in results for c in r.claims]
     for r, c in claims:
-        delta = format_cell(Cell(mean=c.difference, low=c.low, high=c.high, n=c.seeds))
+        delta = format_cell(difference_cell(c))
         widths = "n/a"
         if c.unpaired_low is not None and c.low is not None and c.unpaired_high != c.unpaired_low:
             widths = f"{(c.high - c.low) / (c.unpaired_high - c.unpaired_low):.2f}"

@@ -23,7 +23,8 @@ A claim on a sweep's ``sensitivity`` is judged the same way, on each swept varia
 at each seed (:mod:`~transformer_zoo.comparing.studies.sweeps`), lower being better: ``better``
 says a's final loss suffers less over the sweep than b's.
 A study holds when every claim holds, does not hold when one does not, and is inconclusive
-otherwise.
+otherwise. A claim judged without some of its runs (a run that diverged has no probe's
+measurement) names them in its reason; one with no seed left to judge it on is inconclusive.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from ..stats import TEST_NAMES, bounded_interval, difference, interval, paired_d
 from ..summary import format_number
 from ..tallies import Tally, TallyResult, tally
 from .spec import Claim, Scale, SourceFigure, Study, planned_runs
-from .sweeps import SENSITIVITY, InitialLosses, Sweep, SweepResult, sweep_result
+from .sweeps import DIVERGED, SENSITIVITY, InitialLosses, Sweep, SweepResult, sweep_result
 
 Verdict = Literal["holds", "does not hold", "inconclusive"]
 
@@ -53,9 +54,9 @@ class ClaimResult(BaseModel):
     """A claim's figures over seeds and its verdict."""
 
     claim: Claim
-    a: Cell = Field(description="a's mean over seeds and its 95% interval")
-    b: Cell = Field(description="b's mean and interval")
-    difference: float = Field(description="mean(a) - mean(b)")
+    a: Cell | None = Field(description="a's mean over seeds and its 95% interval; None: no run of a has the figure")
+    b: Cell | None = Field(description="b's mean and interval; None: no run of b has the figure")
+    difference: float | None = Field(description="mean(a) - mean(b); None: a side has no figure")
     low: float | None = Field(
         description="the difference's interval at the claim's confidence (Welch-Satterthwaite, or the paired t's); "
         "None: one seed"
@@ -145,6 +146,11 @@ def judge(
 ) -> ClaimResult:
     """A claim's verdict from the comparison's runs (see the module's docstring for the rules).
 
+    A run that gives the claim no figure (it diverged, and so has no probe's measurement; it failed
+    otherwise; it did not record the metric) is left out, and its reason names it, with the seeds
+    that a pairing left out for want of the other side's figure. A claim with no seed left to judge
+    it on is inconclusive, not judged.
+
     Args:
         stopped: the claim's runs that stopped at the time cap before their steps: then the claim
             is not judged (inconclusive, the measured verdict in its reason), since a and b did not
@@ -154,17 +160,14 @@ def judge(
     """
     by_seed, direction = _per_seed(claim, results, sweep)
     paired = claim.paired or results.spec.get("pairing") == "seeds"
+    dropped = sorted(by_seed[0].keys() ^ by_seed[1].keys()) if paired else []
+    scored = (bool(by_seed[0]), bool(by_seed[1]))  # at any seed, before the pairing
     if paired:  # the seeds scored on both sides, each against itself
         by_seed = [{seed: side[seed] for seed in sorted(by_seed[0].keys() & by_seed[1].keys())} for side in by_seed]
     a, b = (list(side.values()) for side in by_seed)
+    without = _without_figure(claim, results, sweep)
     if not a or not b:
-        missing, split = (claim.a, claim.split) if not a else (claim.b, claim.b_split)
-        if claim.metric == SENSITIVITY:
-            raise ConfigError(
-                f"no seed at which every run of {missing!r}'s sweep on {claim.task!r} finished or diverged"
-                + (" (and at which b's did too)" if paired else "")
-            )
-        raise ConfigError(f"no run of {missing!r} on {claim.task!r} recorded {split} {claim.metric}")
+        return _no_figure(claim, results, direction, paired, scored, without)
     cells = {"a": _cell(results, claim.metric, a), "b": _cell(results, claim.metric, b)}
     welch = difference(a, b, results.spec.get("test", "welch"), 1 - alpha)
     diff = paired_difference(a, b, 1 - alpha) if paired else welch
@@ -191,6 +194,8 @@ def judge(
         (verdict, reason), p = _steadier(sd, claim, min(len(a), len(b)), alpha), sd.p
     else:
         verdict, reason, leaning, below = _by_interval(claim, diff.low, diff.high, direction, diff.difference, alpha)
+    if dropped or without:
+        reason += _left_out(dropped, without)
     if stopped:
         verdict, reason = _not_judged(verdict, reason, len(stopped))
         leaning = None
@@ -235,6 +240,71 @@ def _per_seed(claim: Claim, results: CompareResults, sweep: SweepResult | None) 
         (r.better[claim.metric] for r in results.runs if claim.metric in r.better), "higher"
     )
     return by_seed, direction
+
+
+def _without_figure(claim: Claim, results: CompareResults, sweep: SweepResult | None) -> list[str]:
+    """The runs of the claim's sides that give it no figure, in words: each that diverged, failed
+    otherwise, or finished without the metric (a probe measures nothing on a run that diverged);
+    for a sensitivity, the runs of its sweeps that neither finished nor diverged."""
+    if claim.metric == SENSITIVITY:
+        return [] if sweep is None else [run for label in (claim.a, claim.b) for run in sweep.of(label).missing]
+    found = []
+    for label, split in ((claim.a, claim.split), (claim.b, claim.b_split)):
+        for failed in results.failed:
+            if failed.variant == label and failed.task == claim.task:
+                why = "diverged" if failed.error.startswith(DIVERGED) else failed.error.splitlines()[0]
+                found.append(f"{label}, seed {failed.seed}: {why}")
+        for run in results.runs:
+            if run.variant == label and run.task == claim.task:
+                if run.probes.get(claim.metric, run.metrics.get(split, {}).get(claim.metric)) is None:
+                    found.append(f"{label}, seed {run.seed}: no {claim.metric} recorded")
+    return found
+
+
+def _left_out(dropped: list[int], without: list[str]) -> str:
+    """What a reason adds when some of the claim's runs give no figure: the seeds a pairing left out
+    and those runs."""
+    text = ""
+    if dropped:
+        text += f"; seeds {', '.join(map(str, dropped))} left out of the pairing, a side having no figure there"
+    if without:
+        text += f"; runs without a figure: {'; '.join(without)}"
+    return text
+
+
+def _no_figure(
+    claim: Claim,
+    results: CompareResults,
+    direction: str,
+    paired: bool,
+    scored: tuple[bool, bool],
+    without: list[str],
+) -> ClaimResult:
+    """The verdict of a claim with no seed to judge it on (every run of a side diverged, say):
+    inconclusive, with the runs that give no figure."""
+    if all(scored):  # each side has figures, at different seeds
+        what = f"no seed at which both {claim.a!r} and {claim.b!r} on {claim.task!r} have a figure"
+    elif claim.metric == SENSITIVITY:
+        missing = claim.b if scored[0] else claim.a
+        what = f"no seed at which every run of {missing!r}'s sweep on {claim.task!r} finished or diverged"
+    else:
+        missing, split = (claim.b, claim.b_split) if scored[0] else (claim.a, claim.split)
+        what = f"no run of {missing!r} on {claim.task!r} recorded {split} {claim.metric}"
+    return ClaimResult(
+        claim=claim,
+        a=None,
+        b=None,
+        difference=None,
+        low=None,
+        high=None,
+        p=None,
+        probe=any(claim.metric in run.probes for run in results.runs),
+        direction=direction,
+        verdict="inconclusive",
+        reason=f"not judged: {what}" + (f" (runs without a figure: {'; '.join(without)})" if without else ""),
+        effect=claim.effect,
+        paired=paired,
+    )
 
 
 def claim_labels(claim: Claim, sweep: Sweep | None = None) -> set[str]:
