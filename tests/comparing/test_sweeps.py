@@ -147,6 +147,14 @@ def test_the_sensitivity_is_the_papers(losses):
     assert sensitivity([2.3, 2.3, 2.3], 5.5) == 0.0
 
 
+def test_the_sensitivity_is_never_negative_when_every_run_ends_above_the_initial_loss():
+    """The best loss is capped at loss_0 as every loss is: a sweep none of whose runs ends below
+    its initial loss is as insensitive as it is flat, 0."""
+    assert sensitivity([6.0, 7.0, 6.5], 5.5) == 0.0
+    assert sensitivity([6.0, 7.0, None], 5.5) == 0.0
+    assert sensitivity([6.0, 5.0, 7.0], 5.5) == pytest.approx((5.5 + 5.0 + 5.5) / 3 - 5.0)
+
+
 SWEEP = Sweep(over="lr", values=[1e-3, 1e-2, 1e-1], variants=["qk", "base"])
 LOSSES = {  # by variant and seed, the final test loss at each lr (None: diverged)
     "qk": {0: [2.40, 2.20, 2.45], 1: [2.42, 2.21, 2.50], 2: [2.38, 2.19, 2.44]},

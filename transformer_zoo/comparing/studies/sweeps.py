@@ -10,7 +10,9 @@ the mean over the grid's values (a log-spaced grid, so the mean over its points 
 over log eta) of the final loss ``loss(eta)``, capped at the loss at initialisation ``loss_0``,
 less the best final loss of the sweep ``loss* = min_eta loss(eta)``. A run that diverged counts as
 ``loss_0``: the most a value can add is the whole of what training gains. :func:`sensitivity` is
-that formula; :func:`sweep_result` computes it for each swept variant at each seed, from a
+that formula, with ``loss*`` capped at ``loss_0`` as each loss is (``min(loss*, loss_0)``), so that
+a sweep none of whose runs ends below ``loss_0`` has sensitivity 0, not a negative one;
+:func:`sweep_result` computes it for each swept variant at each seed, from a
 comparison's runs, with ``loss_0`` the test loss of the run's own initial weights
 (:class:`InitialLosses`).
 
@@ -172,12 +174,13 @@ def sensitivity(losses: Sequence[float | None], initial: float) -> float:
     """Wortsman et al.'s sensitivity of one sweep at one seed (their eq. 1): the mean over the grid
     of ``min(loss, initial) - best``, ``best`` the smallest loss of the sweep, where a run that
     diverged (None, or a loss that is not finite) counts as ``initial``, the loss at initialisation.
-    In the loss's units (nats for a cross-entropy); 0 when every value trains alike."""
+    ``best`` is capped at ``initial`` as each loss is, so the sensitivity is never negative (0 when
+    every run ends at or above ``initial``). In the loss's units (nats for a cross-entropy); 0 when
+    every value trains alike."""
     if not losses:
         raise ValueError("a sweep's sensitivity needs the loss of at least one value")
-    final = [initial if loss is None or not math.isfinite(loss) else loss for loss in losses]
-    best = min(final)
-    return statistics.fmean(min(loss, initial) for loss in final) - best
+    capped = [initial if loss is None or not math.isfinite(loss) else min(loss, initial) for loss in losses]
+    return statistics.fmean(capped) - min(capped)
 
 
 def loss_of(metrics: dict[str, float]) -> float | None:
