@@ -230,3 +230,32 @@ def test_paired_runs_of_one_variant_are_one_cache_folder_apart_from_unpaired_one
         spec(pairing="seeds", variants=[PLAIN], tasks=[LISTOPS], threads=1, cache=str(out / "runs")), tmp_path / "again"
     )
     assert [r.reused for r in again.runs] == [True, True], "but a paired run is, by a spec that pairs it alike"
+
+
+def test_variants_of_one_model_are_shared_from_once_with_the_same_initial_values(task):
+    """Variants of one model that train differently (a sweep's) give one entry of ``shared_init``:
+    a repeat builds the same model again, so the run starts from the same values without it."""
+    variants = [{"variant": PLAIN, "label": f"plain lr={lr}"} for lr in (1e-3, 1e-2)] + [{**LEARNED, "label": "l"}]
+    runs, _ = plan(
+        spec(
+            variants=variants,
+            tasks=[REVERSE],
+            pairing="seeds",
+            variant_train={"plain lr=0.001": {"lr": 1e-3}, "plain lr=0.01": {"lr": 1e-2}},
+        )
+    )
+    plain = {"variant": PLAIN, "dropout": 0.0}
+    assert {label: config.shared_init for label, config in runs} == {
+        "plain lr=0.001": [],
+        "plain lr=0.01": [plain],
+        "l": [plain],
+    }
+    config = next(config for label, config in runs if label == "l").model_copy(update={"seed": SEED})
+    once = Trainer(config, task=task, progress=False)
+    twice = Trainer(config.model_copy(update={"shared_init": [plain, plain]}), task=task, progress=False)
+    once_model, twice_model = once.build_model(), twice.build_model()
+    assert once.shared == twice.shared
+    assert set(once.shared.own) == {"src_embed.positional.embedding.weight", "tgt_embed.positional.embedding.weight"}
+    twice_values = dict(twice_model.named_parameters())
+    for name, value in once_model.named_parameters():
+        assert torch.equal(value, twice_values[name]), name

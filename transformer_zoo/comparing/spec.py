@@ -321,7 +321,9 @@ def plan(
     """Every run's training config, and the pairs that cannot run; all checked before training.
 
     With ``pairing: seeds``, each run takes the initial weights of the variants before its own
-    in the spec that run its task (their model entries in ``shared_init``, in the spec's order).
+    in the spec that run its task (their model entries in ``shared_init``, in the spec's order,
+    each once: variants of one model that train differently, as a sweep's do, give one entry; a
+    repeat would build the same model again and give no value its first appearance had not).
 
     Args:
         only: the runs of these variants (by label) alone, planned as in the whole spec: a paired
@@ -361,7 +363,8 @@ def plan(
                 skipped.append(found)
             else:
                 runs += found
-                earlier[task_options.name].append(variant)
+                if variant not in earlier[task_options.name]:
+                    earlier[task_options.name].append(variant)
     unknown = sorted(set(spec.model) - fields)
     if unknown and not unloaded:  # a variant that did not load may have them
         problems.append(
