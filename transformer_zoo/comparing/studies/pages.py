@@ -117,7 +117,8 @@ def study_lines(result: StudyResult) -> list[str]:
     return lines
 
 
-def _cell(values: list[float]) -> Cell | None:
+def _mean_and_interval(values: list[float]) -> Cell | None:
+    """The mean of ``values`` and its 95% interval; None when there are none."""
     if not values:
         return None
     found = interval(values)
@@ -138,16 +139,19 @@ def sweep_lines(swept: SweepResult) -> list[str]:
         for value in swept.values:
             points = [p for p in variant.points if p.value == value]
             losses = [p.loss for p in points if p.loss is not None]
-            row = f"| {variant.variant} | {value:g} | {format_cell(_cell(losses))} | {len(points) - len(losses)} of {len(points)} |"
+            loss = format_cell(_mean_and_interval(losses))
+            row = f"| {variant.variant} | {value:g} | {loss} | {len(points) - len(losses)} of {len(points)} |"
             if logits:
-                row += f" {format_cell(_cell([p.max_logit for p in points if p.max_logit is not None]))} |"
+                largest = _mean_and_interval([p.max_logit for p in points if p.max_logit is not None])
+                row += f" {format_cell(largest)} |"
             lines.append(row)
     lines += [""]
     for variant in swept.variants:
         seeds = sorted(variant.sensitivity)
-        initial = _cell([variant.initial[s] for s in seeds])
+        initial = _mean_and_interval([variant.initial[s] for s in seeds])
+        sensitivity = _mean_and_interval([variant.sensitivity[s] for s in seeds])
         lines.append(
-            f"- {variant.variant}: sensitivity {format_cell(_cell([variant.sensitivity[s] for s in seeds]))} over "
+            f"- {variant.variant}: sensitivity {format_cell(sensitivity)} over "
             f"{len(seeds)} seed(s); loss at initialisation {format_cell(initial)}"
             + (f"; runs that failed otherwise, left out: {'; '.join(variant.missing)}" if variant.missing else "")
         )
