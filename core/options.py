@@ -172,6 +172,14 @@ class AttentionOptions(ComponentOptions):
     ``value_residual`` mixes the first layer's values into the later layers'. False for a kind
     whose module makes its values elsewhere (linear attention's running sums while decoding, a
     latent projection): a stack with ``value_residual`` refuses it at validation."""
+    takes_kv_heads: ClassVar[bool] = True
+    """Whether the kind has key/value heads that ``n_kv_heads`` can group (grouped-query
+    attention). False for a kind that shares one latent among all heads in their place
+    (multi-head latent attention): a non-null ``n_kv_heads`` is refused at validation."""
+    takes_qk_norm: ClassVar[bool] = True
+    """Whether the kind's module normalises its queries and keys when ``qk_norm`` is set. False for
+    a kind that normalises something else in their place (latent attention's latents): a non-null
+    ``qk_norm`` is refused at validation."""
 
     bias: bool = Field(True, description="bias on the query, key, value and output projections")
     scale: float | None = Field(
@@ -233,6 +241,17 @@ class AttentionOptions(ComponentOptions):
                 f"{self.kind} attention does not take sinks (its kernel does not form a softmax over every key the "
                 "mask allows with a bias on the scores, which the sink logit joins); remove sinks, or use kind: "
                 "sdpa or math"
+            )
+        if self.n_kv_heads is not None and not self.takes_kv_heads:
+            raise ValueError(
+                f"{self.kind} attention shares one latent among all heads in place of key/value heads, so "
+                "n_kv_heads does not apply; remove n_kv_heads (a smaller kv_rank shrinks the cache), or use "
+                "kind: sdpa for grouped-query attention"
+            )
+        if self.qk_norm is not None and not self.takes_qk_norm:
+            raise ValueError(
+                f"{self.kind} attention normalises its latents (RMSNorm over kv_rank and q_rank), not its "
+                "queries and keys; remove qk_norm, or use kind: sdpa"
             )
         return self
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import Tensor, nn
 
 from transformer_zoo.core.attention import AttentionPositional, Cache, MultiHeadAttention
@@ -252,21 +252,6 @@ class LatentAttentionOptions(AttentionOptions):
         le=MAX_WIDTH,
         description="width of each value head, out_proj's input per head; null: the head width",
     )
-
-    @model_validator(mode="after")
-    def _latent_parts_only(self) -> LatentAttentionOptions:
-        if self.n_kv_heads is not None and not self.takes_kv_heads:
-            raise ValueError(
-                f"{self.kind} attention shares one latent among all heads in place of key/value heads, so "
-                "n_kv_heads does not apply; remove n_kv_heads (a smaller kv_rank shrinks the cache), or use "
-                "kind: sdpa for grouped-query attention"
-            )
-        if self.qk_norm is not None and not self.takes_qk_norm:
-            raise ValueError(
-                f"{self.kind} attention normalises its latents (RMSNorm over kv_rank and q_rank), not its "
-                "queries and keys; remove qk_norm, or use kind: sdpa"
-            )
-        return self
 
     def check_use(self, *, positional: PositionalOptions | None = None, **uses: Any) -> None:
         """:meth:`AttentionOptions.check_use`, after refusing in-attention positions that are not

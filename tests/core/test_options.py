@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 import torch
@@ -295,3 +295,26 @@ def test_a_decoder_given_a_kind_that_cannot_be_causal_is_refused_at_validation(k
         assert f"{kind} attention cannot be causal" in message
         assert "use it in an encoder, or give the decoder a kind that can be causal" in message
         assert tz.load_config("transformer-tiny", {"encoder": {"attention": kind}}).encoder.attention.kind == kind
+
+
+def test_key_value_heads_and_qk_norm_are_refused_where_a_kind_declares_it_cannot_take_them():
+    """``takes_kv_heads`` and ``takes_qk_norm`` are checked with the other declarations, in
+    ``AttentionOptions``: a kind that declares it cannot take one is refused with no check of its
+    own, and every kind takes both unless it says otherwise."""
+
+    class Latent(AttentionOptions):
+        kind: Literal["made-up-latent"] = "made-up-latent"
+        takes_kv_heads: ClassVar[bool] = False
+        takes_qk_norm: ClassVar[bool] = False
+
+    assert AttentionOptions.takes_kv_heads and AttentionOptions.takes_qk_norm
+    assert Latent().n_kv_heads is None and Latent().qk_norm is None
+    with pytest.raises(ValueError, match="made-up-latent attention .* n_kv_heads does not apply; remove n_kv_heads"):
+        Latent(n_kv_heads=2)
+    with pytest.raises(ValueError, match="made-up-latent attention normalises .* remove qk_norm, or use kind: sdpa"):
+        Latent(qk_norm="head")
+    refusing = {kind for kind, options in ATTENTION.items() if not (options.takes_kv_heads and options.takes_qk_norm)}
+    assert refusing == {"mla"}
+    for kind, options in ATTENTION.items():
+        if kind not in refusing:
+            options(kind=kind, n_kv_heads=2, qk_norm="head")
