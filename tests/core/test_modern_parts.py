@@ -279,28 +279,91 @@ def test_a_cross_attentions_gate_reads_the_decoders_input():
 ATTENTION = get_registry().components("attention")
 
 
+def causal_softmax(scores: torch.Tensor) -> torch.Tensor:
+    """The softmax of ``(..., T, T)`` scores, query ``i`` seeing keys ``0`` to ``i``."""
+    t = scores.size(-1)
+    return scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+
+
+def latent_heads(attention: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """Multi-head latent attention's heads, causal, no positions (DeepSeek-V2's eqs. 9 to 11 and
+    13): ``c = RMSNorm(x W_DKV)``, head ``h``'s keys and values ``c W_UK^h`` and ``c W_UV^h``, its
+    output ``softmax(q_h k_h^T / sqrt(nope)) v_h``; concatenated, ``(B, T, H * v_head_dim)``."""
+    nope, width = attention.nope_head_dim, attention.v_head_dim
+    q = attention.q_proj(x).unflatten(-1, (H, nope)).transpose(1, 2)  # (B, H, T, nope)
+    latent = attention.kv_a_proj_with_mqa(x)
+    latent = latent * torch.rsqrt(latent.pow(2).mean(-1, keepdim=True) + 1e-6) * attention.kv_a_layernorm.weight
+    k, v = F.linear(latent, attention.kv_b_proj.weight).unflatten(-1, (H, nope + width)).split([nope, width], -1)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, nope), (B, H, T, v_head_dim)
+    return (causal_softmax(q @ k.transpose(-1, -2) / math.sqrt(nope)) @ v).transpose(1, 2).flatten(2)
+
+
+def differential_heads(attention: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """Differential attention's heads, causal, no positions (Ye et al. 2024, eqs. 1 to 3): head
+    ``j`` reads queries ``2j``, ``2j + 1`` and keys alike, and the value heads ``2j``, ``2j + 1`` side
+    by side (``2d`` channels); its output ``(A1 - lambda A2) V``, RMS-normed, times
+    ``1 - lambda_init``; concatenated, ``(B, T, H * d)``."""
+    d, kernel = attention.d_head, attention.kernel
+    q, k, v = attention.in_proj(x).chunk(3, dim=-1)
+    q, k = (t.unflatten(-1, (H, d)).transpose(1, 2) for t in (q, k))  # (B, H, T, d)
+    v = v.unflatten(-1, (H // 2, 2 * d)).transpose(1, 2)  # (B, H/2, T, 2d)
+    lam = torch.exp(kernel.lambda_q1 @ kernel.lambda_k1) - torch.exp(kernel.lambda_q2 @ kernel.lambda_k2)
+    lam = lam + kernel.lambda_init
+    heads = []
+    for j in range(H // 2):
+        first, second = (
+            causal_softmax(q[:, 2 * j + p] @ k[:, 2 * j + p].transpose(-1, -2) / math.sqrt(d)) for p in (0, 1)
+        )
+        out = (first - lam * second) @ v[:, j]  # (B, T, 2d)
+        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * kernel.head_norm.weight
+        heads.append(out * (1 - kernel.lambda_init))
+    return torch.cat(heads, dim=-1)
+
+
+HEADS_WRITTEN_OUT = {"mla": latent_heads, "differential": differential_heads}
+"""Kinds whose heads' output is not ``H * d_head`` channels of one head each, written out."""
+
+
 @pytest.mark.parametrize("kind", sorted(ATTENTION))
-def test_every_kind_gates_its_output_in_its_forward_and_its_cached_steps(kind):
-    """With the gate's weights at 0 and its bias at 0 the gate is 1/2: the output is half the
-    ungated one's before out_proj's bias, in a forward and in a decoding step on a cache."""
-    attention = module(kind, gate=True)
+def test_every_kind_gates_each_channel_of_its_heads_output_in_its_forward_and_its_cached_steps(kind):
+    """``out_proj(Y * sigmoid(x W_gate + b_gate))``, ``Y`` the heads' concatenated output as the
+    output projection reads it, with random gate weights, so that a gate whose channels did not
+    line up with ``Y``'s would show: ``Y`` is caught from the ungated module, in a forward and in
+    decoding steps on a cache, and written out for mla (``H * v_head_dim`` channels, here 12 a head)
+    and differential attention (each pair of heads' ``2 d_head`` value channels)."""
+    extra = {"v_head_dim": 12} if kind == "mla" else {}
+    attention = module(kind, gate=True, **extra)
+    generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        attention.gate_proj.weight.zero_()
-        attention.gate_proj.bias.zero_()
+        attention.gate_proj.weight.copy_(torch.randn(attention.gate_proj.weight.shape, generator=generator))
+        attention.gate_proj.bias.copy_(torch.randn(attention.gate_proj.bias.shape, generator=generator))
     ungated = copy.deepcopy(attention)
     ungated.gate_proj = None
+    caught = []
+    ungated.out_proj.register_forward_pre_hook(lambda _module, args: caught.append(args[0]))
     options = ATTENTION[kind]
     x = torch.randn(2, 16, D)
     mask = AttentionMask(causal=options.takes_causal)
-    b = attention.out_proj.bias
+
+    def gated(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(F.linear(x, attention.gate_proj.weight, attention.gate_proj.bias))
+        return F.linear(y * gate, attention.out_proj.weight, attention.out_proj.bias)
+
     with torch.no_grad():
-        torch.testing.assert_close(attention(x, mask=mask)[0] - b, (ungated(x, mask=mask)[0] - b) / 2, **TOLERANCE)
+        ungated(x, mask=mask)
+        torch.testing.assert_close(attention(x, mask=mask)[0], gated(caught[-1], x), **TOLERANCE)
+        if kind in HEADS_WRITTEN_OUT:
+            torch.testing.assert_close(caught[-1], HEADS_WRITTEN_OUT[kind](attention, x), **TOLERANCE)
         if options.takes_causal:
             first, second = KVCache(), KVCache()
             for t in range(3):
                 step = x[:, t : t + 1]
-                got, want = attention(step, mask=mask, cache=first)[0], ungated(step, mask=mask, cache=second)[0]
-                torch.testing.assert_close(got - b, (want - b) / 2, **TOLERANCE)
+                ungated(step, mask=mask, cache=second)
+                torch.testing.assert_close(
+                    attention(step, mask=mask, cache=first)[0], gated(caught[-1], step), **TOLERANCE
+                )
+    channels = {"mla": H * 12}.get(kind, caught[-1].size(-1))
+    assert attention.gate_proj.weight.shape == (channels, D) == (caught[-1].size(-1), D)
 
 
 # ---- attention sinks -----------------------------------------------------------------------------
