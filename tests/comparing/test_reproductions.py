@@ -24,6 +24,8 @@ RECORDED = {  # by study, each claim's verdict as it ran (docs/reproductions.md)
     "associative-recall": ["holds", "holds", "holds", "holds", "holds"],
     "mad": ["holds", "holds", "holds", "holds", "holds"],
     "chomsky-hierarchy": ["holds", "does not hold", "does not hold"],
+    "small-scale-proxies": ["holds", "holds"],
+    "modern-modifications": ["holds", "inconclusive", "inconclusive", "does not hold", "holds"],
 }
 UNTIL_DECIDED = {"until_decided": {"budget": "20m"}}
 
