@@ -211,15 +211,11 @@ class LatentAttentionOptions(AttentionOptions):
 
     kind: Literal["mla"] = "mla"
     module: ClassVar[type[nn.Module]] = LatentAttention
-    full: ClassVar[bool] = True  # softmax attention over every key the mask allows
-    takes_bias: ClassVar[bool] = True  # its kernel forms every score (only rotary positions reach it)
-    takes_positions: ClassVar[bool] = True  # rotary only: see check_use
-    takes_scale: ClassVar[bool] = True  # forward multiplies the queries; the kernels divide by sqrt(nope + rope)
-    takes_causal: ClassVar[bool] = True
+    # The flags it keeps at their defaults: full softmax attention, scale on the queries (the kernels
+    # divide by sqrt(nope + rope)), causal, any head width (it sets the rotary width and the default
+    # widths); in-attention positions are rotary only (check_use). The ones that differ:
     self_only: ClassVar[bool] = True  # the cache holds this sequence's latents; no memory is compressed
-    needs_grid: ClassVar[bool] = False
     takes_softcap: ClassVar[bool] = True  # make_kernel's soft-capped kernel forms the scores
-    takes_head_dim: ClassVar[bool] = True  # the head width sets the rotary width and the default widths
     takes_sinks: ClassVar[bool] = True  # its kernel (sdpa, or soft-capped) takes the sink's bias and mask
     takes_value_residual: ClassVar[bool] = False  # the cache holds latents, not the values to carry on
     takes_kv_heads: ClassVar[bool] = False  # one latent for every head, in place of key/value heads
